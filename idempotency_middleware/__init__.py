@@ -1,0 +1,30 @@
+"""Make any non-GET HTTP endpoint safe to retry with an ``Idempotency-Key`` header.
+
+boto3 and aioboto3 are imported only when a DynamoDB store first connects, so a Flask app
+needs only boto3 and a FastAPI app only aioboto3.
+"""
+
+from __future__ import annotations
+
+from .asgi import IdempotencyMiddleware
+from .request_view import HeaderView, RequestView
+from .rules import IdempotencyRule
+from .stores.base import AsyncStore, StoreUnavailable, SyncStore
+from .stores.dynamodb_async import AsyncDynamoDBStore
+from .stores.dynamodb_sync import DynamoDBStore
+from .stores.memory import MemoryStore
+from .wsgi import IdempotencyWSGIMiddleware
+
+__all__ = [
+    "AsyncDynamoDBStore",
+    "AsyncStore",
+    "DynamoDBStore",
+    "HeaderView",
+    "IdempotencyMiddleware",
+    "IdempotencyRule",
+    "IdempotencyWSGIMiddleware",
+    "MemoryStore",
+    "RequestView",
+    "StoreUnavailable",
+    "SyncStore",
+]

@@ -1,0 +1,125 @@
+"""Validated middleware options and the per-request policy they resolve to.
+
+Both adapters build one :class:`Options` at construction, so a bad setting fails at start-up
+with a ``ValueError`` instead of surprising a request in production.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from .rules import (
+    IdempotencyRule,
+    ScopeFunction,
+    check_positive,
+    check_reachable,
+    normalize_methods,
+)
+
+DEFAULT_HEADER_NAME = "Idempotency-Key"
+DEFAULT_METHODS = ("POST", "PATCH")
+DEFAULT_TTL_SECONDS = 86400
+DEFAULT_LOCK_TIMEOUT_SECONDS = 60
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What applies to one covered request: its route template and effective settings."""
+
+    route: str
+    required: bool
+    ttl_seconds: float
+    lock_timeout_seconds: float
+    scope: ScopeFunction | None
+
+
+@dataclass(frozen=True)
+class Options:
+    header_name: str
+    header_key: bytes  # lower-cased, as ASGI delivers header names
+    environ_key: str  # as WSGI delivers it: HTTP_IDEMPOTENCY_KEY
+    methods: frozenset[str]
+    required: bool
+    ttl_seconds: float
+    lock_timeout_seconds: float
+    rules: tuple[IdempotencyRule, ...]
+    scope: ScopeFunction | None
+    max_body_bytes: int
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        header_name: str = DEFAULT_HEADER_NAME,
+        methods: Iterable[str] = DEFAULT_METHODS,
+        required: bool = False,
+        ttl_seconds: float = DEFAULT_TTL_SECONDS,
+        lock_timeout_seconds: float = DEFAULT_LOCK_TIMEOUT_SECONDS,
+        rules: Sequence[IdempotencyRule] = (),
+        scope: ScopeFunction | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ) -> Options:
+        if not isinstance(header_name, str) or not _TOKEN.match(header_name):
+            raise ValueError(f"header_name {header_name!r} is not a valid HTTP header name")
+        check_positive(ttl_seconds, "ttl_seconds")
+        check_positive(lock_timeout_seconds, "lock_timeout_seconds")
+        if (
+            isinstance(max_body_bytes, bool)
+            or not isinstance(max_body_bytes, int)
+            or max_body_bytes <= 0
+        ):
+            raise ValueError(f"max_body_bytes must be a positive integer, got {max_body_bytes!r}")
+        if scope is not None and not callable(scope):
+            raise ValueError("scope must be a callable taking a request view")
+        rules = tuple(rules)
+        for rule in rules:
+            if not isinstance(rule, IdempotencyRule):
+                raise ValueError(f"rules must hold IdempotencyRule objects, got {rule!r}")
+        check_reachable(rules)
+        return cls(
+            header_name=header_name,
+            header_key=header_name.lower().encode("ascii"),
+            environ_key="HTTP_" + header_name.upper().replace("-", "_"),
+            methods=normalize_methods(methods, "methods"),
+            required=bool(required),
+            ttl_seconds=ttl_seconds,
+            lock_timeout_seconds=lock_timeout_seconds,
+            rules=rules,
+            scope=scope,
+            max_body_bytes=max_body_bytes,
+        )
+
+    def policy_for(self, method: str, path: str) -> Policy | None:
+        """The policy for a covered request, or ``None`` when it passes straight through."""
+        for rule in self.rules:
+            if rule.matches(path):
+                if not rule.enabled:
+                    return None
+                methods = self.methods if rule.methods is None else rule.methods
+                if method not in methods:
+                    return None
+                return Policy(
+                    route=rule.path,
+                    required=self.required if rule.required is None else rule.required,
+                    ttl_seconds=self.ttl_seconds if rule.ttl_seconds is None else rule.ttl_seconds,
+                    lock_timeout_seconds=(
+                        self.lock_timeout_seconds
+                        if rule.lock_timeout_seconds is None
+                        else rule.lock_timeout_seconds
+                    ),
+                    scope=self.scope if rule.scope is None else rule.scope,
+                )
+        if method not in self.methods:
+            return None
+        return Policy(
+            route=path,
+            required=self.required,
+            ttl_seconds=self.ttl_seconds,
+            lock_timeout_seconds=self.lock_timeout_seconds,
+            scope=self.scope,
+        )

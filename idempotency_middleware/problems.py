@@ -1,0 +1,109 @@
+"""RFC 9457 ``application/problem+json`` responses made by the middleware itself.
+
+Details are fixed sentences: client input is never echoed, so nothing needs escaping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+
+from .records import Headers
+
+PROBLEM_TYPE_BASE = "urn:idempotency-middleware:problem:"
+
+
+@dataclass(frozen=True)
+class Problem:
+    status: int
+    slug: str
+    title: str
+    detail: str
+    retry_after: int | None = None
+
+    @property
+    def type(self) -> str:
+        return PROBLEM_TYPE_BASE + self.slug
+
+    def body(self) -> bytes:
+        return orjson.dumps(
+            {"type": self.type, "title": self.title, "status": self.status, "detail": self.detail}
+        )
+
+    def headers(self, body: bytes) -> Headers:
+        headers: Headers = [
+            (b"content-type", b"application/problem+json"),
+            (b"content-length", str(len(body)).encode("ascii")),
+            (b"cache-control", b"no-store"),
+        ]
+        if self.retry_after is not None:
+            headers.append((b"retry-after", str(self.retry_after).encode("ascii")))
+        return headers
+
+
+def invalid_key(detail: str, header_name: str) -> Problem:
+    return Problem(400, "invalid-key", f"Invalid {header_name} header", detail)
+
+
+def missing_key(header_name: str) -> Problem:
+    return Problem(
+        400,
+        "missing-key",
+        f"Missing {header_name} header",
+        f"This endpoint requires an {header_name} header so the request can be retried safely.",
+    )
+
+
+def body_too_large(limit: int) -> Problem:
+    return Problem(
+        413,
+        "body-too-large",
+        "Request body too large",
+        f"Requests with an idempotency key may carry at most {limit} bytes of body.",
+    )
+
+
+def key_in_progress(retry_after: int) -> Problem:
+    return Problem(
+        409,
+        "key-in-progress",
+        "Request with this idempotency key is in progress",
+        "A request with the same idempotency key is still being processed; "
+        "retry after the time given in Retry-After.",
+        retry_after=retry_after,
+    )
+
+
+def fingerprint_mismatch() -> Problem:
+    return Problem(
+        422,
+        "key-reused",
+        "Idempotency key reused with a different request",
+        "This idempotency key was already used with a different method, path, query or body. "
+        "Use a new key for a new request.",
+    )
+
+
+def response_not_stored(size: int) -> Problem:
+    # 410, not 409 (which invites retrying) and not 2xx: the work was done exactly once, but
+    # its response could not be kept, so it cannot be replayed.
+    return Problem(
+        410,
+        "response-not-stored",
+        "Response of the original request is not available",
+        f"The request with this idempotency key was already processed, but its response "
+        f"({size} bytes) was too large to store. It will not be run again; "
+        "use a new key to repeat the operation.",
+    )
+
+
+def store_unavailable(retry_after: int) -> Problem:
+    return Problem(
+        503,
+        "store-unavailable",
+        "Idempotency store unavailable",
+        "The idempotency store could not be reached, so the request was not processed. "
+        "Retry with the same key.",
+        retry_after=retry_after,
+    )

@@ -1,0 +1,123 @@
+"""The stored record of one key, and the compact encoding of a buffered response."""
+
+from __future__ import annotations
+
+import enum
+import zlib
+from dataclasses import dataclass
+
+import orjson
+
+Headers = list[tuple[bytes, bytes]]
+
+# Never stored nor replayed: hop-by-hop headers (RFC 9110 7.6.1) belong to one connection,
+# Set-Cookie belongs to one client session, and Content-Length is recomputed on replay.
+DROPPED_HEADERS = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"set-cookie",
+        b"content-length",
+        b"idempotent-replayed",
+    }
+)
+
+REPLAYED_HEADER = (b"idempotent-replayed", b"true")
+
+# Bodies above this size are zlib-compressed when that makes them smaller.
+COMPRESS_THRESHOLD = 1024
+_FORMAT_PLAIN = 1
+_FORMAT_ZLIB = 2
+
+
+class Status(str, enum.Enum):
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """Status, end-to-end headers and body of a completed response."""
+
+    status: int
+    headers: Headers
+    body: bytes
+
+    def replay_headers(self) -> Headers:
+        """Headers for a replay: the stored ones, a fresh Content-Length and the marker."""
+        return [
+            *self.headers,
+            (b"content-length", str(len(self.body)).encode("ascii")),
+            REPLAYED_HEADER,
+        ]
+
+
+def storable_headers(headers: Headers) -> Headers:
+    """Drop what must not be persisted (see :data:`DROPPED_HEADERS`)."""
+    return [(name, value) for name, value in headers if name.lower() not in DROPPED_HEADERS]
+
+
+@dataclass(frozen=True)
+class Record:
+    """One key's state in a store.
+
+    ``lock_expires_at`` and ``expires_at`` are epoch seconds with sub-second precision.
+    ``response`` is set once completed; ``response_too_large`` marks a completed key whose
+    body could not be kept (its handler still never runs again within the TTL).
+    """
+
+    key: str
+    status: Status
+    fingerprint: str
+    owner: str
+    lock_expires_at: float
+    expires_at: float
+    response: StoredResponse | None = None
+    response_too_large: bool = False
+    response_size: int = 0
+
+    def is_expired(self, now: float) -> bool:
+        return self.expires_at <= now
+
+    def is_lock_stale(self, now: float) -> bool:
+        return self.status is Status.IN_PROGRESS and self.lock_expires_at <= now
+
+    def is_claimable(self, now: float) -> bool:
+        """Whether a new claim may replace this record (the store's claim condition)."""
+        return self.is_expired(now) or self.is_lock_stale(now)
+
+
+def encode_response(response: StoredResponse) -> bytes:
+    """A compact binary form: a format byte, a length-prefixed JSON head, then the body."""
+    head = orjson.dumps(
+        [response.status, [[n.decode("latin-1"), v.decode("latin-1")] for n, v in response.headers]]
+    )
+    payload = len(head).to_bytes(4, "big") + head + response.body
+    if len(payload) >= COMPRESS_THRESHOLD:
+        packed = zlib.compress(payload, 6)
+        if len(packed) < len(payload):
+            return bytes([_FORMAT_ZLIB]) + packed
+    return bytes([_FORMAT_PLAIN]) + payload
+
+
+def decode_response(blob: bytes) -> StoredResponse:
+    """Inverse of :func:`encode_response`."""
+    fmt, payload = blob[0], blob[1:]
+    if fmt == _FORMAT_ZLIB:
+        payload = zlib.decompress(payload)
+    elif fmt != _FORMAT_PLAIN:
+        raise ValueError(f"unknown stored response format {fmt}")
+    head_length = int.from_bytes(payload[:4], "big")
+    status, headers = orjson.loads(payload[4 : 4 + head_length])
+    return StoredResponse(
+        status=int(status),
+        headers=[(n.encode("latin-1"), v.encode("latin-1")) for n, v in headers],
+        body=bytes(payload[4 + head_length :]),
+    )

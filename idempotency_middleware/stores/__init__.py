@@ -1,0 +1,1 @@
+"""Stores: where claims and completed responses live."""

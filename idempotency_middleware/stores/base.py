@@ -1,0 +1,103 @@
+"""The store protocol shared by every backend, in a sync and an async flavour.
+
+A store does three things, each one atomic: *claim* a key (or report the record that holds
+it), *complete* a claim with its response, and *release* a claim. Finishing is fenced by the
+claim's owner token, so an owner whose claim was taken over cannot touch the new record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from ..records import Record, StoredResponse
+
+
+class StoreUnavailable(Exception):
+    """The store could not answer (unreachable, timed out, throttled, server error).
+
+    ``code`` carries the backend's error code when it sent one (``ThrottlingException``).
+    """
+
+    code: str = ""
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    key: str
+    fingerprint: str
+    owner: str
+    now: float
+    lock_timeout_seconds: float
+
+    @property
+    def lock_expires_at(self) -> float:
+        return self.now + self.lock_timeout_seconds
+
+    @property
+    def expires_at(self) -> float:
+        # An in-progress claim expires with its lock: past it the claim may be taken over
+        # anyway, and DynamoDB's TTL sweeper may then remove an abandoned claim.
+        return self.lock_expires_at
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """The caller now owns the key. ``taken_over`` when it replaced a dead owner's claim."""
+
+    taken_over: bool = False
+
+
+@dataclass(frozen=True)
+class Held:
+    """Someone else holds the key; ``record`` is what the store has for it."""
+
+    record: Record
+
+
+ClaimResult = Claimed | Held
+
+
+@dataclass(frozen=True)
+class Completion:
+    key: str
+    owner: str
+    now: float
+    ttl_seconds: float
+    response: StoredResponse
+
+    @property
+    def expires_at(self) -> float:
+        return self.now + self.ttl_seconds
+
+
+@runtime_checkable
+class SyncStore(Protocol):
+    """A store the WSGI middleware can use."""
+
+    def claim(self, request: ClaimRequest) -> ClaimResult: ...
+
+    def complete(self, completion: Completion) -> bool:
+        """Store the response; ``False`` when the claim is no longer ``owner``'s."""
+        ...
+
+    def release(self, key: str, owner: str) -> bool:
+        """Delete the claim; ``False`` when it is no longer ``owner``'s."""
+        ...
+
+    def renew(self, key: str, owner: str, lock_expires_at: float) -> bool:
+        """Extend an in-progress claim; ``False`` when it is no longer ``owner``'s."""
+        ...
+
+
+@runtime_checkable
+class AsyncStore(Protocol):
+    """A store the ASGI middleware can use."""
+
+    async def aclaim(self, request: ClaimRequest) -> ClaimResult: ...
+
+    async def acomplete(self, completion: Completion) -> bool: ...
+
+    async def arelease(self, key: str, owner: str) -> bool: ...
+
+    async def arenew(self, key: str, owner: str, lock_expires_at: float) -> bool: ...

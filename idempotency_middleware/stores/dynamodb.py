@@ -1,0 +1,302 @@
+"""DynamoDB request building and response parsing shared by the boto3 and aioboto3 stores.
+
+Everything here is pure: the stores only send what these functions build, so both clients
+issue byte-identical requests (the httpx ``Client``/``AsyncClient`` idea).
+
+Item layout (one item per namespaced key)::
+
+    pk               S     sha256 of method, route template, scope and client key
+    status           S     "in_progress" | "completed"
+    fingerprint      S     sha256 of the request (see fingerprint.py)
+    owner            S     random token of the claim that wrote the item (fencing)
+    lock_expires_at  N     epoch seconds, sub-second precision
+    expires_at       N     epoch seconds, sub-second precision (checked on every read)
+    ttl              N     whole epoch seconds, for DynamoDB's TTL sweeper only
+    response         B     encoded response (records.encode_response), once completed
+    response_size    N     body size in bytes
+    too_large        BOOL  completed, but the response could not be kept
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ..records import Record, Status, decode_response, encode_response
+from .base import ClaimRequest, Completion, StoreUnavailable
+
+# DynamoDB items are capped at 400 KB including attribute names; leave room for the rest.
+MAX_ITEM_RESPONSE_BYTES = 350 * 1024
+
+# Error codes that mean "try again later": the store is unavailable, not the request bad.
+CONDITION_FAILED = "ConditionalCheckFailedException"
+
+Item = dict[str, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class TableLayout:
+    table_name: str
+    key_attribute: str = "pk"
+    ttl_attribute: str = "ttl"
+
+
+def _number(value: float) -> dict[str, str]:
+    return {"N": f"{value:.6f}"}
+
+
+def _ttl(value: float) -> dict[str, str]:
+    return {"N": str(math.ceil(value))}
+
+
+_NAMES = {
+    "#pk": "",  # filled per layout
+    "#status": "status",
+    "#owner": "owner",
+    "#lock": "lock_expires_at",
+    "#exp": "expires_at",
+    "#ttl": "",
+    "#response": "response",
+    "#size": "response_size",
+    "#too_large": "too_large",
+}
+
+
+def _names(layout: TableLayout, *used: str) -> dict[str, str]:
+    names = dict(_NAMES, **{"#pk": layout.key_attribute, "#ttl": layout.ttl_attribute})
+    return {alias: names[alias] for alias in used}
+
+
+def claim_request(layout: TableLayout, request: ClaimRequest) -> dict[str, Any]:
+    """One conditional PutItem: succeed when absent, expired, or a stale in-progress claim.
+
+    On failure DynamoDB returns the holding item in the same call (ALL_OLD), so a duplicate
+    costs one round trip; on success ALL_OLD tells whether a dead owner was taken over.
+    """
+    return {
+        "TableName": layout.table_name,
+        "Item": {
+            layout.key_attribute: {"S": request.key},
+            "status": {"S": Status.IN_PROGRESS.value},
+            "fingerprint": {"S": request.fingerprint},
+            "owner": {"S": request.owner},
+            "lock_expires_at": _number(request.lock_expires_at),
+            "expires_at": _number(request.expires_at),
+            layout.ttl_attribute: _ttl(request.expires_at),
+        },
+        "ConditionExpression": (
+            "attribute_not_exists(#pk) OR #exp <= :now "
+            "OR (#status = :in_progress AND #lock <= :now)"
+        ),
+        "ExpressionAttributeNames": _names(layout, "#pk", "#exp", "#status", "#lock"),
+        "ExpressionAttributeValues": {
+            ":now": _number(request.now),
+            ":in_progress": {"S": Status.IN_PROGRESS.value},
+        },
+        "ReturnValues": "ALL_OLD",
+        "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+    }
+
+
+def claim_took_over(response: dict[str, Any]) -> bool:
+    """Whether a successful claim replaced another owner's in-progress claim."""
+    old = response.get("Attributes") or {}
+    return bool(old.get("status", {}).get("S") == Status.IN_PROGRESS.value)
+
+
+def complete_request(layout: TableLayout, completion: Completion) -> dict[str, Any]:
+    """Conditional on the owner token: a taken-over owner cannot overwrite the new record.
+
+    A response too large for one item is not kept; the key is still marked completed, so
+    its handler never runs again within the TTL.
+    """
+    encoded = encode_response(completion.response)
+    fits = len(encoded) <= MAX_ITEM_RESPONSE_BYTES
+    values: dict[str, Any] = {
+        ":owner": {"S": completion.owner},
+        ":completed": {"S": Status.COMPLETED.value},
+        ":exp": _number(completion.expires_at),
+        ":ttl": _ttl(completion.expires_at),
+        ":size": {"N": str(len(completion.response.body))},
+        ":too_large": {"BOOL": not fits},
+    }
+    update = (
+        "SET #status = :completed, #exp = :exp, #ttl = :ttl, #size = :size, "
+        "#too_large = :too_large"
+    )
+    if fits:
+        values[":response"] = {"B": encoded}
+        update += ", #response = :response"
+    return {
+        "TableName": layout.table_name,
+        "Key": {layout.key_attribute: {"S": completion.key}},
+        "UpdateExpression": update,
+        "ConditionExpression": "#owner = :owner",
+        "ExpressionAttributeNames": _names(
+            layout,
+            "#status",
+            "#exp",
+            "#ttl",
+            "#owner",
+            "#size",
+            "#too_large",
+            *(("#response",) if fits else ()),
+        ),
+        "ExpressionAttributeValues": values,
+    }
+
+
+def release_request(layout: TableLayout, key: str, owner: str) -> dict[str, Any]:
+    return {
+        "TableName": layout.table_name,
+        "Key": {layout.key_attribute: {"S": key}},
+        "ConditionExpression": "#owner = :owner",
+        "ExpressionAttributeNames": _names(layout, "#owner"),
+        "ExpressionAttributeValues": {":owner": {"S": owner}},
+    }
+
+
+def renew_request(
+    layout: TableLayout, key: str, owner: str, lock_expires_at: float
+) -> dict[str, Any]:
+    return {
+        "TableName": layout.table_name,
+        "Key": {layout.key_attribute: {"S": key}},
+        "UpdateExpression": "SET #lock = :lock, #exp = :lock, #ttl = :ttl",
+        "ConditionExpression": "#owner = :owner AND #status = :in_progress",
+        "ExpressionAttributeNames": _names(layout, "#lock", "#exp", "#ttl", "#owner", "#status"),
+        "ExpressionAttributeValues": {
+            ":owner": {"S": owner},
+            ":in_progress": {"S": Status.IN_PROGRESS.value},
+            ":lock": _number(lock_expires_at),
+            ":ttl": _ttl(lock_expires_at),
+        },
+    }
+
+
+def get_request(layout: TableLayout, key: str) -> dict[str, Any]:
+    return {
+        "TableName": layout.table_name,
+        "Key": {layout.key_attribute: {"S": key}},
+        "ConsistentRead": True,
+    }
+
+
+def delete_request(layout: TableLayout, key: str) -> dict[str, Any]:
+    return {"TableName": layout.table_name, "Key": {layout.key_attribute: {"S": key}}}
+
+
+def item_to_record(layout: TableLayout, item: Item) -> Record:
+    blob = item.get("response", {}).get("B")
+    return Record(
+        key=item[layout.key_attribute]["S"],
+        status=Status(item["status"]["S"]),
+        fingerprint=item["fingerprint"]["S"],
+        owner=item["owner"]["S"],
+        lock_expires_at=float(item["lock_expires_at"]["N"]),
+        expires_at=float(item["expires_at"]["N"]),
+        response=decode_response(bytes(blob)) if blob is not None else None,
+        response_too_large=bool(item.get("too_large", {}).get("BOOL", False)),
+        response_size=int(item.get("response_size", {}).get("N", "0")),
+    )
+
+
+def create_table_request(layout: TableLayout) -> dict[str, Any]:
+    return {
+        "TableName": layout.table_name,
+        "AttributeDefinitions": [{"AttributeName": layout.key_attribute, "AttributeType": "S"}],
+        "KeySchema": [{"AttributeName": layout.key_attribute, "KeyType": "HASH"}],
+        "BillingMode": "PAY_PER_REQUEST",
+    }
+
+
+def enable_ttl_request(layout: TableLayout) -> dict[str, Any]:
+    return {
+        "TableName": layout.table_name,
+        "TimeToLiveSpecification": {"Enabled": True, "AttributeName": layout.ttl_attribute},
+    }
+
+
+def ttl_enabled(describe_ttl_response: dict[str, Any], layout: TableLayout) -> bool:
+    description = describe_ttl_response.get("TimeToLiveDescription", {})
+    return description.get("TimeToLiveStatus") in ("ENABLED", "ENABLING") and (
+        description.get("AttributeName") == layout.ttl_attribute
+    )
+
+
+def error_code(error: BaseException) -> str:
+    """The DynamoDB error code of a botocore ``ClientError`` (empty for anything else)."""
+    response = getattr(error, "response", None)
+    if not isinstance(response, dict):
+        return ""
+    return str(response.get("Error", {}).get("Code", ""))
+
+
+def held_item(error: BaseException) -> Item | None:
+    """The ALL_OLD item carried by a failed conditional claim."""
+    response = getattr(error, "response", None)
+    if not isinstance(response, dict):
+        return None
+    item = response.get("Item")
+    return item if isinstance(item, dict) and item else None
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """Connection settings shared by both DynamoDB stores.
+
+    The defaults keep a claim bounded: an unreachable endpoint answers 503 within about
+    ``(connect_timeout or read_timeout) * max_attempts`` plus backoff, not after botocore's
+    default of a minute per attempt.
+    """
+
+    endpoint_url: str | None = None
+    region_name: str | None = None
+    connect_timeout: float = 1.0
+    read_timeout: float = 2.0
+    max_attempts: int = 2
+    max_pool_connections: int = 50
+
+    def botocore_config(self) -> Any:
+        from botocore.config import Config
+
+        return Config(
+            connect_timeout=self.connect_timeout,
+            read_timeout=self.read_timeout,
+            retries={"max_attempts": self.max_attempts, "mode": "standard"},
+            max_pool_connections=self.max_pool_connections,
+        )
+
+    def client_arguments(self, extra: dict[str, Any]) -> dict[str, Any]:
+        arguments: dict[str, Any] = {"config": self.botocore_config()}
+        if self.endpoint_url is not None:
+            arguments["endpoint_url"] = self.endpoint_url
+        if self.region_name is not None:
+            arguments["region_name"] = self.region_name
+        arguments.update(extra)
+        return arguments
+
+
+class ConditionFailed(Exception):
+    """A conditional write lost; ``item`` is the holding item when DynamoDB returned it."""
+
+    def __init__(self, item: Item | None) -> None:
+        super().__init__("conditional check failed")
+        self.item = item
+
+
+def translate_error(operation: str, error: BaseException) -> Exception:
+    """Map a botocore failure to ``ConditionFailed`` or ``StoreUnavailable``."""
+    if error_code(error) == CONDITION_FAILED:
+        return ConditionFailed(held_item(error))
+    unavailable = StoreUnavailable(f"DynamoDB {operation} failed: {error!r}")
+    unavailable.code = error_code(error)
+    return unavailable
+
+
+def store_errors() -> tuple[type[BaseException], ...]:
+    """The exception types that mean the store did not answer usefully."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    return (BotoCoreError, ClientError, OSError, TimeoutError)

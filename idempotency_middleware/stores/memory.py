@@ -1,0 +1,99 @@
+"""``MemoryStore``: an in-process store for tests and single-process development."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+from ..records import Record, Status
+from .base import Claimed, ClaimRequest, ClaimResult, Completion, Held
+
+
+class MemoryStore:
+    """A dict behind a lock. One instance is safe to share across threads and event loops.
+
+    Every operation is a few dict operations under a ``threading.Lock``, never held across
+    an ``await``, so the async methods call the sync ones directly.
+    """
+
+    def __init__(self, *, max_response_bytes: int | None = None) -> None:
+        # max_response_bytes mimics a backend's item limit (None: keep every response).
+        self._records: dict[str, Record] = {}
+        self._lock = threading.Lock()
+        self._max_response_bytes = max_response_bytes
+
+    def claim(self, request: ClaimRequest) -> ClaimResult:
+        with self._lock:
+            existing = self._records.get(request.key)
+            if existing is not None and not existing.is_claimable(request.now):
+                return Held(existing)
+            self._records[request.key] = Record(
+                key=request.key,
+                status=Status.IN_PROGRESS,
+                fingerprint=request.fingerprint,
+                owner=request.owner,
+                lock_expires_at=request.lock_expires_at,
+                expires_at=request.expires_at,
+            )
+            taken_over = existing is not None and existing.status is Status.IN_PROGRESS
+            return Claimed(taken_over=taken_over)
+
+    def complete(self, completion: Completion) -> bool:
+        size = len(completion.response.body)
+        too_large = self._max_response_bytes is not None and size > self._max_response_bytes
+        with self._lock:
+            existing = self._records.get(completion.key)
+            if existing is None or existing.owner != completion.owner:
+                return False
+            self._records[completion.key] = replace(
+                existing,
+                status=Status.COMPLETED,
+                expires_at=completion.expires_at,
+                response=None if too_large else completion.response,
+                response_too_large=too_large,
+                response_size=size,
+            )
+            return True
+
+    def release(self, key: str, owner: str) -> bool:
+        with self._lock:
+            existing = self._records.get(key)
+            if existing is None or existing.owner != owner:
+                return False
+            del self._records[key]
+            return True
+
+    def renew(self, key: str, owner: str, lock_expires_at: float) -> bool:
+        with self._lock:
+            existing = self._records.get(key)
+            if (
+                existing is None
+                or existing.owner != owner
+                or existing.status is not Status.IN_PROGRESS
+            ):
+                return False
+            self._records[key] = replace(
+                existing, lock_expires_at=lock_expires_at, expires_at=lock_expires_at
+            )
+            return True
+
+    def get(self, key: str) -> Record | None:
+        """The record under ``key`` as stored (expired or not), for operators and tests."""
+        with self._lock:
+            return self._records.get(key)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._records)
+
+    async def aclaim(self, request: ClaimRequest) -> ClaimResult:
+        return self.claim(request)
+
+    async def acomplete(self, completion: Completion) -> bool:
+        return self.complete(completion)
+
+    async def arelease(self, key: str, owner: str) -> bool:
+        return self.release(key, owner)
+
+    async def arenew(self, key: str, owner: str, lock_expires_at: float) -> bool:
+        return self.renew(key, owner, lock_expires_at)
