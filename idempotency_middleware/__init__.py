@@ -9,6 +9,7 @@ from __future__ import annotations
 from .asgi import IdempotencyMiddleware
 from .request_view import HeaderView, RequestView
 from .rules import IdempotencyRule
+from .scopes import scope_by_header, scope_by_tenant_header
 from .stores.base import AsyncStore, StoreUnavailable, SyncStore
 from .stores.dynamodb_async import AsyncDynamoDBStore
 from .stores.dynamodb_sync import DynamoDBStore
@@ -27,4 +28,6 @@ __all__ = [
     "RequestView",
     "StoreUnavailable",
     "SyncStore",
+    "scope_by_header",
+    "scope_by_tenant_header",
 ]
