@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import logging
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from typing import Any
 
 from . import core, problems
+from .cache import ReplayCache
+from .events import EventHook, EventKind, Reporter
 from .options import (
     DEFAULT_HEADER_NAME,
     DEFAULT_LOCK_TIMEOUT_SECONDS,
@@ -20,15 +22,13 @@ from .problems import Problem
 from .records import StoredResponse
 from .request_view import HeaderView, RequestView
 from .rules import IdempotencyRule, ScopeFunction
-from .stores.base import AsyncStore, Claimed, ClaimRequest, StoreUnavailable
+from .stores.base import AsyncStore, Claimed, StoreUnavailable
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-logger = logging.getLogger("idempotency_middleware")
 
 # Extensions that let an app send a file outside http.response.body; hidden from the app on
 # covered requests so every byte of the response passes through the buffer.
@@ -47,7 +47,9 @@ class IdempotencyMiddleware:
     """Make covered requests (POST and PATCH by default) safe to retry.
 
     ``app.add_middleware(IdempotencyMiddleware, store=AsyncDynamoDBStore("idempotency"))``.
-    The store must be async (``AsyncDynamoDBStore`` or ``MemoryStore``).
+    The store must be async (``AsyncDynamoDBStore`` or ``MemoryStore``). Options are those of
+    SPEC.md; ``on_store_error``, ``replay_cache_size`` and ``on_event`` are described in the
+    README.
     """
 
     def __init__(
@@ -63,11 +65,14 @@ class IdempotencyMiddleware:
         rules: Sequence[IdempotencyRule] = (),
         scope: ScopeFunction | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        on_store_error: str = "fail",
+        replay_cache_size: int = 0,
+        on_event: EventHook | None = None,
     ) -> None:
         if not isinstance(store, AsyncStore):
             raise TypeError(
                 f"IdempotencyMiddleware needs an async store (AsyncDynamoDBStore, MemoryStore); "
-                f"{type(store).__name__} has no aclaim/acomplete/arelease. "
+                f"{type(store).__name__} has no aclaim/acomplete/arelease/arenew. "
                 "For a sync store use IdempotencyWSGIMiddleware."
             )
         self.app = app
@@ -81,17 +86,20 @@ class IdempotencyMiddleware:
             rules=rules,
             scope=scope,
             max_body_bytes=max_body_bytes,
+            on_store_error=on_store_error,
+            replay_cache_size=replay_cache_size,
+            on_event=on_event,
         )
+        self._reporter = Reporter(on_event)
+        self._cache = ReplayCache(replay_cache_size) if replay_cache_size else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        method: str = scope["method"]
-        path: str = scope["path"]
         header_key = self.options.header_key
         values = [value for name, value in scope["headers"] if name == header_key]
-        admitted = core.admit(self.options, method, path, values)
+        admitted = core.admit(self.options, scope["method"], scope["path"], values)
         if admitted is None:
             await self.app(scope, receive, send)
             return
@@ -116,93 +124,178 @@ class IdempotencyMiddleware:
         except _ClientGone:
             return  # nobody to answer and nothing claimed
 
-        method: str = scope["method"]
-        content_type_raw = _header(headers, b"content-type")
-        claim = core.claim_request_for(
+        attempt = core.begin_attempt(
             admitted,
-            method=method,
+            method=scope["method"],
             path=scope["path"],
             query_string=scope.get("query_string", b""),
-            content_type=content_type_raw,
+            content_type=_header(headers, b"content-type"),
             body=body,
             request_view=lambda: _request_view(scope, admitted.policy.route),
             now=time.time(),
         )
-        try:
-            result = await self.store.aclaim(claim)
-        except StoreUnavailable as error:
-            logger.error(
-                "idempotency store unavailable on claim; answering 503",
-                extra={"idempotency_key_hash": claim.key, "error": repr(error)},
+        cached = self._cache.get(attempt.key_hash, attempt.claim.now) if self._cache else None
+        if cached is not None:
+            await self._answer_held(
+                attempt, core.answer_held(cached, attempt.claim.fingerprint), send
             )
-            await _send_problem(send, core.store_unavailable())
             return
-        if not isinstance(result, Claimed):
-            answer = core.answer_held(result.record, claim.fingerprint, time.time())
-            if isinstance(answer, Problem):
-                await _send_problem(send, answer)
-            else:
-                await _send_replay(send, answer)
+        started = time.perf_counter()
+        try:
+            result = await self.store.aclaim(attempt.claim)
+        except StoreUnavailable as error:
+            await self._claim_failed(attempt, error, scope, body, receive, send)
             return
-        await self._run_and_store(admitted, claim, scope, body, receive, send)
+        latency_ms = (time.perf_counter() - started) * 1000
+        if isinstance(result, Claimed):
+            kind: EventKind = "taken_over" if result.taken_over else "claimed"
+            self._reporter.emit(attempt.event(kind, store_latency_ms=latency_ms))
+            await self._run_and_store(attempt, scope, body, receive, send)
+            return
+        if self._cache is not None:
+            self._cache.put(result.record)
+        answer = core.answer_held(result.record, attempt.claim.fingerprint)
+        await self._answer_held(attempt, answer, send, latency_ms)
 
-    async def _run_and_store(
+    async def _answer_held(
         self,
-        admitted: core.Admitted,
-        claim: ClaimRequest,
+        attempt: core.Attempt,
+        answer: StoredResponse | Problem,
+        send: Send,
+        latency_ms: float | None = None,
+    ) -> None:
+        self._reporter.emit(
+            attempt.event(
+                core.held_event_kind(answer), status=answer.status, store_latency_ms=latency_ms
+            )
+        )
+        if isinstance(answer, Problem):
+            await _send_problem(send, answer)
+        else:
+            await _send_replay(send, answer)
+
+    async def _claim_failed(
+        self,
+        attempt: core.Attempt,
+        error: StoreUnavailable,
         scope: Scope,
         body: bytes,
         receive: Receive,
         send: Send,
     ) -> None:
+        self._reporter.emit(attempt.event("store_error", operation="claim", error=repr(error)))
+        if self.options.on_store_error == "run":
+            self._reporter.emit(attempt.event("fail_open"))
+            await self.app(scope, _replaying_receive(body, receive), send)
+            return
+        await _send_problem(send, core.store_unavailable())
+
+    async def _run_and_store(
+        self, attempt: core.Attempt, scope: Scope, body: bytes, receive: Receive, send: Send
+    ) -> None:
         response = _BufferedResponse()
+        renewal = _LeaseRenewal(self.store, attempt, self._reporter)
         try:
             await self.app(_without_bypass(scope), _replaying_receive(body, receive), response.send)
         except BaseException:
-            # Raised (or cancelled): nothing is kept, so a retry runs the handler again.
-            await self._release(claim)
+            # Raised or cancelled: nothing is kept, so a retry runs the handler again.
+            renewal.stop()
+            await self._release(attempt)
             raise
+        renewal.stop()
         if response.start is None:
-            await self._release(claim)
+            await self._release(attempt)
             return  # the app sent nothing; the server answers 500 itself
         status: int = response.start["status"]
         response_body = response.body()
         if core.keeps_response(status):
-            completion = core.completion_for(
-                claim,
-                admitted.policy,
-                status,
-                response.start.get("headers", []),
-                response_body,
-                time.time(),
-            )
-            try:
-                if not await self.store.acomplete(completion):
-                    logger.warning(
-                        "idempotency claim was taken over while the handler ran; "
-                        "its response was sent but not stored",
-                        extra={"idempotency_key_hash": claim.key},
-                    )
-            except StoreUnavailable as error:
-                logger.error(
-                    "could not store the response of a completed request; a retry after the "
-                    "lock timeout will run the handler again",
-                    extra={"idempotency_key_hash": claim.key, "error": repr(error)},
-                )
+            await self._complete(attempt, status, response.start.get("headers", []), response_body)
         else:
-            await self._release(claim)
+            await self._release(attempt)
         await send(dict(response.start))
         await send({"type": "http.response.body", "body": response_body, "more_body": False})
 
-    async def _release(self, claim: ClaimRequest) -> None:
-        try:
-            await self.store.arelease(claim.key, claim.owner)
-        except StoreUnavailable as error:
-            logger.error(
-                "could not release an idempotency claim; the key stays locked until its "
-                "lock timeout",
-                extra={"idempotency_key_hash": claim.key, "error": repr(error)},
+    async def _complete(
+        self, attempt: core.Attempt, status: int, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> None:
+        completion = core.completion_for(attempt, status, headers, body, time.time())
+        stored = await self._finish(attempt, "complete", lambda: self.store.acomplete(completion))
+        if stored is not None:
+            self._reporter.emit(attempt.event("completed" if stored else "lost", status=status))
+
+    async def _release(self, attempt: core.Attempt) -> None:
+        claim = attempt.claim
+        if (
+            await self._finish(
+                attempt, "release", lambda: self.store.arelease(claim.key, claim.owner)
             )
+            is not None
+        ):
+            self._reporter.emit(attempt.event("released"))
+
+    async def _finish(
+        self, attempt: core.Attempt, operation: str, call: Callable[[], Awaitable[bool]]
+    ) -> bool | None:
+        """Retry a finishing write with backoff; ``None`` (and an ERROR event) if it never lands."""
+        for number in range(1, core.FINISH_ATTEMPTS + 1):
+            try:
+                return await call()
+            except StoreUnavailable as error:
+                if number == core.FINISH_ATTEMPTS:
+                    self._reporter.emit(
+                        attempt.event(
+                            "store_error", operation=operation, error=core.gave_up(error, number)
+                        )
+                    )
+                    return None
+                await asyncio.sleep(core.finish_delay(number))
+        return None
+
+
+class _LeaseRenewal:
+    """Extends the claim while the handler runs, on the app's own event loop.
+
+    A timer, not a task, until a renewal is due: most handlers finish long before, and a
+    loop that is blocked cannot fire it, so a stuck owner stops renewing and is taken over.
+    """
+
+    __slots__ = ("_attempt", "_interval", "_reporter", "_store", "_task", "_timer")
+
+    def __init__(self, store: AsyncStore, attempt: core.Attempt, reporter: Reporter) -> None:
+        self._store = store
+        self._attempt = attempt
+        self._reporter = reporter
+        self._interval = core.renewal_interval(attempt.policy)
+        self._task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
+            self._interval, self._due
+        )
+
+    def _due(self) -> None:
+        self._timer = None
+        self._task = asyncio.get_running_loop().create_task(self._renew())
+
+    async def _renew(self) -> None:
+        claim = self._attempt.claim
+        try:
+            renewed = await self._store.arenew(
+                claim.key, claim.owner, time.time() + claim.lock_timeout_seconds
+            )
+        except StoreUnavailable as error:
+            self._reporter.emit(
+                self._attempt.event("store_error", operation="renew", error=repr(error))
+            )
+            renewed = True  # keep trying: the lock may still hold until the next attempt
+        if renewed:
+            self._timer = asyncio.get_running_loop().call_later(self._interval, self._due)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
 
 
 class _BufferedResponse:
@@ -249,7 +342,7 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
         if chunk:
             chunks.append(chunk)
         if not message.get("more_body", False):
-            return b"".join(chunks)
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _replaying_receive(body: bytes, receive: Receive) -> Receive:

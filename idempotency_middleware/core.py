@@ -4,23 +4,25 @@ Both adapters drive the same sequence (data flows one way)::
 
     admit(headers)            -> pass through | problem (400) | Admitted(policy, key)
     check_declared_length()   -> problem (413) | None
-    claim_request_for(body)   -> ClaimRequest   (key namespaced, request fingerprinted)
-    store.claim               -> Claimed: run the app, buffer, then completion_for()/release
+    begin_attempt(body)       -> Attempt: key namespaced, request fingerprinted
+    cache / store.claim       -> Claimed: run the app, buffer, then completion_for()/release
                                  Held:    answer_held() -> replay | 409 | 422 | 410
 """
 
 from __future__ import annotations
 
+import random
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from . import problems
+from .events import EventKind, IdempotencyEvent
 from .fingerprint import fingerprint_request
 from .keys import InvalidKey, parse_idempotency_key, storage_key
 from .options import Options, Policy
 from .problems import Problem
-from .records import Record, Status, StoredResponse, storable_headers
+from .records import Headers, Record, Status, StoredResponse, storable_headers
 from .request_view import RequestView
 from .stores.base import ClaimRequest, Completion
 
@@ -28,6 +30,15 @@ from .stores.base import ClaimRequest, Completion
 # over at its lock timeout whatever a client waits, so a short hint serves both cases.
 IN_PROGRESS_RETRY_AFTER = 1
 STORE_UNAVAILABLE_RETRY_AFTER = 1
+
+# Finishing (complete, release) after the handler ran is retried: losing it costs a second
+# run after the lock timeout (complete) or a locked key until then (release).
+FINISH_ATTEMPTS = 4
+_FINISH_BASE_DELAY = 0.05
+
+# A claim is renewed this many times per lock timeout, so one slow or failed renewal still
+# leaves time for the next before the lock runs out.
+RENEWALS_PER_LOCK = 3
 
 
 @dataclass(frozen=True)
@@ -62,18 +73,34 @@ def check_declared_length(options: Options, content_length: str | None) -> Probl
         declared = int(content_length)
     except ValueError:
         return None  # the server rejects a malformed Content-Length itself
-    return (
-        problems.body_too_large(options.max_body_bytes)
-        if declared > options.max_body_bytes
-        else None
-    )
+    if declared > options.max_body_bytes:
+        return problems.body_too_large(options.max_body_bytes)
+    return None
 
 
-def new_owner_token() -> str:
-    return secrets.token_urlsafe(16)
+@dataclass(frozen=True)
+class Attempt:
+    """One covered request with a valid key, fingerprinted and ready to claim."""
+
+    method: str
+    policy: Policy
+    claim: ClaimRequest
+
+    @property
+    def key_hash(self) -> str:
+        return self.claim.key
+
+    def event(self, kind: EventKind, **fields: object) -> IdempotencyEvent:
+        return IdempotencyEvent(
+            kind,
+            self.claim.key,
+            self.method,
+            self.policy.route,
+            **fields,  # type: ignore[arg-type]
+        )
 
 
-def claim_request_for(
+def begin_attempt(
     admitted: Admitted,
     *,
     method: str,
@@ -83,20 +110,21 @@ def claim_request_for(
     body: bytes,
     request_view: Callable[[], RequestView],
     now: float,
-) -> ClaimRequest:
+) -> Attempt:
     """Namespace the key (method, route template, scope) and fingerprint the request."""
     policy = admitted.policy
     scope_value = policy.scope(request_view()) if policy.scope is not None else None
-    return ClaimRequest(
+    claim = ClaimRequest(
         key=storage_key(method, policy.route, scope_value, admitted.key),
         fingerprint=fingerprint_request(method, path, query_string, content_type, body),
-        owner=new_owner_token(),
+        owner=secrets.token_urlsafe(16),
         now=now,
         lock_timeout_seconds=policy.lock_timeout_seconds,
     )
+    return Attempt(method, policy, claim)
 
 
-def answer_held(record: Record, fingerprint: str, now: float) -> StoredResponse | Problem:
+def answer_held(record: Record, fingerprint: str) -> StoredResponse | Problem:
     """What a request gets when another request holds its key."""
     if record.fingerprint != fingerprint:
         return problems.fingerprint_mismatch()
@@ -107,27 +135,44 @@ def answer_held(record: Record, fingerprint: str, now: float) -> StoredResponse 
     return record.response
 
 
+def held_event_kind(answer: StoredResponse | Problem) -> EventKind:
+    if isinstance(answer, StoredResponse):
+        return "replayed"
+    return {409: "conflict", 422: "mismatch"}.get(answer.status, "not_stored")  # type: ignore[return-value]
+
+
 def keeps_response(status: int) -> bool:
     """Responses below 500 are the outcome of the request; 5xx ones are released for retry."""
     return status < 500
 
 
 def completion_for(
-    claim: ClaimRequest,
-    policy: Policy,
-    status: int,
-    headers: list[tuple[bytes, bytes]],
-    body: bytes,
-    now: float,
+    attempt: Attempt, status: int, headers: Headers, body: bytes, now: float
 ) -> Completion:
     return Completion(
-        key=claim.key,
-        owner=claim.owner,
+        key=attempt.claim.key,
+        owner=attempt.claim.owner,
         now=now,
-        ttl_seconds=policy.ttl_seconds,
+        ttl_seconds=attempt.policy.ttl_seconds,
         response=StoredResponse(status, storable_headers(headers), body),
     )
 
 
 def store_unavailable() -> Problem:
     return problems.store_unavailable(STORE_UNAVAILABLE_RETRY_AFTER)
+
+
+def finish_delay(attempt_number: int) -> float:
+    """Exponential backoff with full jitter before finishing attempt ``attempt_number`` (1+)."""
+    return random.uniform(0, _FINISH_BASE_DELAY * (2 ** (attempt_number - 1)))
+
+
+def gave_up(error: Exception, attempts: int) -> str:
+    return (
+        f"{error!r}; gave up after {attempts} attempts: the key stays claimed until its lock "
+        "timeout, then a retry runs the handler again"
+    )
+
+
+def renewal_interval(policy: Policy) -> float:
+    return policy.lock_timeout_seconds / RENEWALS_PER_LOCK

@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from .events import EventHook
 from .rules import (
     IdempotencyRule,
     ScopeFunction,
@@ -50,6 +51,9 @@ class Options:
     rules: tuple[IdempotencyRule, ...]
     scope: ScopeFunction | None
     max_body_bytes: int
+    on_store_error: str
+    replay_cache_size: int
+    on_event: EventHook | None
 
     @classmethod
     def build(
@@ -63,6 +67,9 @@ class Options:
         rules: Sequence[IdempotencyRule] = (),
         scope: ScopeFunction | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        on_store_error: str = "fail",
+        replay_cache_size: int = 0,
+        on_event: EventHook | None = None,
     ) -> Options:
         if not isinstance(header_name, str) or not _TOKEN.match(header_name):
             raise ValueError(f"header_name {header_name!r} is not a valid HTTP header name")
@@ -74,6 +81,18 @@ class Options:
             or max_body_bytes <= 0
         ):
             raise ValueError(f"max_body_bytes must be a positive integer, got {max_body_bytes!r}")
+        if on_store_error not in ("fail", "run"):
+            raise ValueError(f"on_store_error must be 'fail' or 'run', got {on_store_error!r}")
+        if (
+            isinstance(replay_cache_size, bool)
+            or not isinstance(replay_cache_size, int)
+            or replay_cache_size < 0
+        ):
+            raise ValueError(
+                f"replay_cache_size must be a non-negative integer, got {replay_cache_size!r}"
+            )
+        if on_event is not None and not callable(on_event):
+            raise ValueError("on_event must be a callable taking an IdempotencyEvent")
         if scope is not None and not callable(scope):
             raise ValueError("scope must be a callable taking a request view")
         rules = tuple(rules)
@@ -92,6 +111,9 @@ class Options:
             rules=rules,
             scope=scope,
             max_body_bytes=max_body_bytes,
+            on_store_error=on_store_error,
+            replay_cache_size=replay_cache_size,
+            on_event=on_event,
         )
 
     def policy_for(self, method: str, path: str) -> Policy | None:

@@ -11,7 +11,8 @@ import orjson
 Headers = list[tuple[bytes, bytes]]
 
 # Never stored nor replayed: hop-by-hop headers (RFC 9110 7.6.1) belong to one connection,
-# Set-Cookie belongs to one client session, and Content-Length is recomputed on replay.
+# Set-Cookie belongs to one client session. Content-Length is kept in place (header order is
+# part of "byte for byte") and its value recomputed on replay.
 DROPPED_HEADERS = frozenset(
     {
         b"connection",
@@ -24,7 +25,6 @@ DROPPED_HEADERS = frozenset(
         b"transfer-encoding",
         b"upgrade",
         b"set-cookie",
-        b"content-length",
         b"idempotent-replayed",
     }
 )
@@ -51,12 +51,22 @@ class StoredResponse:
     body: bytes
 
     def replay_headers(self) -> Headers:
-        """Headers for a replay: the stored ones, a fresh Content-Length and the marker."""
-        return [
-            *self.headers,
-            (b"content-length", str(len(self.body)).encode("ascii")),
-            REPLAYED_HEADER,
-        ]
+        """Headers for a replay: the stored ones in order, a correct Content-Length, and the
+        ``Idempotent-Replayed: true`` marker."""
+        length = str(len(self.body)).encode("ascii")
+        headers: Headers = []
+        has_length = False
+        for name, value in self.headers:
+            if name.lower() == b"content-length":
+                if has_length:
+                    continue
+                has_length = True
+                value = length
+            headers.append((name, value))
+        if not has_length:
+            headers.append((b"content-length", length))
+        headers.append(REPLAYED_HEADER)
+        return headers
 
 
 def storable_headers(headers: Headers) -> Headers:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import io
-import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
 from . import core, problems
+from .cache import ReplayCache
+from .events import EventHook, EventKind, Reporter
 from .options import (
     DEFAULT_HEADER_NAME,
     DEFAULT_LOCK_TIMEOUT_SECONDS,
@@ -19,17 +20,16 @@ from .options import (
     Options,
 )
 from .problems import Problem
-from .records import StoredResponse
+from .records import Headers, StoredResponse
+from .renewal import LeaseRenewer
 from .request_view import HeaderView, RequestView
 from .rules import IdempotencyRule, ScopeFunction
-from .stores.base import Claimed, ClaimRequest, StoreUnavailable, SyncStore
+from .stores.base import Claimed, StoreUnavailable, SyncStore
 
 Environ = dict[str, Any]
 ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
 StartResponse = Callable[..., Callable[[bytes], object]]
 WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
-
-logger = logging.getLogger("idempotency_middleware")
 
 _READ_CHUNK = 64 * 1024
 
@@ -58,11 +58,14 @@ class IdempotencyWSGIMiddleware:
         rules: Sequence[IdempotencyRule] = (),
         scope: ScopeFunction | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        on_store_error: str = "fail",
+        replay_cache_size: int = 0,
+        on_event: EventHook | None = None,
     ) -> None:
         if not isinstance(store, SyncStore):
             raise TypeError(
                 f"IdempotencyWSGIMiddleware needs a sync store (DynamoDBStore, MemoryStore); "
-                f"{type(store).__name__} has no claim/complete/release. "
+                f"{type(store).__name__} has no claim/complete/release/renew. "
                 "For an async store use IdempotencyMiddleware."
             )
         self.app = wsgi_app
@@ -76,7 +79,13 @@ class IdempotencyWSGIMiddleware:
             rules=rules,
             scope=scope,
             max_body_bytes=max_body_bytes,
+            on_store_error=on_store_error,
+            replay_cache_size=replay_cache_size,
+            on_event=on_event,
         )
+        self._reporter = Reporter(on_event)
+        self._cache = ReplayCache(replay_cache_size) if replay_cache_size else None
+        self._renewer = LeaseRenewer(store, self._reporter)
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         method = str(environ.get("REQUEST_METHOD", "GET")).upper()
@@ -110,7 +119,7 @@ class IdempotencyWSGIMiddleware:
         environ["wsgi.input"] = io.BytesIO(body)
         environ["CONTENT_LENGTH"] = str(len(body))
 
-        claim = core.claim_request_for(
+        attempt = core.begin_attempt(
             admitted,
             method=method,
             path=path,
@@ -120,29 +129,51 @@ class IdempotencyWSGIMiddleware:
             request_view=lambda: _request_view(environ, method, path, admitted.policy.route),
             now=time.time(),
         )
-        try:
-            result = self.store.claim(claim)
-        except StoreUnavailable as error:
-            logger.error(
-                "idempotency store unavailable on claim; answering 503",
-                extra={"idempotency_key_hash": claim.key, "error": repr(error)},
+        cached = self._cache.get(attempt.key_hash, attempt.claim.now) if self._cache else None
+        if cached is not None:
+            return self._answer_held(
+                attempt, core.answer_held(cached, attempt.claim.fingerprint), start_response
             )
+        started = time.perf_counter()
+        try:
+            result = self.store.claim(attempt.claim)
+        except StoreUnavailable as error:
+            self._reporter.emit(attempt.event("store_error", operation="claim", error=repr(error)))
+            if self.options.on_store_error == "run":
+                self._reporter.emit(attempt.event("fail_open"))
+                return self.app(environ, start_response)
             return _problem(start_response, core.store_unavailable())
-        if not isinstance(result, Claimed):
-            answer = core.answer_held(result.record, claim.fingerprint, time.time())
-            if isinstance(answer, Problem):
-                return _problem(start_response, answer)
-            return _replay(start_response, answer)
-        return self._run_and_store(admitted, claim, environ, start_response)
+        latency_ms = (time.perf_counter() - started) * 1000
+        if isinstance(result, Claimed):
+            kind: EventKind = "taken_over" if result.taken_over else "claimed"
+            self._reporter.emit(attempt.event(kind, store_latency_ms=latency_ms))
+            return self._run_and_store(attempt, environ, start_response)
+        if self._cache is not None:
+            self._cache.put(result.record)
+        answer = core.answer_held(result.record, attempt.claim.fingerprint)
+        return self._answer_held(attempt, answer, start_response, latency_ms)
+
+    def _answer_held(
+        self,
+        attempt: core.Attempt,
+        answer: StoredResponse | Problem,
+        start_response: StartResponse,
+        latency_ms: float | None = None,
+    ) -> list[bytes]:
+        self._reporter.emit(
+            attempt.event(
+                core.held_event_kind(answer), status=answer.status, store_latency_ms=latency_ms
+            )
+        )
+        if isinstance(answer, Problem):
+            return _problem(start_response, answer)
+        return _replay(start_response, answer)
 
     def _run_and_store(
-        self,
-        admitted: core.Admitted,
-        claim: ClaimRequest,
-        environ: Environ,
-        start_response: StartResponse,
+        self, attempt: core.Attempt, environ: Environ, start_response: StartResponse
     ) -> Iterable[bytes]:
         captured = _CapturedResponse()
+        lease = self._renewer.register(attempt)
         try:
             iterable = self.app(environ, captured.start_response)
             try:
@@ -153,44 +184,54 @@ class IdempotencyWSGIMiddleware:
                 if close is not None:
                     close()
         except BaseException:
-            self._release(claim)
+            # Raised: nothing is kept, so a retry runs the handler again.
+            self._renewer.cancel(lease)
+            self._release(attempt)
             raise
+        self._renewer.cancel(lease)
         if captured.status_line is None:
-            self._release(claim)
+            self._release(attempt)
             raise RuntimeError("the WSGI application returned without calling start_response")
         status = _status_code(captured.status_line)
         body = captured.body()
         if core.keeps_response(status):
-            completion = core.completion_for(
-                claim, admitted.policy, status, _encode_headers(captured.headers), body, time.time()
-            )
-            try:
-                if not self.store.complete(completion):
-                    logger.warning(
-                        "idempotency claim was taken over while the handler ran; "
-                        "its response was sent but not stored",
-                        extra={"idempotency_key_hash": claim.key},
-                    )
-            except StoreUnavailable as error:
-                logger.error(
-                    "could not store the response of a completed request; a retry after the "
-                    "lock timeout will run the handler again",
-                    extra={"idempotency_key_hash": claim.key, "error": repr(error)},
-                )
+            self._complete(attempt, status, _encode_headers(captured.headers), body)
         else:
-            self._release(claim)
+            self._release(attempt)
         start_response(captured.status_line, captured.headers, captured.exc_info)
         return [body]
 
-    def _release(self, claim: ClaimRequest) -> None:
-        try:
-            self.store.release(claim.key, claim.owner)
-        except StoreUnavailable as error:
-            logger.error(
-                "could not release an idempotency claim; the key stays locked until its "
-                "lock timeout",
-                extra={"idempotency_key_hash": claim.key, "error": repr(error)},
-            )
+    def _complete(self, attempt: core.Attempt, status: int, headers: Headers, body: bytes) -> None:
+        completion = core.completion_for(attempt, status, headers, body, time.time())
+        stored = self._finish(attempt, "complete", lambda: self.store.complete(completion))
+        if stored is not None:
+            self._reporter.emit(attempt.event("completed" if stored else "lost", status=status))
+
+    def _release(self, attempt: core.Attempt) -> None:
+        claim = attempt.claim
+        if (
+            self._finish(attempt, "release", lambda: self.store.release(claim.key, claim.owner))
+            is not None
+        ):
+            self._reporter.emit(attempt.event("released"))
+
+    def _finish(
+        self, attempt: core.Attempt, operation: str, call: Callable[[], bool]
+    ) -> bool | None:
+        """Retry a finishing write with backoff; ``None`` (and an ERROR event) if it never lands."""
+        for number in range(1, core.FINISH_ATTEMPTS + 1):
+            try:
+                return call()
+            except StoreUnavailable as error:
+                if number == core.FINISH_ATTEMPTS:
+                    self._reporter.emit(
+                        attempt.event(
+                            "store_error", operation=operation, error=core.gave_up(error, number)
+                        )
+                    )
+                    return None
+                time.sleep(core.finish_delay(number))
+        return None
 
 
 class _CapturedResponse:

@@ -122,8 +122,7 @@ def complete_request(layout: TableLayout, completion: Completion) -> dict[str, A
         ":too_large": {"BOOL": not fits},
     }
     update = (
-        "SET #status = :completed, #exp = :exp, #ttl = :ttl, #size = :size, "
-        "#too_large = :too_large"
+        "SET #status = :completed, #exp = :exp, #ttl = :ttl, #size = :size, #too_large = :too_large"
     )
     if fits:
         values[":response"] = {"B": encoded}

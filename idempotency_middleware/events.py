@@ -1,0 +1,107 @@
+"""Observability: typed events for an ``on_event`` hook, and matching structured logs.
+
+Every event carries the hashed storage key, never the client's key or scope value, so logs
+and metrics can be shipped anywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+logger = logging.getLogger("idempotency_middleware")
+
+EventKind = Literal[
+    "claimed",  # a new key was claimed; the handler runs
+    "taken_over",  # a dead owner's stale claim was taken over; the handler runs
+    "replayed",  # a completed response was replayed
+    "conflict",  # 409: the key is in progress
+    "mismatch",  # 422: the key was used with a different request
+    "not_stored",  # 410: completed, but its response could not be kept
+    "completed",  # the handler's response was stored
+    "released",  # the claim was released (5xx, exception, cancellation)
+    "lost",  # the claim was taken over while the handler ran; response not stored
+    "store_error",  # the store failed; see ``operation``
+    "fail_open",  # the claim failed and on_store_error="run" ran the handler unprotected
+]
+
+_LEVELS: dict[str, int] = {
+    "claimed": logging.DEBUG,
+    "replayed": logging.DEBUG,
+    "completed": logging.DEBUG,
+    "released": logging.DEBUG,
+    "conflict": logging.INFO,
+    "mismatch": logging.INFO,
+    "not_stored": logging.INFO,
+    "taken_over": logging.WARNING,
+    "lost": logging.WARNING,
+    "store_error": logging.ERROR,
+    "fail_open": logging.ERROR,
+}
+
+_MESSAGES: dict[str, str] = {
+    "claimed": "idempotency key claimed",
+    "taken_over": "idempotency key taken over from an owner whose lock expired",
+    "replayed": "idempotent response replayed",
+    "conflict": "idempotency key in progress; answered 409",
+    "mismatch": "idempotency key reused with a different request; answered 422",
+    "not_stored": "idempotency key completed without a stored response; answered 410",
+    "completed": "idempotent response stored",
+    "released": "idempotency claim released",
+    "lost": "idempotency claim was taken over while the handler ran; response sent, not stored",
+    "store_error": "idempotency store failed",
+    "fail_open": "idempotency store failed on claim; handler run WITHOUT idempotency protection",
+}
+
+
+@dataclass(frozen=True)
+class IdempotencyEvent:
+    """One thing the middleware did. ``key_hash`` is the stored (hashed) partition key."""
+
+    kind: EventKind
+    key_hash: str
+    method: str
+    route: str
+    status: int | None = None  # HTTP status sent, where one was
+    operation: str | None = None  # store operation, for store_error
+    error: str | None = None  # repr of the store error
+    store_latency_ms: float | None = None  # duration of the store call behind the event
+
+
+EventHook = Callable[[IdempotencyEvent], None]
+
+
+class Reporter:
+    """Logs every event under the ``idempotency_middleware`` logger and feeds the hook."""
+
+    __slots__ = ("_hook",)
+
+    def __init__(self, hook: EventHook | None) -> None:
+        if hook is not None and not callable(hook):
+            raise ValueError("on_event must be a callable taking an IdempotencyEvent")
+        self._hook = hook
+
+    def emit(self, event: IdempotencyEvent) -> None:
+        level = _LEVELS[event.kind]
+        if logger.isEnabledFor(level):
+            logger.log(
+                level,
+                _MESSAGES[event.kind],
+                extra={
+                    "idempotency_event": event.kind,
+                    "idempotency_key_hash": event.key_hash,
+                    "idempotency_route": f"{event.method} {event.route}",
+                    "idempotency_status": event.status,
+                    "idempotency_operation": event.operation,
+                    "idempotency_error": event.error,
+                    "idempotency_store_latency_ms": event.store_latency_ms,
+                },
+            )
+        if self._hook is not None:
+            try:
+                self._hook(event)
+            except Exception:
+                # A metrics bug must not turn a stored response into a 500.
+                logger.exception("on_event hook raised; event dropped")
