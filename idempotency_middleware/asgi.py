@@ -19,7 +19,7 @@ from .options import (
     Options,
 )
 from .problems import Problem
-from .records import StoredResponse
+from .records import StoredResponse, is_streaming
 from .request_view import HeaderView, RequestView
 from .rules import IdempotencyRule, ScopeFunction
 from .stores.base import AsyncStore, Claimed, StoreUnavailable
@@ -193,7 +193,7 @@ class IdempotencyMiddleware:
     async def _run_and_store(
         self, attempt: core.Attempt, scope: Scope, body: bytes, receive: Receive, send: Send
     ) -> None:
-        response = _BufferedResponse()
+        response = _ResponseCapture(send)
         renewal = _LeaseRenewal(self.store, attempt, self._reporter)
         try:
             await self.app(_without_bypass(scope), _replaying_receive(body, receive), response.send)
@@ -207,18 +207,34 @@ class IdempotencyMiddleware:
             await self._release(attempt)
             return  # the app sent nothing; the server answers 500 itself
         status: int = response.start["status"]
+        headers: list[tuple[bytes, bytes]] = response.start.get("headers", [])
+        if response.live:
+            # Already sent as it came; the key is completed without a body to replay.
+            if core.keeps_response(status):
+                await self._complete(attempt, status, headers, b"", streamed_size=response.size)
+            else:
+                await self._release(attempt)
+            return
         response_body = response.body()
         if core.keeps_response(status):
-            await self._complete(attempt, status, response.start.get("headers", []), response_body)
+            await self._complete(attempt, status, headers, response_body)
         else:
             await self._release(attempt)
         await send(dict(response.start))
         await send({"type": "http.response.body", "body": response_body, "more_body": False})
 
     async def _complete(
-        self, attempt: core.Attempt, status: int, headers: list[tuple[bytes, bytes]], body: bytes
+        self,
+        attempt: core.Attempt,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        *,
+        streamed_size: int | None = None,
     ) -> None:
-        completion = core.completion_for(attempt, status, headers, body, time.time())
+        completion = core.completion_for(
+            attempt, status, headers, body, time.time(), streamed_size=streamed_size
+        )
         stored = await self._finish(attempt, "complete", lambda: self.store.acomplete(completion))
         if stored is not None:
             self._reporter.emit(attempt.event("completed" if stored else "lost", status=status))
@@ -298,23 +314,36 @@ class _LeaseRenewal:
             self._task = None
 
 
-class _BufferedResponse:
-    """Collects the app's response instead of sending it."""
+class _ResponseCapture:
+    """Buffers the app's response instead of sending it, except a streaming one (see
+    ``records.STREAMING_MEDIA_TYPES``), which goes to the client live as it comes."""
 
-    __slots__ = ("chunks", "start")
+    __slots__ = ("_send", "chunks", "live", "size", "start")
 
-    def __init__(self) -> None:
+    def __init__(self, send: Send) -> None:
+        self._send = send
         self.start: Message | None = None
         self.chunks: list[bytes] = []
+        self.live = False
+        self.size = 0
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
         if kind == "http.response.start":
             self.start = message
+            if is_streaming(message.get("headers", [])):
+                self.live = True
+                await self._send(message)
         elif kind == "http.response.body":
+            if self.live:
+                self.size += len(message.get("body", b""))
+                await self._send(message)
+                return
             chunk = message.get("body", b"")
             if chunk:
                 self.chunks.append(chunk)
+        elif self.live:
+            await self._send(message)
 
     def body(self) -> bytes:
         chunks, self.chunks = self.chunks, []

@@ -147,14 +147,23 @@ def keeps_response(status: int) -> bool:
 
 
 def completion_for(
-    attempt: Attempt, status: int, headers: Headers, body: bytes, now: float
+    attempt: Attempt,
+    status: int,
+    headers: Headers,
+    body: bytes,
+    now: float,
+    *,
+    streamed_size: int | None = None,
 ) -> Completion:
+    """What to store for a finished response; ``streamed_size`` when it went out live."""
     return Completion(
         key=attempt.claim.key,
         owner=attempt.claim.owner,
         now=now,
         ttl_seconds=attempt.policy.ttl_seconds,
         response=StoredResponse(status, storable_headers(headers), body),
+        streamed=streamed_size is not None,
+        streamed_size=streamed_size or 0,
     )
 
 

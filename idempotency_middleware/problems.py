@@ -87,14 +87,14 @@ def fingerprint_mismatch() -> Problem:
 
 def response_not_stored(size: int) -> Problem:
     # 410, not 409 (which invites retrying) and not 2xx: the work was done exactly once, but
-    # its response could not be kept, so it cannot be replayed.
+    # its response was not kept (streamed live, or too large), so it cannot be replayed.
     return Problem(
         410,
         "response-not-stored",
         "Response of the original request is not available",
         f"The request with this idempotency key was already processed, but its response "
-        f"({size} bytes) was too large to store. It will not be run again; "
-        "use a new key to repeat the operation.",
+        f"({size} bytes) was not stored: it was streamed, or too large to keep. It will not be "
+        "run again; use a new key to repeat the operation.",
     )
 
 

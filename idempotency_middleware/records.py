@@ -31,6 +31,27 @@ DROPPED_HEADERS = frozenset(
 
 REPLAYED_HEADER = (b"idempotent-replayed", b"true")
 
+# Responses of these media types go to the client live instead of being buffered: a stream
+# can be endless, and its client is reading as it comes. The key is still completed (never
+# run twice); a retry gets 410 because there is no body to replay.
+STREAMING_MEDIA_TYPES = frozenset(
+    {
+        "text/event-stream",
+        "application/x-ndjson",
+        "application/stream+json",
+        "multipart/x-mixed-replace",
+    }
+)
+
+
+def is_streaming(headers: Headers) -> bool:
+    for name, value in headers:
+        if name.lower() == b"content-type":
+            media_type = value.split(b";", 1)[0].strip().lower().decode("latin-1")
+            return media_type in STREAMING_MEDIA_TYPES
+    return False
+
+
 # Bodies above this size are zlib-compressed when that makes them smaller.
 COMPRESS_THRESHOLD = 1024
 _FORMAT_PLAIN = 1
@@ -80,7 +101,8 @@ class Record:
 
     ``lock_expires_at`` and ``expires_at`` are epoch seconds with sub-second precision.
     ``response`` is set once completed; ``response_too_large`` marks a completed key whose
-    body could not be kept (its handler still never runs again within the TTL).
+    body was not kept, because it was too large or streamed (its handler still never runs
+    again within the TTL).
     """
 
     key: str

@@ -1,7 +1,7 @@
 """Lease renewal for the WSGI adapter: one daemon thread per middleware renews every claim
 whose handler is still running, so a slow but alive handler is not taken over.
 
-(The ASGI adapter renews on the app's own event loop instead; see ``asgi._LeaseRenewal``.)
+(The ASGI adapter renews on the app's own event loop instead; see ``asgi.LeaseRenewal``.)
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from .stores.base import StoreUnavailable, SyncStore
 
 
 @dataclass(order=True)
-class _Lease:
+class Lease:
     due: float
     sequence: int
     attempt: core.Attempt = field(compare=False)
@@ -40,13 +40,13 @@ class LeaseRenewer:
         self._store = store
         self._reporter = reporter
         self._clock = clock
-        self._heap: list[_Lease] = []
+        self._heap: list[Lease] = []
         self._sequence = itertools.count()
         self._condition = threading.Condition()
         self._thread: threading.Thread | None = None
 
-    def register(self, attempt: core.Attempt) -> _Lease:
-        lease = _Lease(
+    def register(self, attempt: core.Attempt) -> Lease:
+        lease = Lease(
             time.monotonic() + core.renewal_interval(attempt.policy), next(self._sequence), attempt
         )
         with self._condition:
@@ -60,7 +60,7 @@ class LeaseRenewer:
                 self._condition.notify()
         return lease
 
-    def cancel(self, lease: _Lease) -> None:
+    def cancel(self, lease: Lease) -> None:
         # Lazy deletion: the entry is dropped when it reaches the top of the heap.
         lease.active = False
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -20,8 +20,8 @@ from .options import (
     Options,
 )
 from .problems import Problem
-from .records import Headers, StoredResponse
-from .renewal import LeaseRenewer
+from .records import Headers, StoredResponse, is_streaming
+from .renewal import Lease, LeaseRenewer
 from .request_view import HeaderView, RequestView
 from .rules import IdempotencyRule, ScopeFunction
 from .stores.base import Claimed, StoreUnavailable, SyncStore
@@ -176,6 +176,8 @@ class IdempotencyWSGIMiddleware:
         lease = self._renewer.register(attempt)
         try:
             iterable = self.app(environ, captured.start_response)
+            if captured.status_line is not None and is_streaming(_encode_headers(captured.headers)):
+                return self._stream_live(attempt, lease, captured, iterable, start_response)
             try:
                 for chunk in iterable:
                     captured.write(chunk)
@@ -201,8 +203,45 @@ class IdempotencyWSGIMiddleware:
         start_response(captured.status_line, captured.headers, captured.exc_info)
         return [body]
 
-    def _complete(self, attempt: core.Attempt, status: int, headers: Headers, body: bytes) -> None:
-        completion = core.completion_for(attempt, status, headers, body, time.time())
+    def _stream_live(
+        self,
+        attempt: core.Attempt,
+        lease: Lease,
+        captured: _CapturedResponse,
+        iterable: Iterable[bytes],
+        start_response: StartResponse,
+    ) -> Iterable[bytes]:
+        """Send a streaming response as it comes; finish the key when the stream ends.
+
+        Needs ``start_response`` called before the first chunk (Flask/Werkzeug do so).
+        """
+        assert captured.status_line is not None
+        status_line = captured.status_line
+        headers = _encode_headers(captured.headers)
+        start_response(status_line, captured.headers, captured.exc_info)
+
+        def finish(size: int, failed: bool) -> None:
+            self._renewer.cancel(lease)
+            status = _status_code(status_line)
+            if failed or not core.keeps_response(status):
+                self._release(attempt)
+            else:
+                self._complete(attempt, status, headers, b"", streamed_size=size)
+
+        return _LiveBody(captured.body(), iterable, finish)
+
+    def _complete(
+        self,
+        attempt: core.Attempt,
+        status: int,
+        headers: Headers,
+        body: bytes,
+        *,
+        streamed_size: int | None = None,
+    ) -> None:
+        completion = core.completion_for(
+            attempt, status, headers, body, time.time(), streamed_size=streamed_size
+        )
         stored = self._finish(attempt, "complete", lambda: self.store.complete(completion))
         if stored is not None:
             self._reporter.emit(attempt.event("completed" if stored else "lost", status=status))
@@ -232,6 +271,45 @@ class IdempotencyWSGIMiddleware:
                     return None
                 time.sleep(core.finish_delay(number))
         return None
+
+
+class _LiveBody:
+    """The WSGI iterable of a live stream: passes chunks through, counts them, and calls
+    ``finish(size, failed)`` exactly once, when the stream ends, fails or is closed."""
+
+    def __init__(
+        self, prefix: bytes, iterable: Iterable[bytes], finish: Callable[[int, bool], None]
+    ) -> None:
+        self._prefix = prefix
+        self._iterable = iterable
+        self._finish: Callable[[int, bool], None] | None = finish
+        self._size = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            if self._prefix:
+                self._size += len(self._prefix)
+                yield self._prefix
+            for chunk in self._iterable:
+                self._size += len(chunk)
+                yield chunk
+        except Exception:
+            self._end(failed=True)
+            raise
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._iterable, "close", None)
+            if close is not None:
+                close()
+        finally:
+            # Closed early (client gone) counts as done: the handler started a success.
+            self._end(failed=False)
+
+    def _end(self, *, failed: bool) -> None:
+        finish, self._finish = self._finish, None
+        if finish is not None:
+            finish(self._size, failed)
 
 
 class _CapturedResponse:

@@ -65,10 +65,18 @@ class Completion:
     now: float
     ttl_seconds: float
     response: StoredResponse
+    # A streamed response went to its client live; only the fact that it completed is kept
+    # (the key is completed, its body is not stored), like a response too large to store.
+    streamed: bool = False
+    streamed_size: int = 0
 
     @property
     def expires_at(self) -> float:
         return self.now + self.ttl_seconds
+
+    @property
+    def body_size(self) -> int:
+        return self.streamed_size if self.streamed else len(self.response.body)
 
 
 @runtime_checkable

@@ -111,14 +111,14 @@ def complete_request(layout: TableLayout, completion: Completion) -> dict[str, A
     A response too large for one item is not kept; the key is still marked completed, so
     its handler never runs again within the TTL.
     """
-    encoded = encode_response(completion.response)
-    fits = len(encoded) <= MAX_ITEM_RESPONSE_BYTES
+    encoded = b"" if completion.streamed else encode_response(completion.response)
+    fits = not completion.streamed and len(encoded) <= MAX_ITEM_RESPONSE_BYTES
     values: dict[str, Any] = {
         ":owner": {"S": completion.owner},
         ":completed": {"S": Status.COMPLETED.value},
         ":exp": _number(completion.expires_at),
         ":ttl": _ttl(completion.expires_at),
-        ":size": {"N": str(len(completion.response.body))},
+        ":size": {"N": str(completion.body_size)},
         ":too_large": {"BOOL": not fits},
     }
     update = (

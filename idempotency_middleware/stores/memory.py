@@ -39,8 +39,10 @@ class MemoryStore:
             return Claimed(taken_over=taken_over)
 
     def complete(self, completion: Completion) -> bool:
-        size = len(completion.response.body)
-        too_large = self._max_response_bytes is not None and size > self._max_response_bytes
+        size = completion.body_size
+        too_large = completion.streamed or (
+            self._max_response_bytes is not None and size > self._max_response_bytes
+        )
         with self._lock:
             existing = self._records.get(completion.key)
             if existing is None or existing.owner != completion.owner:
