@@ -13,6 +13,7 @@ Item layout (one item per namespaced key)::
     expires_at       N     epoch seconds, sub-second precision (checked on every read)
     ttl              N     whole epoch seconds, for DynamoDB's TTL sweeper only
     response         B     encoded response (records.encode_response), once completed
+    response_ref     S     S3 object key of a response too large for the item (optional)
     response_size    N     body size in bytes
     too_large        BOOL  completed, but the response could not be kept
 """
@@ -60,6 +61,7 @@ _NAMES = {
     "#response": "response",
     "#size": "response_size",
     "#too_large": "too_large",
+    "#response_ref": "response_ref",
 }
 
 
@@ -105,45 +107,84 @@ def claim_took_over(response: dict[str, Any]) -> bool:
     return bool(old.get("status", {}).get("S") == Status.IN_PROGRESS.value)
 
 
-def complete_request(layout: TableLayout, completion: Completion) -> dict[str, Any]:
+@dataclass(frozen=True)
+class CompletionPlan:
+    """How to write one completion: the UpdateItem, and the overflow object to put in S3
+    first when the response is too large for the item and the store has a bucket."""
+
+    request: dict[str, Any]
+    overflow_key: str | None = None
+    overflow_body: bytes = b""
+
+
+def plan_completion(
+    layout: TableLayout, completion: Completion, overflow: OverflowSettings | None
+) -> CompletionPlan:
     """Conditional on the owner token: a taken-over owner cannot overwrite the new record.
 
-    A response too large for one item is not kept; the key is still marked completed, so
-    its handler never runs again within the TTL.
+    A response too large for one item goes to S3 when the store has a bucket; otherwise it
+    is not kept, and the key is still marked completed so its handler never runs again
+    within the TTL.
     """
     encoded = b"" if completion.streamed else encode_response(completion.response)
     fits = not completion.streamed and len(encoded) <= MAX_ITEM_RESPONSE_BYTES
+    overflow_key = (
+        overflow.object_key(completion.key, completion.owner)
+        if overflow is not None and not fits and not completion.streamed
+        else None
+    )
     values: dict[str, Any] = {
         ":owner": {"S": completion.owner},
         ":completed": {"S": Status.COMPLETED.value},
         ":exp": _number(completion.expires_at),
         ":ttl": _ttl(completion.expires_at),
         ":size": {"N": str(completion.body_size)},
-        ":too_large": {"BOOL": not fits},
+        ":too_large": {"BOOL": not fits and overflow_key is None},
     }
     update = (
         "SET #status = :completed, #exp = :exp, #ttl = :ttl, #size = :size, #too_large = :too_large"
     )
+    names = ["#status", "#exp", "#ttl", "#owner", "#size", "#too_large"]
     if fits:
         values[":response"] = {"B": encoded}
         update += ", #response = :response"
-    return {
+        names.append("#response")
+    elif overflow_key is not None:
+        values[":response_ref"] = {"S": overflow_key}
+        update += ", #response_ref = :response_ref"
+        names.append("#response_ref")
+    request = {
         "TableName": layout.table_name,
         "Key": {layout.key_attribute: {"S": completion.key}},
         "UpdateExpression": update,
         "ConditionExpression": "#owner = :owner",
-        "ExpressionAttributeNames": _names(
-            layout,
-            "#status",
-            "#exp",
-            "#ttl",
-            "#owner",
-            "#size",
-            "#too_large",
-            *(("#response",) if fits else ()),
-        ),
+        "ExpressionAttributeNames": _names(layout, *names),
         "ExpressionAttributeValues": values,
     }
+    if overflow_key is None:
+        return CompletionPlan(request)
+    return CompletionPlan(request, overflow_key, encoded)
+
+
+@dataclass(frozen=True)
+class OverflowSettings:
+    """Where responses too large for a DynamoDB item go: an S3 bucket and key prefix.
+
+    Objects are not deleted when their record expires: give the bucket a lifecycle rule
+    that expires the prefix after your longest TTL.
+    """
+
+    bucket: str
+    prefix: str = "idempotency/"
+    endpoint_url: str | None = None
+
+    def object_key(self, key: str, owner: str) -> str:
+        return f"{self.prefix}{key}/{owner}"
+
+
+def overflow_reference(item: Item) -> str | None:
+    ref = item.get("response_ref", {}).get("S")
+    return str(ref) if ref else None
 
 
 def release_request(layout: TableLayout, key: str, owner: str) -> dict[str, Any]:
@@ -186,8 +227,17 @@ def delete_request(layout: TableLayout, key: str) -> dict[str, Any]:
     return {"TableName": layout.table_name, "Key": {layout.key_attribute: {"S": key}}}
 
 
-def item_to_record(layout: TableLayout, item: Item) -> Record:
+def item_to_record(layout: TableLayout, item: Item, overflow_blob: bytes | None = None) -> Record:
+    """The record of an item; ``overflow_blob`` is its response fetched from S3, if any.
+
+    An item whose S3 object could not be read is reported as completed without a response.
+    """
     blob = item.get("response", {}).get("B")
+    if blob is None:
+        blob = overflow_blob
+    too_large = bool(item.get("too_large", {}).get("BOOL", False)) or (
+        blob is None and overflow_reference(item) is not None
+    )
     return Record(
         key=item[layout.key_attribute]["S"],
         status=Status(item["status"]["S"]),
@@ -196,7 +246,7 @@ def item_to_record(layout: TableLayout, item: Item) -> Record:
         lock_expires_at=float(item["lock_expires_at"]["N"]),
         expires_at=float(item["expires_at"]["N"]),
         response=decode_response(bytes(blob)) if blob is not None else None,
-        response_too_large=bool(item.get("too_large", {}).get("BOOL", False)),
+        response_too_large=too_large,
         response_size=int(item.get("response_size", {}).get("N", "0")),
     )
 
@@ -266,6 +316,14 @@ class ClientSettings:
             retries={"max_attempts": self.max_attempts, "mode": "standard"},
             max_pool_connections=self.max_pool_connections,
         )
+
+    def s3_client_arguments(self, overflow: OverflowSettings) -> dict[str, Any]:
+        arguments: dict[str, Any] = {"config": self.botocore_config()}
+        if overflow.endpoint_url is not None:
+            arguments["endpoint_url"] = overflow.endpoint_url
+        if self.region_name is not None:
+            arguments["region_name"] = self.region_name
+        return arguments
 
     def client_arguments(self, extra: dict[str, Any]) -> dict[str, Any]:
         arguments: dict[str, Any] = {"config": self.botocore_config()}

@@ -36,6 +36,9 @@ class AsyncDynamoDBStore:
         ttl_attribute: str = "ttl",
         session: Any = None,
         client_kwargs: dict[str, Any] | None = None,
+        s3_bucket: str | None = None,
+        s3_prefix: str = "idempotency/",
+        s3_endpoint_url: str | None = None,
     ) -> None:
         self.layout = ddb.TableLayout(table_name, key_attribute, ttl_attribute)
         self._settings = ddb.ClientSettings(
@@ -49,6 +52,10 @@ class AsyncDynamoDBStore:
         self._session = session
         self._client_kwargs = dict(client_kwargs or {})
         self._client: Any = None
+        self._s3_client: Any = None
+        self._overflow = (
+            ddb.OverflowSettings(s3_bucket, s3_prefix, s3_endpoint_url) if s3_bucket else None
+        )
         self._exit_stack: contextlib.AsyncExitStack | None = None
         self._client_lock: asyncio.Lock | None = None
         self._errors = ddb.store_errors()
@@ -73,6 +80,47 @@ class AsyncDynamoDBStore:
                 self._exit_stack = stack
         return self._client
 
+    async def _s3(self) -> Any:
+        """The aioboto3 S3 client for overflowing responses, created once."""
+        if self._s3_client is not None:
+            return self._s3_client
+        await self.client()  # creates the exit stack and the lock
+        assert self._client_lock is not None and self._exit_stack is not None
+        async with self._client_lock:
+            if self._s3_client is None:
+                import aioboto3
+
+                assert self._overflow is not None
+                session = self._session or aioboto3.Session()
+                self._s3_client = await self._exit_stack.enter_async_context(
+                    session.client("s3", **self._settings.s3_client_arguments(self._overflow))
+                )
+        return self._s3_client
+
+    async def _s3_call(self, operation: str, **request: Any) -> dict[str, Any]:
+        try:
+            client = await self._s3()
+            result: dict[str, Any] = await getattr(client, operation)(**request)
+            if operation == "get_object":
+                async with result["Body"] as stream:
+                    result["Blob"] = await stream.read()
+        except self._errors as error:
+            raise ddb.translate_error(f"S3 {operation}", error) from error
+        return result
+
+    async def _record(self, item: ddb.Item) -> Record:
+        ref = ddb.overflow_reference(item)
+        if ref is None or self._overflow is None:
+            return ddb.item_to_record(self.layout, item)
+        try:
+            response = await self._s3_call("get_object", Bucket=self._overflow.bucket, Key=ref)
+            blob: bytes | None = response["Blob"]
+        except StoreUnavailable as error:
+            if error.code not in ("NoSuchKey", "404"):
+                raise
+            blob = None
+        return ddb.item_to_record(self.layout, item, blob)
+
     async def _call(self, operation: str, request: dict[str, Any]) -> dict[str, Any]:
         try:
             client = await self.client()
@@ -94,7 +142,7 @@ class AsyncDynamoDBStore:
                 response = await self._call("put_item", ddb.claim_request(self.layout, request))
             except ddb.ConditionFailed as failed:
                 if failed.item is not None:
-                    return Held(ddb.item_to_record(self.layout, failed.item))
+                    return Held(await self._record(failed.item))
                 # A backend without ALL_OLD on failure: read the holder instead.
                 record = await self.get(request.key)
                 if record is not None and not record.is_claimable(request.now):
@@ -104,7 +152,19 @@ class AsyncDynamoDBStore:
         raise StoreUnavailable("DynamoDB claim kept racing with other writers")
 
     async def acomplete(self, completion: Completion) -> bool:
-        return await self._conditional("update_item", ddb.complete_request(self.layout, completion))
+        overflow = self._overflow
+        plan = ddb.plan_completion(self.layout, completion, overflow)
+        if plan.overflow_key is not None and overflow is not None:
+            await self._s3_call(
+                "put_object", Bucket=overflow.bucket, Key=plan.overflow_key, Body=plan.overflow_body
+            )
+        stored = await self._conditional("update_item", plan.request)
+        if not stored and plan.overflow_key is not None and overflow is not None:
+            # Fenced out: the object belongs to no record. Best effort; a lifecycle rule
+            # on the prefix catches what this misses.
+            with contextlib.suppress(StoreUnavailable):
+                await self._s3_call("delete_object", Bucket=overflow.bucket, Key=plan.overflow_key)
+        return stored
 
     async def arelease(self, key: str, owner: str) -> bool:
         return await self._conditional("delete_item", ddb.release_request(self.layout, key, owner))
@@ -117,7 +177,7 @@ class AsyncDynamoDBStore:
     async def get(self, key: str) -> Record | None:
         """The record under ``key`` as stored (expired or not), for operators and tests."""
         item = (await self._call("get_item", ddb.get_request(self.layout, key))).get("Item")
-        return ddb.item_to_record(self.layout, item) if item else None
+        return await self._record(item) if item else None
 
     async def delete(self, key: str) -> None:
         """Remove a record unconditionally (operators re-driving failed work)."""
@@ -144,7 +204,8 @@ class AsyncDynamoDBStore:
 
     async def aclose(self) -> None:
         """Release the client and its connections."""
-        stack, self._exit_stack, self._client = self._exit_stack, None, None
+        stack, self._exit_stack = self._exit_stack, None
+        self._client = self._s3_client = None
         if stack is not None:
             await stack.aclose()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from types import TracebackType
@@ -31,6 +32,9 @@ class DynamoDBStore:
         ttl_attribute: str = "ttl",
         session: Any = None,
         client_kwargs: dict[str, Any] | None = None,
+        s3_bucket: str | None = None,
+        s3_prefix: str = "idempotency/",
+        s3_endpoint_url: str | None = None,
     ) -> None:
         self.layout = ddb.TableLayout(table_name, key_attribute, ttl_attribute)
         self._settings = ddb.ClientSettings(
@@ -44,7 +48,11 @@ class DynamoDBStore:
         self._session = session
         self._client_kwargs = dict(client_kwargs or {})
         self._client: Any = None
+        self._s3_client: Any = None
         self._client_lock = threading.Lock()
+        self._overflow = (
+            ddb.OverflowSettings(s3_bucket, s3_prefix, s3_endpoint_url) if s3_bucket else None
+        )
         self._errors = ddb.store_errors()
 
     @property
@@ -60,6 +68,39 @@ class DynamoDBStore:
                         "dynamodb", **self._settings.client_arguments(self._client_kwargs)
                     )
         return self._client
+
+    def _s3(self) -> Any:
+        """The boto3 S3 client for overflowing responses, created once."""
+        if self._s3_client is None:
+            with self._client_lock:
+                if self._s3_client is None:
+                    import boto3
+
+                    assert self._overflow is not None
+                    session = self._session or boto3.session.Session()
+                    self._s3_client = session.client(
+                        "s3", **self._settings.s3_client_arguments(self._overflow)
+                    )
+        return self._s3_client
+
+    def _s3_call(self, operation: str, **request: Any) -> dict[str, Any]:
+        try:
+            result: dict[str, Any] = getattr(self._s3(), operation)(**request)
+        except self._errors as error:
+            raise ddb.translate_error(f"S3 {operation}", error) from error
+        return result
+
+    def _record(self, item: ddb.Item) -> Record:
+        ref = ddb.overflow_reference(item)
+        if ref is None or self._overflow is None:
+            return ddb.item_to_record(self.layout, item)
+        try:
+            blob = self._s3_call("get_object", Bucket=self._overflow.bucket, Key=ref)["Body"].read()
+        except StoreUnavailable as error:
+            if error.code not in ("NoSuchKey", "404"):
+                raise
+            blob = None
+        return ddb.item_to_record(self.layout, item, blob)
 
     def _call(self, operation: str, request: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -81,7 +122,7 @@ class DynamoDBStore:
                 response = self._call("put_item", ddb.claim_request(self.layout, request))
             except ddb.ConditionFailed as failed:
                 if failed.item is not None:
-                    return Held(ddb.item_to_record(self.layout, failed.item))
+                    return Held(self._record(failed.item))
                 # A backend without ALL_OLD on failure: read the holder instead.
                 record = self.get(request.key)
                 if record is not None and not record.is_claimable(request.now):
@@ -91,7 +132,19 @@ class DynamoDBStore:
         raise StoreUnavailable("DynamoDB claim kept racing with other writers")
 
     def complete(self, completion: Completion) -> bool:
-        return self._conditional("update_item", ddb.complete_request(self.layout, completion))
+        overflow = self._overflow
+        plan = ddb.plan_completion(self.layout, completion, overflow)
+        if plan.overflow_key is not None and overflow is not None:
+            self._s3_call(
+                "put_object", Bucket=overflow.bucket, Key=plan.overflow_key, Body=plan.overflow_body
+            )
+        stored = self._conditional("update_item", plan.request)
+        if not stored and plan.overflow_key is not None and overflow is not None:
+            # Fenced out: the object belongs to no record. Best effort; a lifecycle rule
+            # on the prefix catches what this misses.
+            with contextlib.suppress(StoreUnavailable):
+                self._s3_call("delete_object", Bucket=overflow.bucket, Key=plan.overflow_key)
+        return stored
 
     def release(self, key: str, owner: str) -> bool:
         return self._conditional("delete_item", ddb.release_request(self.layout, key, owner))
@@ -104,7 +157,7 @@ class DynamoDBStore:
     def get(self, key: str) -> Record | None:
         """The record under ``key`` as stored (expired or not), for operators and tests."""
         item = self._call("get_item", ddb.get_request(self.layout, key)).get("Item")
-        return ddb.item_to_record(self.layout, item) if item else None
+        return self._record(item) if item else None
 
     def delete(self, key: str) -> None:
         """Remove a record unconditionally (operators re-driving failed work)."""
@@ -132,9 +185,10 @@ class DynamoDBStore:
     def close(self) -> None:
         """Release the client's connections. The store cannot be used afterwards."""
         with self._client_lock:
-            if self._client is not None:
-                self._client.close()
-                self._client = None
+            for client in (self._client, self._s3_client):
+                if client is not None:
+                    client.close()
+            self._client = self._s3_client = None
 
     def __enter__(self) -> DynamoDBStore:
         return self
