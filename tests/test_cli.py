@@ -1,0 +1,121 @@
+"""The operator command line, against moto's DynamoDB server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import orjson
+import pytest
+
+from idempotency_middleware import DynamoDBStore
+from idempotency_middleware.cli import EXIT_NOT_FOUND, EXIT_OK, EXIT_STORE, EXIT_USAGE, main
+from idempotency_middleware.keys import storage_key
+from idempotency_middleware.records import StoredResponse
+from idempotency_middleware.stores.base import ClaimRequest, Completion
+
+from .conftest import REGION
+
+
+def _store_args(moto_endpoint: str, table: str) -> list[str]:
+    return ["--table", table, "--endpoint-url", moto_endpoint, "--region", REGION]
+
+
+def _completed(moto_endpoint: str, table: str, key: str, route: str, scope: str | None) -> None:
+    hashed = storage_key("POST", route, scope, key)
+    with DynamoDBStore(table, endpoint_url=moto_endpoint, region_name=REGION) as store:
+        store.claim(ClaimRequest(hashed, "fp", "owner", time.time(), lock_timeout_seconds=30))
+        response = StoredResponse(201, [(b"content-type", b"application/json")], b'{"id": 7}')
+        store.complete(Completion(hashed, "owner", time.time(), 60, response))
+
+
+def test_create_table_makes_a_table_with_ttl_and_says_so(
+    moto_endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    table = f"cli-{uuid.uuid4().hex[:8]}"
+    assert main(["create-table", *_store_args(moto_endpoint, table)]) == EXIT_OK
+    assert f"table {table} ready" in capsys.readouterr().out
+    import boto3
+
+    client = boto3.client("dynamodb", endpoint_url=moto_endpoint, region_name=REGION)
+    ttl = client.describe_time_to_live(TableName=table)["TimeToLiveDescription"]
+    assert ttl["TimeToLiveStatus"] == "ENABLED"
+    assert ttl["AttributeName"] == "ttl"
+    # Safe to repeat.
+    assert main(["create-table", *_store_args(moto_endpoint, table)]) == EXIT_OK
+
+
+def test_show_prints_the_decoded_record_of_a_key(
+    moto_endpoint: str, dynamodb_table: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _completed(moto_endpoint, dynamodb_table, "order-1", "/orders", None)
+    code = main(
+        ["show", '"order-1"', "--route", "/orders", *_store_args(moto_endpoint, dynamodb_table)]
+    )
+    assert code == EXIT_OK
+    shown = orjson.loads(capsys.readouterr().out)
+    assert shown["status"] == "completed"
+    assert shown["response"]["status"] == 201
+    assert shown["response"]["body"] == '{"id": 7}'
+    assert shown["key_hash"] == storage_key("POST", "/orders", None, "order-1")
+
+
+def test_show_honours_the_scope(
+    moto_endpoint: str, dynamodb_table: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _completed(moto_endpoint, dynamodb_table, "k", "/orders", "tenant-a")
+    args = ["show", "k", "--route", "/orders", *_store_args(moto_endpoint, dynamodb_table)]
+    assert main(args) == EXIT_NOT_FOUND
+    assert main([*args, "--scope", "tenant-a"]) == EXIT_OK
+
+
+def test_delete_removes_the_record_so_the_key_can_run_again(
+    moto_endpoint: str, dynamodb_table: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _completed(moto_endpoint, dynamodb_table, "k", "/orders", None)
+    args = ["--route", "/orders", *_store_args(moto_endpoint, dynamodb_table)]
+    assert main(["delete", "k", *args]) == EXIT_OK
+    assert "deleted record" in capsys.readouterr().out
+    assert main(["show", "k", *args]) == EXIT_NOT_FOUND
+
+
+def test_an_invalid_key_is_a_usage_error(moto_endpoint: str, dynamodb_table: str) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            ["show", '"unterminated', "--route", "/o", *_store_args(moto_endpoint, dynamodb_table)]
+        )
+    assert exit_info.value.code == EXIT_USAGE
+
+
+def test_a_missing_store_is_a_usage_error() -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["show", "k", "--route", "/orders"])
+    assert exit_info.value.code == EXIT_USAGE
+
+
+def test_an_unreachable_store_exits_3_with_a_message(capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    args = ["show", "k", "--route", "/o", "--table", "t", "--region", REGION]
+    assert main([*args, "--endpoint-url", f"http://127.0.0.1:{port}"]) == EXIT_STORE
+    assert "store unavailable" in capsys.readouterr().err
+
+
+def test_python_dash_m_runs_the_cli_with_help_on_each_command() -> None:
+    for command in ([], ["create-table"], ["show"], ["delete"], ["demo"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "idempotency_middleware", *command, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ},
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        assert "usage: idempotency-middleware" in result.stdout
