@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m examples.demo
+	$(PY) -m idempotency_middleware demo
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

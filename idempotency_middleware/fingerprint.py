@@ -7,9 +7,18 @@ whitespace do not matter, nor does query or form parameter order. Values always 
 from __future__ import annotations
 
 import hashlib
+import json
+import re
+from decimal import Decimal
+from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 import orjson
+
+# orjson reads numbers into 64-bit ints and doubles: integers past 64 bits and decimals with
+# more significant digits than a double holds would collapse onto their neighbours. A body
+# with a run of 16+ digits (or dots) may hold one, so it takes the exact (slower) path.
+_LONG_NUMBER = re.compile(rb"[0-9.]{16}")
 
 
 def _media_type(content_type: str | None) -> str:
@@ -42,11 +51,14 @@ def canonical_body(content_type: str | None, body: bytes) -> tuple[bytes, bytes]
     """Return ``(kind, canonical bytes)`` for a body; the kind keeps forms from colliding."""
     media_type = _media_type(content_type)
     if body and _is_json(media_type):
-        try:
-            # orjson keeps 1 and 1.0 apart and sorts keys; non-JSON falls back to raw bytes.
-            return b"json", orjson.dumps(orjson.loads(body), option=orjson.OPT_SORT_KEYS)
-        except (orjson.JSONDecodeError, orjson.JSONEncodeError):
-            return b"bytes", body
+        if not _LONG_NUMBER.search(body):
+            try:
+                # orjson keeps 1 and 1.0 apart and sorts keys.
+                return b"json", orjson.dumps(orjson.loads(body), option=orjson.OPT_SORT_KEYS)
+            except (orjson.JSONDecodeError, orjson.JSONEncodeError):
+                pass
+        exact = _exact_canonical_json(body)
+        return (b"json", exact) if exact is not None else (b"bytes", body)
     if media_type == "application/x-www-form-urlencoded":
         try:
             text = body.decode("utf-8")
@@ -54,6 +66,58 @@ def canonical_body(content_type: str | None, body: bytes) -> tuple[bytes, bytes]
             return b"bytes", body
         return b"form", _sorted_pairs(text)
     return b"bytes", body
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _exact_canonical_json(body: bytes) -> bytes | None:
+    """Canonical JSON keeping every number exactly (``None`` when the body is not JSON)."""
+    try:
+        value = json.loads(body, parse_float=Decimal, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):
+        return None
+    out: list[bytes] = []
+    try:
+        _write_canonical(value, out)
+    except RecursionError:
+        return None
+    return b"".join(out)
+
+
+def _write_canonical(value: Any, out: list[bytes]) -> None:
+    # Same output as the orjson path for every number a double or a 64-bit int holds, so
+    # the path taken never changes a fingerprint; other numbers keep their exact value.
+    if isinstance(value, dict):
+        out.append(b"{")
+        for index, name in enumerate(sorted(value)):
+            if index:
+                out.append(b",")
+            out.append(orjson.dumps(name))
+            out.append(b":")
+            _write_canonical(value[name], out)
+        out.append(b"}")
+    elif isinstance(value, list):
+        out.append(b"[")
+        for index, item in enumerate(value):
+            if index:
+                out.append(b",")
+            _write_canonical(item, out)
+        out.append(b"]")
+    elif isinstance(value, Decimal):
+        nearest = float(value)
+        if Decimal(repr(nearest)) == value:
+            out.append(orjson.dumps(nearest))
+        else:
+            out.append(b"~" + str(value).encode("ascii"))
+    elif isinstance(value, int) and not isinstance(value, bool):
+        out.append(str(value).encode("ascii"))
+    else:  # str, bool, None
+        try:
+            out.append(orjson.dumps(value))
+        except TypeError:  # a lone surrogate from a \ud800 escape: keep it escaped
+            out.append(b"~" + json.dumps(value).encode("ascii"))
 
 
 def fingerprint_request(

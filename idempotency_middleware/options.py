@@ -73,8 +73,13 @@ class Options:
     ) -> Options:
         if not isinstance(header_name, str) or not _TOKEN.match(header_name):
             raise ValueError(f"header_name {header_name!r} is not a valid HTTP header name")
-        check_positive(ttl_seconds, "ttl_seconds")
-        check_positive(lock_timeout_seconds, "lock_timeout_seconds")
+        for value, name in (
+            (ttl_seconds, "ttl_seconds"),
+            (lock_timeout_seconds, "lock_timeout_seconds"),
+        ):
+            if value is None:
+                raise ValueError(f"{name} must be a positive, finite number of seconds, got None")
+            check_positive(value, name)
         if (
             isinstance(max_body_bytes, bool)
             or not isinstance(max_body_bytes, int)

@@ -44,6 +44,7 @@ class LeaseRenewer:
         self._sequence = itertools.count()
         self._condition = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._closed = False
 
     def register(self, attempt: core.Attempt) -> Lease:
         lease = Lease(
@@ -51,6 +52,8 @@ class LeaseRenewer:
         )
         with self._condition:
             heapq.heappush(self._heap, lease)
+            if self._closed:
+                self._closed = False  # used again after close(): start a fresh thread
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="idempotency-lease-renewer", daemon=True
@@ -64,12 +67,24 @@ class LeaseRenewer:
         # Lazy deletion: the entry is dropped when it reaches the top of the heap.
         lease.active = False
 
+    def close(self) -> None:
+        """Stop the renewal thread (claims still running are no longer renewed)."""
+        with self._condition:
+            self._closed = True
+            self._heap.clear()
+            self._condition.notify()
+            thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+
     def _run(self) -> None:
         while True:
             with self._condition:
-                while not self._heap or self._heap[0].due > time.monotonic():
+                while not self._closed and (not self._heap or self._heap[0].due > time.monotonic()):
                     timeout = self._heap[0].due - time.monotonic() if self._heap else None
                     self._condition.wait(timeout)
+                if self._closed:
+                    return
                 lease = heapq.heappop(self._heap)
             if lease.active and self._renew(lease.attempt):
                 lease.due = time.monotonic() + core.renewal_interval(lease.attempt.policy)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -76,8 +77,8 @@ def normalize_methods(methods: Iterable[str], where: str) -> frozenset[str]:
 def check_positive(value: float | None, name: str) -> None:
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -119,15 +120,27 @@ class IdempotencyRule:
         return self.pattern.match(path) is not None
 
 
-def _is_catch_all(rule: IdempotencyRule) -> bool:
-    return re.fullmatch(r"/\{[A-Za-z_][A-Za-z0-9_]*:path\}", rule.path) is not None
+_CATCH_ALL = re.compile(r"([^{}]*)\{[A-Za-z_][A-Za-z0-9_]*:path\}")
+
+
+def _catch_all_prefix(rule: IdempotencyRule) -> str | None:
+    """``/api/`` for ``/api/{rest:path}``: the rule matches every path with that prefix."""
+    match = _CATCH_ALL.fullmatch(rule.path)
+    return match.group(1) if match else None
+
+
+def _literal_prefix(rule: IdempotencyRule) -> str:
+    return rule.path.split("{", 1)[0]
 
 
 def check_reachable(rules: tuple[IdempotencyRule, ...]) -> None:
-    """Refuse rules that can never match because an earlier one always wins."""
+    """Refuse rules that can never match because an earlier one always wins: the same
+    template, or an earlier catch-all (``/api/{rest:path}``) covering the later's prefix."""
     for index, rule in enumerate(rules):
         for earlier in rules[:index]:
-            if earlier.pattern.pattern == rule.pattern.pattern or _is_catch_all(earlier):
+            prefix = _catch_all_prefix(earlier)
+            covered = prefix is not None and _literal_prefix(rule).startswith(prefix)
+            if earlier.pattern.pattern == rule.pattern.pattern or covered:
                 raise ValueError(
                     f"IdempotencyRule({rule.path!r}) can never match: "
                     f"IdempotencyRule({earlier.path!r}) comes first and matches every path it does"

@@ -87,6 +87,11 @@ class IdempotencyWSGIMiddleware:
         self._cache = ReplayCache(replay_cache_size) if replay_cache_size else None
         self._renewer = LeaseRenewer(store, self._reporter)
 
+    def close(self) -> None:
+        """Stop the lease-renewal thread (it is a daemon thread; this is for tidy shutdowns
+        and tests). The store is yours to close."""
+        self._renewer.close()
+
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         method = str(environ.get("REQUEST_METHOD", "GET")).upper()
         path = _path(environ)

@@ -1,0 +1,287 @@
+"""``Options``: validation at construction, and the policy each request resolves to."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from idempotency_middleware import IdempotencyRule, RequestView
+from idempotency_middleware.options import (
+    DEFAULT_LOCK_TIMEOUT_SECONDS,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_TTL_SECONDS,
+    Options,
+    Policy,
+)
+
+
+def tenant_scope(request: RequestView) -> str:
+    return "tenant"
+
+
+def user_scope(request: RequestView) -> str:
+    return "user"
+
+
+# --- defaults ---------------------------------------------------------------------------
+
+
+def test_defaults_match_the_spec() -> None:
+    options = Options.build()
+    assert options.header_name == "Idempotency-Key"
+    assert options.header_key == b"idempotency-key"
+    assert options.environ_key == "HTTP_IDEMPOTENCY_KEY"
+    assert options.methods == frozenset({"POST", "PATCH"})
+    assert options.required is False
+    assert options.ttl_seconds == DEFAULT_TTL_SECONDS == 86400
+    assert options.lock_timeout_seconds == DEFAULT_LOCK_TIMEOUT_SECONDS == 60
+    assert options.max_body_bytes == DEFAULT_MAX_BODY_BYTES == 1024 * 1024
+    assert options.rules == ()
+    assert options.scope is None
+
+
+def test_unmatched_covered_request_uses_the_defaults_with_its_path_as_route() -> None:
+    assert Options.build().policy_for("POST", "/orders") == Policy(
+        route="/orders",
+        required=False,
+        ttl_seconds=86400,
+        lock_timeout_seconds=60,
+        scope=None,
+    )
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"])
+def test_methods_outside_the_defaults_pass_through(method: str) -> None:
+    assert Options.build().policy_for(method, "/orders") is None
+
+
+def test_custom_header_name_sets_the_asgi_and_wsgi_lookups() -> None:
+    options = Options.build(header_name="X-Request-Key")
+    assert options.header_key == b"x-request-key"
+    assert options.environ_key == "HTTP_X_REQUEST_KEY"
+
+
+def test_custom_methods_are_covered() -> None:
+    options = Options.build(methods=["post", "put", "delete"])
+    assert options.methods == frozenset({"POST", "PUT", "DELETE"})
+    assert options.policy_for("DELETE", "/orders/1") is not None
+    assert options.policy_for("PATCH", "/orders/1") is None
+
+
+# --- rules ------------------------------------------------------------------------------
+
+
+def test_rule_fields_left_none_inherit_the_defaults() -> None:
+    options = Options.build(
+        required=True, ttl_seconds=3600, lock_timeout_seconds=30, scope=tenant_scope,
+        rules=[IdempotencyRule("/orders/{order_id}/refunds", ttl_seconds=600)],
+    )  # fmt: skip
+    assert options.policy_for("POST", "/orders/7/refunds") == Policy(
+        route="/orders/{order_id}/refunds",
+        required=True,
+        ttl_seconds=600,
+        lock_timeout_seconds=30,
+        scope=tenant_scope,
+    )
+
+
+def test_rule_fields_override_the_defaults() -> None:
+    options = Options.build(
+        required=True,
+        scope=tenant_scope,
+        rules=[
+            IdempotencyRule(
+                "/payments",
+                required=False,
+                ttl_seconds=10,
+                lock_timeout_seconds=2.5,
+                scope=user_scope,
+            )
+        ],
+    )
+    assert options.policy_for("POST", "/payments") == Policy(
+        route="/payments",
+        required=False,
+        ttl_seconds=10,
+        lock_timeout_seconds=2.5,
+        scope=user_scope,
+    )
+
+
+def test_policy_route_is_the_template_not_the_path() -> None:
+    options = Options.build(rules=[IdempotencyRule("/orders/{order_id}/refunds")])
+    first = options.policy_for("POST", "/orders/1/refunds")
+    second = options.policy_for("POST", "/orders/2/refunds")
+    assert first is not None and second is not None
+    assert first.route == second.route == "/orders/{order_id}/refunds"
+
+
+def test_first_matching_rule_wins() -> None:
+    options = Options.build(
+        rules=[
+            IdempotencyRule("/orders/special", ttl_seconds=5),
+            IdempotencyRule("/orders/{order_id}", ttl_seconds=10),
+            IdempotencyRule("/{rest:path}", ttl_seconds=20),
+        ]
+    )
+    special = options.policy_for("POST", "/orders/special")
+    other = options.policy_for("POST", "/orders/7")
+    fallback = options.policy_for("POST", "/payments/1")
+    assert special is not None and special.ttl_seconds == 5
+    assert other is not None and other.ttl_seconds == 10
+    assert fallback is not None and fallback.ttl_seconds == 20
+    assert fallback.route == "/{rest:path}"
+
+
+def test_disabled_rule_lets_its_routes_pass_through() -> None:
+    options = Options.build(
+        required=True,
+        rules=[IdempotencyRule("/webhooks/{name}", enabled=False), IdempotencyRule("/{p:path}")],
+    )
+    assert options.policy_for("POST", "/webhooks/stripe") is None
+    assert options.policy_for("POST", "/orders") is not None
+
+
+def test_rule_methods_cover_put_and_delete_beyond_the_defaults() -> None:
+    options = Options.build(rules=[IdempotencyRule("/items/{item_id}", methods=["PUT", "DELETE"])])
+    assert options.policy_for("PUT", "/items/1") is not None
+    assert options.policy_for("DELETE", "/items/1") is not None
+    # Rules match on the path alone: the rule's methods replace the defaults on its route.
+    assert options.policy_for("POST", "/items/1") is None
+    assert options.policy_for("GET", "/items/1") is None
+    # Other routes keep the defaults.
+    assert options.policy_for("POST", "/orders") is not None
+    assert options.policy_for("PUT", "/orders") is None
+
+
+def test_rule_without_methods_uses_the_middleware_methods() -> None:
+    options = Options.build(methods=["PUT"], rules=[IdempotencyRule("/items/{item_id}")])
+    assert options.policy_for("PUT", "/items/1") is not None
+    assert options.policy_for("POST", "/items/1") is None
+
+
+# --- validation -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field", ["ttl_seconds", "lock_timeout_seconds"])
+@pytest.mark.parametrize("value", [0, -1, -0.001, True, False, math.nan, "60"])
+def test_non_positive_deadline_is_refused(field: str, value: Any) -> None:
+    settings: dict[str, Any] = {field: value}
+    with pytest.raises(ValueError):
+        Options.build(**settings)
+
+
+@pytest.mark.parametrize("field", ["ttl_seconds", "lock_timeout_seconds"])
+def test_missing_middleware_deadline_is_refused(field: str) -> None:
+    # None means "inherit" on a rule, but the middleware has nothing to inherit from: a None
+    # here would only fail later, as a TypeError on the first request (now + None).
+    settings: dict[str, Any] = {field: None}
+    with pytest.raises(ValueError):
+        Options.build(**settings)
+
+
+@pytest.mark.parametrize("field", ["ttl_seconds", "lock_timeout_seconds"])
+def test_infinite_deadline_is_refused(field: str) -> None:
+    # An infinite deadline cannot be written as DynamoDB's epoch-seconds TTL attribute
+    # (math.ceil(inf) raises at request time), so it must fail at start-up instead.
+    settings: dict[str, Any] = {field: math.inf}
+    with pytest.raises(ValueError):
+        Options.build(**settings)
+
+
+@pytest.mark.parametrize("methods", [["GET"], ["POST", "HEAD"], ["OPTIONS"], ["CONNECT"], ["X"]])
+def test_uncoverable_or_unknown_method_is_refused(methods: list[str]) -> None:
+    with pytest.raises(ValueError):
+        Options.build(methods=methods)
+
+
+def test_method_string_instead_of_a_list_is_refused() -> None:
+    with pytest.raises(ValueError):
+        Options.build(methods="POST")
+
+
+@pytest.mark.parametrize(
+    "header_name",
+    ["", "Idempotency Key", "Idempotency-Key:", "Idempotency-Key\r\nX: y", "Clé", "a(b)", " Key"],
+)
+def test_bad_header_name_is_refused(header_name: str) -> None:
+    with pytest.raises(ValueError):
+        Options.build(header_name=header_name)
+
+
+def test_non_string_header_name_is_refused() -> None:
+    with pytest.raises(ValueError):
+        Options.build(header_name=b"Idempotency-Key")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 1.5, "1024", None])
+def test_non_positive_max_body_bytes_is_refused(value: Any) -> None:
+    with pytest.raises(ValueError):
+        Options.build(max_body_bytes=value)
+
+
+def test_non_callable_scope_is_refused() -> None:
+    with pytest.raises(ValueError):
+        Options.build(scope="tenant")  # type: ignore[arg-type]
+
+
+def test_rules_must_be_rule_objects() -> None:
+    with pytest.raises(ValueError):
+        Options.build(rules=["/orders"])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize(
+    "rules",
+    [
+        pytest.param(
+            [IdempotencyRule("/orders"), IdempotencyRule("/orders", ttl_seconds=5)],
+            id="duplicate-template",
+        ),
+        pytest.param(
+            [IdempotencyRule("/orders/{id}"), IdempotencyRule("/orders/{order_id}")],
+            id="same-template-other-name",
+        ),
+        pytest.param(
+            [IdempotencyRule("/{rest:path}"), IdempotencyRule("/orders")],
+            id="after-catch-all",
+        ),
+        pytest.param(
+            [IdempotencyRule("/{p:path}"), IdempotencyRule("/orders/{id}", methods=["PUT"])],
+            id="after-catch-all-other-methods",
+        ),
+        pytest.param(
+            [
+                IdempotencyRule("/{p:path}", enabled=False),
+                IdempotencyRule("/orders/{id}"),
+            ],
+            id="after-disabled-catch-all",
+        ),
+    ],
+)
+def test_unreachable_rule_is_refused(rules: list[IdempotencyRule]) -> None:
+    with pytest.raises(ValueError):
+        Options.build(rules=rules)
+
+
+@pytest.mark.parametrize(
+    "later",
+    ["/api/orders", "/api/{resource}"],
+)
+def test_rule_after_a_prefix_catch_all_is_refused(later: str) -> None:
+    # "/api/{rest:path}" matches every path the later rule could match, so it never wins.
+    with pytest.raises(ValueError):
+        Options.build(rules=[IdempotencyRule("/api/{rest:path}"), IdempotencyRule(later)])
+
+
+def test_rule_beside_a_prefix_catch_all_is_fine() -> None:
+    options = Options.build(
+        rules=[IdempotencyRule("/api/{rest:path}"), IdempotencyRule("/api"), IdempotencyRule("/x")]
+    )
+    assert len(options.rules) == 3
+
+
+def test_catch_all_last_is_fine() -> None:
+    options = Options.build(rules=[IdempotencyRule("/orders"), IdempotencyRule("/{rest:path}")])
+    assert len(options.rules) == 2

@@ -1,0 +1,650 @@
+"""One contract for every store: MemoryStore, DynamoDBStore (boto3) and AsyncDynamoDBStore
+(aioboto3), the DynamoDB ones on moto's server over real HTTP.
+
+Time is the ``now`` each request carries, so lock timeouts and TTLs are crossed by asking
+with a later ``now`` rather than by sleeping. The async store is driven through an adapter
+that runs each call on one event loop kept for the test, so the same bodies test all three.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import socket
+import time
+import uuid
+from collections.abc import Coroutine, Iterator
+from typing import Any, Protocol, TypeVar
+
+import boto3
+import pytest
+
+from idempotency_middleware import AsyncDynamoDBStore, DynamoDBStore, MemoryStore
+from idempotency_middleware.records import Record, Status, StoredResponse
+from idempotency_middleware.stores.base import (
+    Claimed,
+    ClaimRequest,
+    ClaimResult,
+    Completion,
+    Held,
+    StoreUnavailable,
+)
+from idempotency_middleware.stores.dynamodb import MAX_ITEM_RESPONSE_BYTES
+from tests.conftest import REGION
+
+T = TypeVar("T")
+
+LOCK = 5.0
+TTL = 100.0
+RESPONSE = StoredResponse(
+    201,
+    [(b"content-type", b"application/json"), (b"location", b"/orders/1"), (b"x-b", b"\xe9")],
+    b'{"id": 1, "status": "created"}',
+)
+TOO_LARGE_BODY_SIZE = 600 * 1024
+
+
+class Driver(Protocol):
+    """The store operations the contract exercises, called synchronously."""
+
+    def claim(self, request: ClaimRequest) -> ClaimResult: ...
+
+    def complete(self, completion: Completion) -> bool: ...
+
+    def release(self, key: str, owner: str) -> bool: ...
+
+    def renew(self, key: str, owner: str, lock_expires_at: float) -> bool: ...
+
+    def get(self, key: str) -> Record | None: ...
+
+
+class AsyncDriver:
+    """Runs ``AsyncDynamoDBStore`` calls on one event loop, kept for the whole test."""
+
+    def __init__(self, store: AsyncDynamoDBStore, loop: asyncio.AbstractEventLoop) -> None:
+        self.store = store
+        self.loop = loop
+
+    def run(self, awaitable: Coroutine[Any, Any, T]) -> T:
+        return self.loop.run_until_complete(awaitable)
+
+    def claim(self, request: ClaimRequest) -> ClaimResult:
+        return self.run(self.store.aclaim(request))
+
+    def complete(self, completion: Completion) -> bool:
+        return self.run(self.store.acomplete(completion))
+
+    def release(self, key: str, owner: str) -> bool:
+        return self.run(self.store.arelease(key, owner))
+
+    def renew(self, key: str, owner: str, lock_expires_at: float) -> bool:
+        return self.run(self.store.arenew(key, owner, lock_expires_at))
+
+    def get(self, key: str) -> Record | None:
+        return self.run(self.store.get(key))
+
+    def client(self) -> Any:
+        return self.run(self.store.client())
+
+    def create_table(self) -> None:
+        self.run(self.store.create_table())
+
+
+STORE_KINDS = ["memory", "dynamodb", "dynamodb-async"]
+DYNAMODB_KINDS = ["dynamodb", "dynamodb-async"]
+
+
+@pytest.fixture(scope="module")
+def contract_table(moto_endpoint: str) -> str:
+    """One table for the module: every test uses its own random keys, and creating a table
+    per test would cost more than the tests themselves."""
+    name = f"idem-contract-{uuid.uuid4().hex[:10]}"
+    with DynamoDBStore(name, endpoint_url=moto_endpoint, region_name=REGION) as creator:
+        creator.create_table()
+    return name
+
+
+@pytest.fixture(scope="module")
+def sessions() -> tuple[Any, Any]:
+    """boto3 and aioboto3 sessions shared by the module, so service models load once."""
+    import aioboto3
+
+    return boto3.session.Session(), aioboto3.Session()
+
+
+def open_driver(request: pytest.FixtureRequest, kind: str) -> Iterator[Driver]:
+    if kind == "memory":
+        # Mimics DynamoDB's item limit, so "too large" means the same thing everywhere.
+        yield MemoryStore(max_response_bytes=MAX_ITEM_RESPONSE_BYTES)
+        return
+    endpoint: str = request.getfixturevalue("moto_endpoint")
+    table: str = request.getfixturevalue("contract_table")
+    sync_session, async_session = request.getfixturevalue("sessions")
+    if kind == "dynamodb":
+        with DynamoDBStore(
+            table, endpoint_url=endpoint, region_name=REGION, session=sync_session
+        ) as store:
+            yield store
+        return
+    loop = asyncio.new_event_loop()
+    try:
+        async_store = AsyncDynamoDBStore(
+            table, endpoint_url=endpoint, region_name=REGION, session=async_session
+        )
+        try:
+            yield AsyncDriver(async_store, loop)
+        finally:
+            loop.run_until_complete(async_store.aclose())
+    finally:
+        loop.close()
+
+
+@pytest.fixture(params=STORE_KINDS)
+def store(request: pytest.FixtureRequest) -> Iterator[Driver]:
+    yield from open_driver(request, request.param)
+
+
+@pytest.fixture(params=DYNAMODB_KINDS)
+def dynamodb_store(request: pytest.FixtureRequest) -> Iterator[DynamoDBStore | AsyncDriver]:
+    for opened in open_driver(request, request.param):
+        assert isinstance(opened, (DynamoDBStore, AsyncDriver))
+        yield opened
+
+
+@pytest.fixture
+def now() -> float:
+    return time.time()
+
+
+@pytest.fixture
+def key() -> str:
+    return uuid.uuid4().hex
+
+
+def claim_request(
+    key: str, now: float, *, owner: str | None = None, fingerprint: str = "fp-1", lock: float = LOCK
+) -> ClaimRequest:
+    return ClaimRequest(
+        key=key,
+        fingerprint=fingerprint,
+        owner=owner or uuid.uuid4().hex,
+        now=now,
+        lock_timeout_seconds=lock,
+    )
+
+
+def completion(
+    claim: ClaimRequest,
+    now: float,
+    *,
+    ttl: float = TTL,
+    response: StoredResponse = RESPONSE,
+    owner: str | None = None,
+) -> Completion:
+    return Completion(
+        key=claim.key,
+        owner=owner or claim.owner,
+        now=now,
+        ttl_seconds=ttl,
+        response=response,
+    )
+
+
+def held_record(result: ClaimResult) -> Record:
+    assert isinstance(result, Held), result
+    return result.record
+
+
+# --- claim ------------------------------------------------------------------------------
+
+
+def test_claim_of_a_new_key_succeeds(store: Driver, key: str, now: float) -> None:
+    claim = claim_request(key, now)
+    assert store.claim(claim) == Claimed(taken_over=False)
+    record = store.get(key)
+    assert record is not None
+    assert record.status is Status.IN_PROGRESS
+    assert record.owner == claim.owner
+    assert record.fingerprint == claim.fingerprint
+    assert record.response is None
+    assert record.lock_expires_at == pytest.approx(now + LOCK, abs=1e-5)
+
+
+def test_second_claim_is_held_by_the_first(store: Driver, key: str, now: float) -> None:
+    first = claim_request(key, now, fingerprint="fp-first")
+    store.claim(first)
+    record = held_record(store.claim(claim_request(key, now + 0.1, fingerprint="fp-second")))
+    assert record.status is Status.IN_PROGRESS
+    assert record.fingerprint == "fp-first"
+    assert record.owner == first.owner
+    assert record.response is None
+    assert record.lock_expires_at == pytest.approx(now + LOCK, abs=1e-5)
+
+
+def test_claims_of_different_keys_are_independent(store: Driver, now: float) -> None:
+    assert isinstance(store.claim(claim_request(uuid.uuid4().hex, now)), Claimed)
+    assert isinstance(store.claim(claim_request(uuid.uuid4().hex, now)), Claimed)
+
+
+# --- complete ---------------------------------------------------------------------------
+
+
+def test_owner_completes_and_a_claim_then_returns_the_response(
+    store: Driver, key: str, now: float
+) -> None:
+    claim = claim_request(key, now)
+    store.claim(claim)
+    assert store.complete(completion(claim, now + 1)) is True
+    record = held_record(store.claim(claim_request(key, now + 2)))
+    assert record.status is Status.COMPLETED
+    assert record.fingerprint == claim.fingerprint
+    assert record.response == RESPONSE
+    assert record.response_too_large is False
+    assert record.response_size == len(RESPONSE.body)
+    assert record.expires_at == pytest.approx(now + 1 + TTL, abs=1e-5)
+
+
+def test_completed_record_within_its_ttl_is_held_even_past_the_old_lock(
+    store: Driver, key: str, now: float
+) -> None:
+    claim = claim_request(key, now)
+    store.claim(claim)
+    store.complete(completion(claim, now + 1))
+    record = held_record(store.claim(claim_request(key, now + LOCK + 10)))
+    assert record.status is Status.COMPLETED
+
+
+def test_empty_response_round_trips(store: Driver, key: str, now: float) -> None:
+    claim = claim_request(key, now)
+    store.claim(claim)
+    empty = StoredResponse(204, [], b"")
+    assert store.complete(completion(claim, now, response=empty))
+    assert held_record(store.claim(claim_request(key, now))).response == empty
+
+
+def test_wrong_owner_cannot_complete(store: Driver, key: str, now: float) -> None:
+    claim = claim_request(key, now)
+    store.claim(claim)
+    before = store.get(key)
+    assert store.complete(completion(claim, now + 1, owner="intruder")) is False
+    assert store.get(key) == before
+
+
+def test_complete_of_an_absent_key_fails_and_creates_nothing(
+    store: Driver, key: str, now: float
+) -> None:
+    assert store.complete(completion(claim_request(key, now), now)) is False
+    assert store.get(key) is None
+
+
+# --- release ----------------------------------------------------------------------------
+
+
+def test_release_by_the_owner_lets_a_new_claim_succeed(store: Driver, key: str, now: float) -> None:
+    claim = claim_request(key, now)
+    store.claim(claim)
+    assert store.release(key, claim.owner) is True
+    assert store.get(key) is None
+    assert store.claim(claim_request(key, now + 0.1)) == Claimed(taken_over=False)
+
+
+def test_wrong_owner_cannot_release(store: Driver, key: str, now: float) -> None:
+    claim = claim_request(key, now)
+    store.claim(claim)
+    before = store.get(key)
+    assert store.release(key, "intruder") is False
+    assert store.get(key) == before
+
+
+def test_release_of_an_absent_key_fails(store: Driver, key: str) -> None:
+    assert store.release(key, "nobody") is False
+
+
+# --- renew ------------------------------------------------------------------------------
+
+
+def test_renew_extends_the_lock_so_it_is_not_taken_over(
+    store: Driver, key: str, now: float
+) -> None:
+    claim = claim_request(key, now)
+    store.claim(claim)
+    assert store.renew(key, claim.owner, now + 20) is True
+    record = held_record(store.claim(claim_request(key, now + LOCK + 1)))
+    assert record.owner == claim.owner
+    assert record.lock_expires_at == pytest.approx(now + 20, abs=1e-5)
+    assert store.claim(claim_request(key, now + 20.5)) == Claimed(taken_over=True)
+
+
+def test_wrong_owner_cannot_renew(store: Driver, key: str, now: float) -> None:
+    claim = claim_request(key, now)
+    store.claim(claim)
+    before = store.get(key)
+    assert store.renew(key, "intruder", now + 1000) is False
+    assert store.get(key) == before
+    assert store.claim(claim_request(key, now + LOCK + 0.5)) == Claimed(taken_over=True)
+
+
+def test_renew_of_a_completed_record_fails(store: Driver, key: str, now: float) -> None:
+    claim = claim_request(key, now)
+    store.claim(claim)
+    store.complete(completion(claim, now + 1))
+    before = store.get(key)
+    assert store.renew(key, claim.owner, now + 1000) is False
+    assert store.get(key) == before
+
+
+# --- take-over --------------------------------------------------------------------------
+
+
+def test_claim_within_the_lock_timeout_is_held(store: Driver, key: str, now: float) -> None:
+    store.claim(claim_request(key, now))
+    assert isinstance(store.claim(claim_request(key, now + LOCK - 0.01)), Held)
+
+
+def test_stale_claim_is_taken_over_and_the_old_owner_is_fenced_out(
+    store: Driver, key: str, now: float
+) -> None:
+    dead = claim_request(key, now)
+    store.claim(dead)
+    heir = claim_request(key, now + LOCK + 0.01, fingerprint="fp-heir")
+    assert store.claim(heir) == Claimed(taken_over=True)
+
+    assert store.complete(completion(dead, now + LOCK + 1)) is False
+    assert store.release(key, dead.owner) is False
+    assert store.renew(key, dead.owner, now + 1000) is False
+    record = store.get(key)
+    assert record is not None
+    assert record.owner == heir.owner
+    assert record.status is Status.IN_PROGRESS
+    assert record.fingerprint == "fp-heir"
+
+    assert store.complete(completion(heir, now + LOCK + 2)) is True
+    assert store.complete(completion(dead, now + LOCK + 3)) is False
+    final = held_record(store.claim(claim_request(key, now + LOCK + 4)))
+    assert final.owner == heir.owner
+    assert final.response == RESPONSE
+
+
+def test_lock_deadline_has_sub_second_precision(store: Driver, key: str, now: float) -> None:
+    store.claim(claim_request(key, now, lock=0.5))
+    assert isinstance(store.claim(claim_request(key, now + 0.4)), Held)
+    assert store.claim(claim_request(key, now + 0.6)) == Claimed(taken_over=True)
+
+
+# --- expiry -----------------------------------------------------------------------------
+
+
+def test_completed_record_past_its_ttl_is_claimable_while_still_stored(
+    store: Driver, key: str, now: float
+) -> None:
+    claim = claim_request(key, now)
+    store.claim(claim)
+    store.complete(completion(claim, now + 1, ttl=10))
+    later = now + 11.5
+    still_stored = store.get(key)
+    assert still_stored is not None  # DynamoDB's TTL sweeper has not deleted it
+    assert still_stored.status is Status.COMPLETED
+    assert still_stored.is_expired(later)
+
+    fresh = claim_request(key, later, fingerprint="fp-new")
+    assert store.claim(fresh) == Claimed(taken_over=False)
+    record = store.get(key)
+    assert record is not None
+    assert record.owner == fresh.owner
+    assert record.status is Status.IN_PROGRESS
+    assert record.fingerprint == "fp-new"
+    assert record.response is None
+
+
+def test_ttl_deadline_has_sub_second_precision(store: Driver, key: str, now: float) -> None:
+    claim = claim_request(key, now)
+    store.claim(claim)
+    store.complete(completion(claim, now, ttl=2.5))
+    assert isinstance(store.claim(claim_request(key, now + 2.4)), Held)
+    assert isinstance(store.claim(claim_request(key, now + 2.6)), Claimed)
+
+
+# --- responses too large to keep --------------------------------------------------------
+
+
+def test_response_too_large_for_one_item_completes_without_its_body(
+    store: Driver, key: str, now: float
+) -> None:
+    claim = claim_request(key, now)
+    store.claim(claim)
+    large = StoredResponse(200, [(b"content-type", b"application/octet-stream")], os.urandom(
+        TOO_LARGE_BODY_SIZE
+    ))  # fmt: skip
+    assert store.complete(completion(claim, now + 1, response=large)) is True
+    record = held_record(store.claim(claim_request(key, now + 2)))
+    assert record.status is Status.COMPLETED
+    assert record.response is None
+    assert record.response_too_large is True
+    assert record.response_size == TOO_LARGE_BODY_SIZE
+    # Still completed: within the TTL the key is never claimable again.
+    assert isinstance(store.claim(claim_request(key, now + TTL / 2)), Held)
+
+
+def test_response_just_under_the_item_limit_is_kept(store: Driver, key: str, now: float) -> None:
+    claim = claim_request(key, now)
+    store.claim(claim)
+    body = os.urandom(MAX_ITEM_RESPONSE_BYTES - 4096)
+    response = StoredResponse(200, [(b"content-type", b"application/octet-stream")], body)
+    assert store.complete(completion(claim, now + 1, response=response)) is True
+    record = held_record(store.claim(claim_request(key, now + 2)))
+    assert record.response == response
+    assert record.response_too_large is False
+
+
+def test_large_compressible_response_fits_in_one_item(
+    dynamodb_store: DynamoDBStore | AsyncDriver, key: str, now: float
+) -> None:
+    claim = claim_request(key, now)
+    dynamodb_store.claim(claim)
+    response = StoredResponse(200, [], b'{"row": "same"}\n' * 50_000)  # 800 KB, compresses
+    assert dynamodb_store.complete(completion(claim, now + 1, response=response)) is True
+    assert held_record(dynamodb_store.claim(claim_request(key, now + 2))).response == response
+
+
+def test_streamed_completion_keeps_its_size_but_no_body(
+    store: Driver, key: str, now: float
+) -> None:
+    claim = claim_request(key, now)
+    store.claim(claim)
+    streamed = Completion(
+        key=key,
+        owner=claim.owner,
+        now=now,
+        ttl_seconds=TTL,
+        response=StoredResponse(200, [(b"content-type", b"text/event-stream")], b""),
+        streamed=True,
+        streamed_size=12345,
+    )
+    assert store.complete(streamed) is True
+    record = held_record(store.claim(claim_request(key, now + 1)))
+    assert record.status is Status.COMPLETED
+    assert record.response is None
+    assert record.response_too_large is True
+    assert record.response_size == 12345
+
+
+def test_memory_store_without_a_limit_keeps_any_response(key: str, now: float) -> None:
+    store = MemoryStore()
+    claim = claim_request(key, now)
+    store.claim(claim)
+    large = StoredResponse(200, [], os.urandom(TOO_LARGE_BODY_SIZE))
+    assert store.complete(completion(claim, now, response=large))
+    assert held_record(store.claim(claim_request(key, now))).response == large
+
+
+def test_memory_store_limit_is_on_the_body_size(key: str, now: float) -> None:
+    store = MemoryStore(max_response_bytes=100)
+    kept, dropped = claim_request(key, now), claim_request(uuid.uuid4().hex, now)
+    store.claim(kept)
+    store.claim(dropped)
+    store.complete(completion(kept, now, response=StoredResponse(200, [], b"x" * 100)))
+    store.complete(completion(dropped, now, response=StoredResponse(200, [], b"x" * 101)))
+    assert held_record(store.claim(claim_request(kept.key, now))).response is not None
+    too_large = held_record(store.claim(claim_request(dropped.key, now)))
+    assert too_large.response is None
+    assert too_large.response_too_large
+    assert too_large.response_size == 101
+
+
+# --- DynamoDB specifics -----------------------------------------------------------------
+
+
+def boto3_client(endpoint: str) -> Any:
+    return boto3.client("dynamodb", endpoint_url=endpoint, region_name=REGION)
+
+
+@pytest.mark.parametrize("kind", DYNAMODB_KINDS)
+def test_create_table_twice_is_fine_and_enables_ttl(moto_endpoint: str, kind: str) -> None:
+    name = f"idem-create-{uuid.uuid4().hex[:10]}"
+    if kind == "dynamodb":
+        with DynamoDBStore(name, endpoint_url=moto_endpoint, region_name=REGION) as sync_store:
+            sync_store.create_table()
+            sync_store.create_table()
+    else:
+
+        async def create_twice() -> None:
+            async with AsyncDynamoDBStore(
+                name, endpoint_url=moto_endpoint, region_name=REGION
+            ) as async_store:
+                await async_store.create_table()
+                await async_store.create_table()
+
+        asyncio.run(create_twice())
+
+    client = boto3_client(moto_endpoint)
+    ttl = client.describe_time_to_live(TableName=name)["TimeToLiveDescription"]
+    assert ttl["TimeToLiveStatus"] in ("ENABLED", "ENABLING")
+    assert ttl["AttributeName"] == "ttl"
+    table = client.describe_table(TableName=name)["Table"]
+    assert table["KeySchema"] == [{"AttributeName": "pk", "KeyType": "HASH"}]
+    assert table["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
+
+
+def test_ttl_attribute_is_whole_epoch_seconds_covering_the_deadline(
+    dynamodb_store: DynamoDBStore | AsyncDriver,
+    moto_endpoint: str,
+    contract_table: str,
+    key: str,
+    now: float,
+) -> None:
+    client = boto3_client(moto_endpoint)
+
+    def raw_item() -> dict[str, Any]:
+        item: dict[str, Any] = client.get_item(
+            TableName=contract_table, Key={"pk": {"S": key}}, ConsistentRead=True
+        )["Item"]
+        return item
+
+    claim = claim_request(key, now)
+    dynamodb_store.claim(claim)
+    assert raw_item()["ttl"]["N"] == str(math.ceil(now + LOCK))
+    dynamodb_store.complete(completion(claim, now + 1))
+    item = raw_item()
+    assert item["ttl"]["N"] == str(math.ceil(now + 1 + TTL))
+    assert float(item["expires_at"]["N"]) == pytest.approx(now + 1 + TTL, abs=1e-5)
+
+
+def closed_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+def test_unreachable_dynamodb_raises_store_unavailable_quickly(key: str, now: float) -> None:
+    endpoint = f"http://127.0.0.1:{closed_port()}"
+    with DynamoDBStore("idem", endpoint_url=endpoint, region_name=REGION) as unreachable:
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable):
+            unreachable.claim(claim_request(key, now))
+        assert time.monotonic() - started < 5
+
+
+async def test_unreachable_dynamodb_raises_store_unavailable_quickly_async(
+    key: str, now: float
+) -> None:
+    endpoint = f"http://127.0.0.1:{closed_port()}"
+    async with AsyncDynamoDBStore("idem", endpoint_url=endpoint, region_name=REGION) as store:
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable):
+            await store.aclaim(claim_request(key, now))
+        assert time.monotonic() - started < 5
+
+
+# --- round trips ------------------------------------------------------------------------
+
+
+class CallCounter:
+    """Records every DynamoDB API call (``before-call``) and HTTP attempt (``before-send``)."""
+
+    def __init__(self, client: Any) -> None:
+        self.calls: list[str] = []
+        self.sends = 0
+        client.meta.events.register("before-call.dynamodb", self._on_call)
+        client.meta.events.register("before-send.dynamodb", self._on_send)
+
+    def _on_call(self, **kwargs: Any) -> None:
+        self.calls.append(kwargs["model"].name)
+
+    def _on_send(self, **kwargs: Any) -> None:
+        self.sends += 1
+
+    def take(self) -> list[str]:
+        calls, self.calls = self.calls, []
+        assert self.sends == len(calls), "a call was retried"
+        self.sends = 0
+        return calls
+
+
+@pytest.fixture
+def counter(dynamodb_store: DynamoDBStore | AsyncDriver) -> CallCounter:
+    if isinstance(dynamodb_store, AsyncDriver):
+        return CallCounter(dynamodb_store.client())
+    return CallCounter(dynamodb_store.client)
+
+
+def test_new_key_costs_one_claim_and_one_complete(
+    dynamodb_store: DynamoDBStore | AsyncDriver, counter: CallCounter, key: str, now: float
+) -> None:
+    claim = claim_request(key, now)
+    assert isinstance(dynamodb_store.claim(claim), Claimed)
+    assert dynamodb_store.complete(completion(claim, now + 1))
+    assert counter.take() == ["PutItem", "UpdateItem"]
+
+
+def test_duplicate_of_an_in_progress_key_costs_one_call(
+    dynamodb_store: DynamoDBStore | AsyncDriver, counter: CallCounter, key: str, now: float
+) -> None:
+    dynamodb_store.claim(claim_request(key, now))
+    counter.take()
+    assert isinstance(dynamodb_store.claim(claim_request(key, now + 1)), Held)
+    assert counter.take() == ["PutItem"]
+
+
+def test_duplicate_of_a_completed_key_costs_one_call(
+    dynamodb_store: DynamoDBStore | AsyncDriver, counter: CallCounter, key: str, now: float
+) -> None:
+    claim = claim_request(key, now)
+    dynamodb_store.claim(claim)
+    dynamodb_store.complete(completion(claim, now + 1))
+    counter.take()
+    assert held_record(dynamodb_store.claim(claim_request(key, now + 2))).response == RESPONSE
+    assert counter.take() == ["PutItem"]
+
+
+def test_take_over_and_release_cost_one_call_each(
+    dynamodb_store: DynamoDBStore | AsyncDriver, counter: CallCounter, key: str, now: float
+) -> None:
+    dynamodb_store.claim(claim_request(key, now))
+    counter.take()
+    heir = claim_request(key, now + LOCK + 1)
+    assert dynamodb_store.claim(heir) == Claimed(taken_over=True)
+    assert counter.take() == ["PutItem"]
+    assert dynamodb_store.release(key, heir.owner)
+    assert counter.take() == ["DeleteItem"]
