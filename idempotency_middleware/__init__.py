@@ -14,6 +14,7 @@ from .stores.base import AsyncStore, StoreUnavailable, SyncStore
 from .stores.dynamodb_async import AsyncDynamoDBStore
 from .stores.dynamodb_sync import DynamoDBStore
 from .stores.memory import MemoryStore
+from .stores.sqlite import SQLiteStore
 from .wsgi import IdempotencyWSGIMiddleware
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "IdempotencyWSGIMiddleware",
     "MemoryStore",
     "RequestView",
+    "SQLiteStore",
     "StoreUnavailable",
     "SyncStore",
     "scope_by_header",

@@ -1,0 +1,611 @@
+"""``SQLiteStore``: the embedded store for one machine running several worker processes.
+
+Every worker (gunicorn or uvicorn ``--workers N``) opens the same database file. SQLite
+serializes writers across processes with file locks; WAL mode lets readers run beside the
+one writer, and the busy timeout makes a writer wait for the lock instead of failing.
+
+Table layout (one row per namespaced key)::
+
+    key              TEXT     primary key: the namespaced key the middleware claims
+    status           TEXT     "in_progress" | "completed"
+    fingerprint      TEXT     sha256 of the request (see fingerprint.py)
+    owner            TEXT     random token of the claim that wrote the row (fencing)
+    lock_expires_at  REAL     epoch seconds, sub-second precision
+    expires_at       REAL     epoch seconds, sub-second precision (checked on every claim)
+    response         BLOB     encoded response (records.encode_response), once completed
+    response_size    INTEGER  body size in bytes
+    too_large        INTEGER  completed, but the response was not kept (too large, streamed)
+    taken_over       INTEGER  this claim replaced another owner's stale in-progress claim
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import logging
+import os
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from types import TracebackType
+from typing import Any, TypeVar
+
+from ..records import Record, Status, decode_response, encode_response
+from .base import Claimed, ClaimRequest, ClaimResult, Completion, Held, StoreUnavailable
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# ON CONFLICT ... DO UPDATE (upsert) arrived in SQLite 3.24, RETURNING in 3.35.
+_UPSERT_VERSION = (3, 24, 0)
+_RETURNING_VERSION = (3, 35, 0)
+
+# SQLite's default SQLITE_MAX_LENGTH: a larger blob cannot be stored at all.
+_MAX_BLOB_BYTES = 1_000_000_000
+
+# How long a piggybacked purge may wait for another worker's write lock.
+_PURGE_BUSY_TIMEOUT_MS = 50
+
+_SQLITE_BUSY = 5
+_SQLITE_LOCKED = 6
+
+_TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+_COLUMNS = (
+    "key, status, fingerprint, owner, lock_expires_at, expires_at, "
+    "response, response_size, too_large"
+)
+
+
+class _Statements:
+    """The SQL for one table name (validated, then quoted)."""
+
+    def __init__(self, table_name: str) -> None:
+        table = f'"{table_name}"'
+        self.create_table = (
+            f"CREATE TABLE IF NOT EXISTS {table} ("
+            "key TEXT PRIMARY KEY NOT NULL, "
+            "status TEXT NOT NULL, "
+            "fingerprint TEXT NOT NULL, "
+            "owner TEXT NOT NULL, "
+            "lock_expires_at REAL NOT NULL, "
+            "expires_at REAL NOT NULL, "
+            "response BLOB, "
+            "response_size INTEGER NOT NULL DEFAULT 0, "
+            "too_large INTEGER NOT NULL DEFAULT 0, "
+            "taken_over INTEGER NOT NULL DEFAULT 0)"
+        )
+        self.create_index = (
+            f'CREATE INDEX IF NOT EXISTS "{table_name}_expires_at" ON {table} (expires_at)'
+        )
+        # The whole claim condition lives in the upsert's WHERE: a row that is absent is
+        # inserted; a row that is expired, or an in-progress claim past its lock, is
+        # replaced; any other row is left alone and the statement changes nothing.
+        # In DO UPDATE, the bare table name refers to the existing row, so ``taken_over``
+        # records whether the replaced row was an in-progress (dead owner's) claim.
+        self.claim = (
+            f"INSERT INTO {table} ({_COLUMNS}, taken_over) "
+            "VALUES (:key, :in_progress, :fingerprint, :owner, :lock_expires_at, :expires_at, "
+            "NULL, 0, 0, 0) "
+            "ON CONFLICT (key) DO UPDATE SET "
+            f"taken_over = ({table}.status = :in_progress), "
+            "status = excluded.status, "
+            "fingerprint = excluded.fingerprint, "
+            "owner = excluded.owner, "
+            "lock_expires_at = excluded.lock_expires_at, "
+            "expires_at = excluded.expires_at, "
+            "response = NULL, response_size = 0, too_large = 0 "
+            f"WHERE {table}.expires_at <= :now "
+            f"OR ({table}.status = :in_progress AND {table}.lock_expires_at <= :now)"
+        )
+        self.claim_returning = self.claim + " RETURNING taken_over"
+        self.taken_over = f"SELECT taken_over FROM {table} WHERE key = ?"
+        self.select = f"SELECT {_COLUMNS} FROM {table} WHERE key = ?"
+        self.complete = (
+            f"UPDATE {table} SET status = :completed, expires_at = :expires_at, "
+            "response = :response, response_size = :response_size, too_large = :too_large "
+            "WHERE key = :key AND owner = :owner"
+        )
+        self.release = f"DELETE FROM {table} WHERE key = ? AND owner = ?"
+        self.renew = (
+            f"UPDATE {table} SET lock_expires_at = :lock_expires_at, "
+            "expires_at = :lock_expires_at "
+            "WHERE key = :key AND owner = :owner AND status = :in_progress"
+        )
+        self.delete = f"DELETE FROM {table} WHERE key = ?"
+        # DELETE ... LIMIT needs a compile-time option; a rowid subquery bounds it anywhere.
+        self.purge = (
+            f"DELETE FROM {table} WHERE rowid IN "
+            f"(SELECT rowid FROM {table} WHERE expires_at <= ? LIMIT ?)"
+        )
+
+
+def _row_to_record(row: tuple[Any, ...]) -> Record:
+    key, status, fingerprint, owner, lock_expires_at, expires_at, blob, size, too_large = row
+    return Record(
+        key=key,
+        status=Status(status),
+        fingerprint=fingerprint,
+        owner=owner,
+        lock_expires_at=float(lock_expires_at),
+        expires_at=float(expires_at),
+        response=decode_response(bytes(blob)) if blob is not None else None,
+        response_too_large=bool(too_large),
+        response_size=int(size),
+    )
+
+
+def _is_busy(error: sqlite3.Error) -> bool:
+    code = getattr(error, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return (code & 0xFF) in (_SQLITE_BUSY, _SQLITE_LOCKED)
+    message = str(error).lower()
+    return "locked" in message or "busy" in message
+
+
+def _is_unavailable(error: BaseException) -> bool:
+    """Errors that mean the database could not answer, as opposed to a bug in our SQL.
+
+    OperationalError covers a lock held past the busy timeout, I/O errors, a full disk, a
+    file that cannot be opened; a bare DatabaseError a corrupt file or not a database.
+    """
+    return isinstance(error, sqlite3.OperationalError) or type(error) is sqlite3.DatabaseError
+
+
+def _unavailable(operation: str, error: sqlite3.Error) -> StoreUnavailable:
+    unavailable = StoreUnavailable(f"SQLite {operation} failed: {error}")
+    unavailable.code = getattr(error, "sqlite_errorname", "") or type(error).__name__
+    return unavailable
+
+
+def _rolled_back(connection: sqlite3.Connection) -> bool:
+    """Leave no transaction open on ``connection``; whether that worked."""
+    try:
+        if connection.in_transaction:
+            connection.execute("ROLLBACK")
+    except sqlite3.Error:
+        return False
+    return True
+
+
+def _close_quietly(connection: sqlite3.Connection) -> None:
+    with suppress(sqlite3.Error):
+        connection.close()
+
+
+class _ConnectionPool:
+    """A lock-protected stack of idle connections, each used by one thread at a time.
+
+    sqlite3 connections must not be used by two threads at once; handing them out one
+    thread at a time (``check_same_thread=False``) lets a WSGI server that starts a thread
+    per request, and the async methods' worker threads, reuse them instead of reconnecting.
+    """
+
+    def __init__(self, connect: Callable[[], sqlite3.Connection], max_idle: int) -> None:
+        self._connect = connect
+        self._max_idle = max_idle
+        self._idle: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._generation = 0
+        self._pid = os.getpid()
+
+    def _after_fork(self) -> None:
+        # A connection must never cross fork() (SQLite's own rule): the child drops the
+        # parent's connections without closing them, which could disturb the parent's locks.
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._lock = threading.Lock()
+            _leaked_across_fork.extend(self._idle)
+            self._idle = []
+            self._generation += 1
+
+    def acquire(self) -> tuple[sqlite3.Connection, int]:
+        self._after_fork()
+        with self._lock:
+            generation = self._generation
+            if self._idle:
+                return self._idle.pop(), generation
+        return self._connect(), generation
+
+    def give_back(self, connection: sqlite3.Connection, generation: int) -> None:
+        with self._lock:
+            if (
+                generation == self._generation
+                and self._pid == os.getpid()
+                and len(self._idle) < self._max_idle
+            ):
+                self._idle.append(connection)
+                return
+        _close_quietly(connection)
+
+    def close(self) -> None:
+        """Close the idle connections; those in use are closed when they come back."""
+        self._after_fork()
+        with self._lock:
+            idle, self._idle = self._idle, []
+            self._generation += 1
+        for connection in idle:
+            _close_quietly(connection)
+
+
+# Kept referenced so the garbage collector never closes them in a forked child.
+_leaked_across_fork: list[sqlite3.Connection] = []
+
+
+class SQLiteStore:
+    """Idempotency store in one SQLite file, shared by the worker processes of one machine.
+
+    ``SQLiteStore("/var/lib/myapp/idempotency.sqlite3")`` serves both middlewares: the sync
+    methods (``claim``, ``complete``, ``release``, ``renew``) for WSGI, the async ones
+    (``aclaim`` ...) for ASGI, which run the same calls on a small thread pool owned by the
+    store so the event loop never waits on the disk or on another process's lock.
+
+    The claim is a single ``INSERT ... ON CONFLICT DO UPDATE ... WHERE`` statement: it wins
+    when the key is absent, expired, or an in-progress claim past its lock timeout.
+    Finishing is fenced by the claim's owner token. Expired rows are claimable at once and
+    deleted by a bounded purge that piggybacks on writes at most once per
+    ``purge_interval_seconds`` (``None`` disables it; :meth:`purge_expired` runs it now).
+
+    A write that waits longer than ``busy_timeout_seconds`` for another process's lock, or
+    any I/O error, raises :class:`StoreUnavailable` (the middleware answers 503).
+    ``max_response_bytes`` caps the body size kept for replay (``None``: keep every
+    response); a larger response still completes its key, which is never run again within
+    its TTL. ``synchronous`` is SQLite's durability setting: ``NORMAL`` (the default) keeps
+    every commit across application crashes, while a power loss may forget the last ones;
+    ``FULL`` also survives power loss at the cost of an fsync per write.
+
+    Schema is created on first use (or by :meth:`create_table`). Use one file per machine
+    on a local disk: SQLite's locking does not work over network file systems.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        busy_timeout_seconds: float = 5.0,
+        purge_interval_seconds: float | None = 60.0,
+        max_response_bytes: int | None = None,
+        table_name: str = "idempotency_records",
+        synchronous: str = "NORMAL",
+        purge_batch_size: int = 1000,
+        max_idle_connections: int = 16,
+        async_threads: int = 4,
+    ) -> None:
+        if sqlite3.sqlite_version_info < _UPSERT_VERSION:
+            raise RuntimeError(
+                f"SQLiteStore needs SQLite 3.24 or newer (upsert); this Python links "
+                f"SQLite {sqlite3.sqlite_version}"
+            )
+        self.path = os.fspath(path)
+        if self.path in ("", ":memory:"):
+            raise ValueError(
+                "SQLiteStore needs a file path shared by the worker processes; "
+                "use MemoryStore for an in-process store"
+            )
+        if not _TABLE_NAME.fullmatch(table_name):
+            raise ValueError(f"table_name must be a plain SQL identifier, not {table_name!r}")
+        synchronous = synchronous.upper()
+        if synchronous not in _SYNCHRONOUS_MODES:
+            raise ValueError(f"synchronous must be one of {', '.join(_SYNCHRONOUS_MODES)}")
+        if busy_timeout_seconds < 0:
+            raise ValueError("busy_timeout_seconds must not be negative")
+        if purge_batch_size < 1 or async_threads < 1 or max_idle_connections < 0:
+            raise ValueError(
+                "purge_batch_size and async_threads must be positive, "
+                "max_idle_connections not negative"
+            )
+        self.table_name = table_name
+        self.busy_timeout_seconds = busy_timeout_seconds
+        self._busy_timeout_ms = round(busy_timeout_seconds * 1000)
+        self.purge_interval_seconds = purge_interval_seconds
+        self.max_response_bytes = max_response_bytes
+        self.synchronous = synchronous
+        self.purge_batch_size = purge_batch_size
+        self._sql = _Statements(table_name)
+        self._use_returning = sqlite3.sqlite_version_info >= _RETURNING_VERSION
+        self._pool = _ConnectionPool(self._open, max_idle_connections)
+        self._schema_ready = False
+        self._schema_lock = threading.Lock()
+        self._async_threads = async_threads
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._executor_pid = 0
+        self._executor_lock = threading.Lock()
+        self._purge_lock = threading.Lock()
+        self._next_purge = 0.0  # monotonic; the first write of a process purges
+
+    def __repr__(self) -> str:
+        return f"SQLiteStore({self.path!r}, table_name={self.table_name!r})"
+
+    # -- connections ------------------------------------------------------------------
+
+    def _open(self) -> sqlite3.Connection:
+        connection = sqlite3.connect(
+            self.path,
+            timeout=self.busy_timeout_seconds,
+            isolation_level=None,  # autocommit; transactions are explicit (BEGIN IMMEDIATE)
+            check_same_thread=False,  # the pool hands a connection to one thread at a time
+        )
+        try:
+            self._configure(connection)
+        except BaseException:
+            _close_quietly(connection)
+            raise
+        return connection
+
+    def _configure(self, connection: sqlite3.Connection) -> None:
+        # Switching a new file to WAL takes an exclusive lock that the busy handler may not
+        # wait for when several workers start at once, so retry within the busy timeout.
+        deadline = time.monotonic() + self.busy_timeout_seconds
+        while True:
+            try:
+                mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                break
+            except sqlite3.OperationalError as error:
+                if not _is_busy(error) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.01)
+        if str(mode).lower() != "wal":
+            logger.warning(
+                "SQLite database %s is in %s journal mode, not WAL: writers will block readers",
+                self.path,
+                mode,
+            )
+        connection.execute(f"PRAGMA synchronous = {self.synchronous}")
+        if not self._schema_ready:
+            with self._schema_lock:
+                if not self._schema_ready:
+                    self._create_schema(connection)
+                    self._schema_ready = True
+
+    def _create_schema(self, connection: sqlite3.Connection) -> None:
+        connection.execute(self._sql.create_table)
+        connection.execute(self._sql.create_index)
+
+    @contextmanager
+    def _connection(self, operation: str) -> Iterator[sqlite3.Connection]:
+        """A pooled connection; SQLite failures become ``StoreUnavailable``."""
+        try:
+            connection, generation = self._pool.acquire()
+        except sqlite3.Error as error:
+            if _is_unavailable(error):
+                raise _unavailable(operation, error) from error
+            raise
+        try:
+            yield connection
+        except BaseException as error:
+            if isinstance(error, sqlite3.Error) and _is_busy(error) and _rolled_back(connection):
+                # Only another worker's lock was in the way: the connection is sound.
+                self._pool.give_back(connection, generation)
+            else:
+                # Whatever state it is in (a broken file handle, a half-done transaction),
+                # a connection that failed otherwise is not reused.
+                _close_quietly(connection)
+            if isinstance(error, sqlite3.Error) and _is_unavailable(error):
+                raise _unavailable(operation, error) from error
+            raise
+        self._pool.give_back(connection, generation)
+
+    # -- the store protocol (sync, for WSGI) ------------------------------------------
+
+    def claim(self, request: ClaimRequest) -> ClaimResult:
+        """Claim ``request.key`` in one upsert; ``Held`` with the holding row otherwise."""
+        params = {
+            "key": request.key,
+            "fingerprint": request.fingerprint,
+            "owner": request.owner,
+            "lock_expires_at": request.lock_expires_at,
+            "expires_at": request.expires_at,
+            "now": request.now,
+            "in_progress": Status.IN_PROGRESS.value,
+        }
+        with self._connection("claim") as connection:
+            # IMMEDIATE takes the write lock up front (waiting up to the busy timeout), so
+            # the upsert and the read of a holding row see one consistent state.
+            connection.execute("BEGIN IMMEDIATE")
+            if self._use_returning:
+                rows = connection.execute(self._sql.claim_returning, params).fetchall()
+                claimed = bool(rows)
+                taken_over = claimed and bool(rows[0][0])
+            else:
+                claimed = connection.execute(self._sql.claim, params).rowcount == 1
+                taken_over = claimed and bool(
+                    connection.execute(self._sql.taken_over, (request.key,)).fetchone()[0]
+                )
+            row = (
+                None if claimed else connection.execute(self._sql.select, (request.key,)).fetchone()
+            )
+            connection.execute("COMMIT")
+            self._maybe_purge(connection, request.now)
+        if claimed:
+            return Claimed(taken_over=taken_over)
+        if row is None:  # cannot happen: the upsert conflicted with this very row
+            raise StoreUnavailable(f"SQLite claim of {request.key!r} found no holding row")
+        return Held(_row_to_record(row))
+
+    def complete(self, completion: Completion) -> bool:
+        """Store the response; ``False`` when the claim is no longer ``owner``'s."""
+        size = completion.body_size
+        too_large = completion.streamed or (
+            self.max_response_bytes is not None and size > self.max_response_bytes
+        )
+        blob: bytes | None = None
+        if not too_large:
+            blob = encode_response(completion.response)
+            if len(blob) > _MAX_BLOB_BYTES:
+                blob, too_large = None, True
+        params = {
+            "key": completion.key,
+            "owner": completion.owner,
+            "completed": Status.COMPLETED.value,
+            "expires_at": completion.expires_at,
+            "response": blob,
+            "response_size": size,
+            "too_large": int(too_large),
+        }
+        with self._connection("complete") as connection:
+            updated = connection.execute(self._sql.complete, params).rowcount == 1
+            self._maybe_purge(connection, completion.now)
+        return updated
+
+    def release(self, key: str, owner: str) -> bool:
+        """Delete the claim; ``False`` when it is no longer ``owner``'s."""
+        with self._connection("release") as connection:
+            return connection.execute(self._sql.release, (key, owner)).rowcount == 1
+
+    def renew(self, key: str, owner: str, lock_expires_at: float) -> bool:
+        """Extend an in-progress claim; ``False`` when it is no longer ``owner``'s."""
+        params = {
+            "key": key,
+            "owner": owner,
+            "lock_expires_at": lock_expires_at,
+            "in_progress": Status.IN_PROGRESS.value,
+        }
+        with self._connection("renew") as connection:
+            return connection.execute(self._sql.renew, params).rowcount == 1
+
+    # -- operators --------------------------------------------------------------------
+
+    def get(self, key: str) -> Record | None:
+        """The record under ``key`` as stored (expired or not), for operators and tests."""
+        with self._connection("get") as connection:
+            row = connection.execute(self._sql.select, (key,)).fetchone()
+        return _row_to_record(row) if row is not None else None
+
+    def delete(self, key: str) -> bool:
+        """Remove a record unconditionally (operators re-driving failed work).
+
+        ``True`` when there was one.
+        """
+        with self._connection("delete") as connection:
+            return connection.execute(self._sql.delete, (key,)).rowcount > 0
+
+    def create_table(self) -> None:
+        """Create the table and its expiry index (and switch the file to WAL); safe to repeat.
+
+        Not required: the schema is also created on first use.
+        """
+        with self._connection("create_table") as connection:
+            self._create_schema(connection)
+
+    def purge_expired(self, now: float | None = None) -> int:
+        """Delete every record expired at ``now`` (default: the current time); the count.
+
+        Runs in batches of ``purge_batch_size`` rows, each its own short write
+        transaction, so other workers are never locked out for long.
+        """
+        now = time.time() if now is None else now
+        total = 0
+        with self._connection("purge") as connection:
+            while True:
+                deleted = connection.execute(self._sql.purge, (now, self.purge_batch_size)).rowcount
+                total += deleted
+                if deleted < self.purge_batch_size:
+                    return total
+
+    def _maybe_purge(self, connection: sqlite3.Connection, now: float) -> None:
+        """One bounded purge batch, at most once per interval per process, after a write."""
+        if self.purge_interval_seconds is None:
+            return
+        with self._purge_lock:
+            tick = time.monotonic()
+            if tick < self._next_purge:
+                return
+            self._next_purge = tick + self.purge_interval_seconds
+        # The write it rides on has committed and its request is waiting: the purge does
+        # not queue for another worker's lock, it skips to the next interval instead.
+        connection.execute(f"PRAGMA busy_timeout = {_PURGE_BUSY_TIMEOUT_MS}")
+        try:
+            deleted = connection.execute(self._sql.purge, (now, self.purge_batch_size)).rowcount
+        except sqlite3.Error as error:
+            logger.debug("SQLite purge of expired idempotency records skipped: %s", error)
+            return
+        finally:
+            connection.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+        if deleted >= self.purge_batch_size:
+            with self._purge_lock:
+                self._next_purge = 0.0  # more to delete: the next write continues
+        if deleted:
+            logger.debug("purged %d expired idempotency records", deleted)
+
+    # -- the store protocol (async, for ASGI) -----------------------------------------
+
+    def _thread_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._executor_lock:
+            # A pool inherited across fork() has no threads in the child: start a new one.
+            if self._executor is None or self._executor_pid != os.getpid():
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=self._async_threads, thread_name_prefix="idempotency-sqlite"
+                )
+                self._executor_pid = os.getpid()
+            return self._executor
+
+    async def _in_thread(self, call: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._thread_pool(), functools.partial(call, *args))
+
+    async def aclaim(self, request: ClaimRequest) -> ClaimResult:
+        return await self._in_thread(self.claim, request)
+
+    async def acomplete(self, completion: Completion) -> bool:
+        return await self._in_thread(self.complete, completion)
+
+    async def arelease(self, key: str, owner: str) -> bool:
+        return await self._in_thread(self.release, key, owner)
+
+    async def arenew(self, key: str, owner: str, lock_expires_at: float) -> bool:
+        return await self._in_thread(self.renew, key, owner, lock_expires_at)
+
+    async def aget(self, key: str) -> Record | None:
+        """:meth:`get`, off the event loop."""
+        return await self._in_thread(self.get, key)
+
+    async def adelete(self, key: str) -> bool:
+        """:meth:`delete`, off the event loop."""
+        return await self._in_thread(self.delete, key)
+
+    async def acreate_table(self) -> None:
+        """:meth:`create_table`, off the event loop."""
+        await self._in_thread(self.create_table)
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connections and stop the async worker threads (after their current
+        call). Using the store again reopens them."""
+        with self._executor_lock:
+            executor, self._executor = self._executor, None
+        if executor is not None and self._executor_pid == os.getpid():
+            executor.shutdown(wait=True)
+        self._pool.close()
+
+    async def aclose(self) -> None:
+        """:meth:`close` without blocking the event loop."""
+        await asyncio.to_thread(self.close)
+
+    def __enter__(self) -> SQLiteStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    async def __aenter__(self) -> SQLiteStore:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
