@@ -26,9 +26,13 @@ def _key() -> str:
 
 
 def _post(
-    client: httpx.Client, path: str, key: str | None, body: bytes = b'{"a": 1}', **headers: str
+    client: httpx.Client,
+    path: str,
+    key: str | None,
+    body: bytes = b'{"a": 1}',
+    headers: dict[str, str] | None = None,
 ) -> httpx.Response:
-    sent = dict(JSON, **headers)
+    sent = {**JSON, **(headers or {})}
     if key is not None:
         sent["Idempotency-Key"] = key
     return client.post(path, content=body, headers=sent)
@@ -45,7 +49,7 @@ PAYMENTS_RULES = [
 
 def test_a_rule_can_require_a_key_where_the_defaults_do_not(harness: Harness) -> None:
     client = harness.serve(rules=PAYMENTS_RULES)
-    refused = _post(client, "/payments", None, **{"X-Api-Key": "k1"})
+    refused = _post(client, "/payments", None, headers={"X-Api-Key": "k1"})
     assert refused.status_code == 400
     assert refused.headers["content-type"] == "application/problem+json"
     assert harness.calls(POST_PAYMENTS) == 0
@@ -57,12 +61,12 @@ def test_a_rule_can_require_a_key_where_the_defaults_do_not(harness: Harness) ->
 def test_scoped_keys_keep_two_clients_apart(harness: Harness) -> None:
     client = harness.serve(rules=PAYMENTS_RULES)
     key = '"1"'  # low entropy on purpose: the case scope exists for
-    alice = _post(client, "/payments", key, **{"X-Api-Key": "alice"})
-    bob = _post(client, "/payments", key, **{"X-Api-Key": "bob"})
+    alice = _post(client, "/payments", key, headers={"X-Api-Key": "alice"})
+    bob = _post(client, "/payments", key, headers={"X-Api-Key": "bob"})
     assert alice.status_code == bob.status_code == 201
     assert "idempotent-replayed" not in bob.headers  # bob never sees alice's response
     assert harness.calls(POST_PAYMENTS) == 2
-    again = _post(client, "/payments", key, **{"X-Api-Key": "alice"})
+    again = _post(client, "/payments", key, headers={"X-Api-Key": "alice"})
     assert again.headers["idempotent-replayed"] == "true"
     assert again.content == alice.content
     assert harness.calls(POST_PAYMENTS) == 2
@@ -71,8 +75,8 @@ def test_scoped_keys_keep_two_clients_apart(harness: Harness) -> None:
 def test_without_a_scope_the_same_key_is_shared_by_every_client(harness: Harness) -> None:
     client = harness.serve()
     key = '"1"'
-    first = _post(client, "/payments", key, **{"X-Api-Key": "alice"})
-    second = _post(client, "/payments", key, **{"X-Api-Key": "bob"})
+    first = _post(client, "/payments", key, headers={"X-Api-Key": "alice"})
+    second = _post(client, "/payments", key, headers={"X-Api-Key": "bob"})
     assert second.headers["idempotent-replayed"] == "true"
     assert second.content == first.content  # the leak a scope prevents
 
@@ -159,8 +163,8 @@ def test_a_tenant_scope_separates_tenants_on_every_route(harness: Harness) -> No
 
     client = harness.serve(scope=scope_by_tenant_header("X-Tenant-Id"))
     key = _key()
-    _post(client, "/orders", key, **{"X-Tenant-Id": "acme"})
-    other = _post(client, "/orders", key, body=b'{"b": 2}', **{"X-Tenant-Id": "globex"})
+    _post(client, "/orders", key, headers={"X-Tenant-Id": "acme"})
+    other = _post(client, "/orders", key, body=b'{"b": 2}', headers={"X-Tenant-Id": "globex"})
     assert other.status_code == 201  # not a 422: another tenant's key space
     assert harness.calls(POST_ORDERS) == 2
 

@@ -8,6 +8,7 @@ import time
 import uuid
 
 import boto3
+
 from idempotency_middleware import AsyncDynamoDBStore, DynamoDBStore
 from idempotency_middleware.records import StoredResponse
 from idempotency_middleware.stores.base import Claimed, ClaimRequest, Completion, Held
