@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import orjson
 import pytest
@@ -119,3 +120,19 @@ def test_python_dash_m_runs_the_cli_with_help_on_each_command() -> None:
         )
         assert result.returncode == 0, result.stderr
         assert "usage: idempotency-middleware" in result.stdout
+
+
+def test_show_and_delete_work_on_an_sqlite_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from idempotency_middleware import SQLiteStore
+
+    path = str(tmp_path / "idem.sqlite3")
+    hashed = storage_key("POST", "/orders", None, "k")
+    with SQLiteStore(path) as store:
+        store.claim(ClaimRequest(hashed, "fp", "owner", time.time(), lock_timeout_seconds=30))
+    args = ["k", "--route", "/orders", "--sqlite", path]
+    assert main(["show", *args]) == EXIT_OK
+    assert orjson.loads(capsys.readouterr().out)["status"] == "in_progress"
+    assert main(["delete", *args]) == EXIT_OK
+    assert main(["show", *args]) == EXIT_NOT_FOUND
