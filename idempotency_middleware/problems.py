@@ -80,7 +80,7 @@ def fingerprint_mismatch() -> Problem:
         422,
         "key-reused",
         "Idempotency key reused with a different request",
-        "This idempotency key was already used with a different method, path, query or body. "
+        "This idempotency key was already used with a different path, query or body. "
         "Use a new key for a new request.",
     )
 

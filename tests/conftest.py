@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
 
+import aioboto3
+import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
 from idempotency_middleware import DynamoDBStore
+from tests.servers import ALL_COMBOS, AWSSessions, Combo, Harness
 
 # moto accepts any credentials; botocore only needs some to sign requests. Never a real AWS.
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
@@ -40,3 +44,86 @@ def dynamodb_table(moto_endpoint: str) -> Iterator[str]:
     with DynamoDBStore(name, endpoint_url=moto_endpoint, region_name=REGION) as store:
         store.create_table()
     yield name
+
+
+@pytest.fixture(scope="session")
+def aws_sessions(moto_endpoint: str) -> Iterator[AWSSessions]:
+    """A boto3 and an aioboto3 session for every store of the run, and a client on moto."""
+    boto3_session = boto3.session.Session(region_name=REGION)
+    dynamodb = boto3_session.client("dynamodb", endpoint_url=moto_endpoint)
+    try:
+        yield AWSSessions(boto3_session, aioboto3.Session(region_name=REGION), dynamodb)
+    finally:
+        dynamodb.close()
+
+
+@pytest.fixture
+def harness_table(moto_endpoint: str, aws_sessions: AWSSessions) -> str:
+    """Like ``dynamodb_table`` (a fresh table made by our ``create_table``), on a shared session."""
+    name = f"idem-{uuid.uuid4().hex[:12]}"
+    with DynamoDBStore(
+        name, endpoint_url=moto_endpoint, region_name=REGION, session=aws_sessions.boto3_session
+    ) as store:
+        store.create_table()
+    return name
+
+
+@pytest.fixture(params=ALL_COMBOS, ids=lambda combo: combo.id)
+def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    """One adapter/store combination (FastAPI or Flask, memory or DynamoDB store).
+
+    Parametrized over every combination; a test narrows it with
+    ``@pytest.mark.parametrize("harness", DYNAMODB_COMBOS, indirect=True, ids=...)``.
+    Servers and clients it starts are stopped at the end of the test.
+    """
+    combo: Combo = request.param
+    table_name: str | None = None
+    endpoint: str | None = None
+    aws: AWSSessions | None = None
+    if combo.store == "dynamodb":
+        endpoint = request.getfixturevalue("moto_endpoint")
+        table_name = request.getfixturevalue("harness_table")
+        aws = request.getfixturevalue("aws_sessions")
+    with contextlib.ExitStack() as stack:
+        yield Harness(
+            combo, stack, table_name=table_name, dynamodb_endpoint=endpoint, region=REGION, aws=aws
+        )
+
+
+# --- A second DynamoDB implementation: Amazon's DynamoDB Local ---------------------------
+# scripts/dynamodb-local.sh starts DynamoDB Local inside a private network namespace and sets
+# this variable; the contract suite then also runs its DynamoDB cases against it. Unset (the
+# normal run), those cases are not generated at all.
+
+DYNAMODB_LOCAL_URL_VARIABLE = "IDEMPOTENCY_DYNAMODB_LOCAL_URL"
+DYNAMODB_LOCAL_URL: str | None = os.environ.get(DYNAMODB_LOCAL_URL_VARIABLE, "").strip() or None
+_LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
+
+
+@pytest.fixture(scope="session")
+def dynamodb_local_endpoint() -> str:
+    """URL of DynamoDB Local, checked once: on loopback only, and answering.
+
+    A run that asked for DynamoDB Local fails here rather than passing without it.
+    """
+    from urllib.parse import urlsplit
+
+    from botocore.config import Config
+
+    if DYNAMODB_LOCAL_URL is None:
+        pytest.skip(f"{DYNAMODB_LOCAL_URL_VARIABLE} is not set")
+    if urlsplit(DYNAMODB_LOCAL_URL).hostname not in _LOOPBACK_HOSTS:
+        pytest.fail(f"{DYNAMODB_LOCAL_URL_VARIABLE} must point at loopback: {DYNAMODB_LOCAL_URL}")
+    client = boto3.client(
+        "dynamodb",
+        endpoint_url=DYNAMODB_LOCAL_URL,
+        region_name=REGION,
+        config=Config(connect_timeout=2, read_timeout=10, retries={"max_attempts": 1}),
+    )
+    try:
+        client.list_tables(Limit=1)
+    except Exception as error:
+        pytest.fail(f"DynamoDB Local at {DYNAMODB_LOCAL_URL} does not answer: {error!r}")
+    finally:
+        client.close()
+    return DYNAMODB_LOCAL_URL

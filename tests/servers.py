@@ -1,0 +1,354 @@
+"""Real servers on 127.0.0.1 and the harness that runs one scenario on every adapter/store.
+
+``serve_asgi`` runs uvicorn in a background thread with its own event loop; ``serve_wsgi``
+runs waitress. Both bind port 0 and yield the base URL. ``Harness`` builds the app for its
+combination (FastAPI or Flask, memory or DynamoDB store), wraps it in the middleware with
+the options a test asks for, serves it, and hands out httpx clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+import uvicorn
+import waitress
+from waitress import wasyncore
+
+from idempotency_middleware import (
+    AsyncDynamoDBStore,
+    DynamoDBStore,
+    IdempotencyMiddleware,
+    IdempotencyWSGIMiddleware,
+    MemoryStore,
+    StoreUnavailable,
+)
+from idempotency_middleware.asgi import ASGIApp
+from idempotency_middleware.stores.base import (
+    AsyncStore,
+    ClaimRequest,
+    ClaimResult,
+    Completion,
+    SyncStore,
+)
+from idempotency_middleware.wsgi import WSGIApp
+from tests.apps import AppState, build_asgi_app, build_wsgi_app
+
+HOST = "127.0.0.1"
+START_TIMEOUT_SECONDS = 10.0
+CLIENT_TIMEOUT_SECONDS = 15.0
+
+Adapter = Literal["asgi", "wsgi"]
+StoreKind = Literal["memory", "dynamodb"]
+
+
+@contextlib.contextmanager
+def serve_asgi(
+    app: ASGIApp, *, on_shutdown: Callable[[], Awaitable[None]] | None = None
+) -> Iterator[str]:
+    """Serve ``app`` with uvicorn on a free port; ``on_shutdown`` runs on the server's loop."""
+    config = uvicorn.Config(
+        app,
+        host=HOST,
+        port=0,
+        lifespan="off",
+        log_level="warning",
+        timeout_graceful_shutdown=2,
+    )
+    server = uvicorn.Server(config)
+    failure: list[BaseException] = []
+
+    async def main() -> None:
+        try:
+            await server.serve()
+        finally:
+            if on_shutdown is not None:
+                await on_shutdown()
+
+    def run() -> None:
+        try:
+            asyncio.run(main())
+        except BaseException as error:  # reported to the test thread below
+            failure.append(error)
+
+    thread = threading.Thread(target=run, name="uvicorn", daemon=True)
+    thread.start()
+    try:
+        _wait_until(lambda: server.started or not thread.is_alive(), "uvicorn did not start")
+        if not server.started:
+            raise RuntimeError(f"uvicorn failed to start: {failure!r}")
+        port = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://{HOST}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    if failure:
+        raise RuntimeError("the uvicorn thread failed") from failure[0]
+
+
+@contextlib.contextmanager
+def serve_wsgi(app: WSGIApp) -> Iterator[str]:
+    """Serve ``app`` with waitress (32 threads) on a free port."""
+    server = waitress.create_server(app, host=HOST, port=0, threads=32)
+    thread = threading.Thread(target=server.run, name="waitress", daemon=True)
+    thread.start()
+    try:
+        yield f"http://{HOST}:{server.effective_port}"
+    finally:
+        # server.close() and the open connections' sockets are closed on the server's own
+        # loop thread (a trigger thunk): closed under a running select() they would raise
+        # EBADF there. With its socket map empty, the loop returns.
+        server.trigger.pull_trigger(lambda: wasyncore.close_all(server._map))
+        thread.join(10)
+        # Stop the worker threads too, or every test would leave 32 of them behind.
+        server.task_dispatcher.shutdown(cancel_pending=True, timeout=5)
+
+
+def _wait_until(condition: Callable[[], bool], message: str) -> None:
+    done = threading.Event()
+    for _ in range(int(START_TIMEOUT_SECONDS / 0.01)):
+        if condition():
+            return
+        done.wait(0.01)
+    raise TimeoutError(message)
+
+
+def closed_port() -> int:
+    """A port on 127.0.0.1 nothing listens on (bound, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((HOST, 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+@dataclass(frozen=True)
+class Combo:
+    adapter: Adapter
+    store: StoreKind
+
+    @property
+    def id(self) -> str:
+        return f"{self.adapter}-{self.store}"
+
+
+ALL_COMBOS = (
+    Combo("asgi", "memory"),
+    Combo("asgi", "dynamodb"),
+    Combo("wsgi", "memory"),
+    Combo("wsgi", "dynamodb"),
+)
+ASGI_COMBOS = tuple(combo for combo in ALL_COMBOS if combo.adapter == "asgi")
+WSGI_COMBOS = tuple(combo for combo in ALL_COMBOS if combo.adapter == "wsgi")
+DYNAMODB_COMBOS = tuple(combo for combo in ALL_COMBOS if combo.store == "dynamodb")
+
+# A response body the store cannot keep: over MemoryStore(max_response_bytes=...) as the
+# harness builds it, and over DynamoDB's 400 KB item limit (random bytes do not compress).
+MEMORY_MAX_RESPONSE_BYTES = 1000
+TOO_LARGE_RESPONSE_BYTES = {"memory": 5000, "dynamodb": 600 * 1024}
+
+
+@dataclass(frozen=True)
+class AWSSessions:
+    """Sessions shared by every store of a test run (each new session reloads the service
+    model), and a boto3 client on the moto endpoint for looking into tables."""
+
+    boto3_session: Any
+    aioboto3_session: Any
+    dynamodb: Any
+
+
+def _renewal_cut_off() -> StoreUnavailable:
+    return StoreUnavailable("this owner's lease renewals cannot reach the store (test)")
+
+
+class SyncRenewalsCutOff:
+    """A real sync store whose lease renewals never get through: an owner cut off from it.
+
+    Claims, completions and releases go to the real store, so the fencing under test is the
+    store's own; only ``renew`` fails, as it would for an owner that lost its connection.
+    """
+
+    def __init__(self, store: SyncStore) -> None:
+        self._store = store
+
+    def claim(self, request: ClaimRequest) -> ClaimResult:
+        return self._store.claim(request)
+
+    def complete(self, completion: Completion) -> bool:
+        return self._store.complete(completion)
+
+    def release(self, key: str, owner: str) -> bool:
+        return self._store.release(key, owner)
+
+    def renew(self, key: str, owner: str, lock_expires_at: float) -> bool:
+        raise _renewal_cut_off()
+
+
+class AsyncRenewalsCutOff:
+    """The async twin of :class:`SyncRenewalsCutOff`."""
+
+    def __init__(self, store: AsyncStore) -> None:
+        self._store = store
+
+    async def aclaim(self, request: ClaimRequest) -> ClaimResult:
+        return await self._store.aclaim(request)
+
+    async def acomplete(self, completion: Completion) -> bool:
+        return await self._store.acomplete(completion)
+
+    async def arelease(self, key: str, owner: str) -> bool:
+        return await self._store.arelease(key, owner)
+
+    async def arenew(self, key: str, owner: str, lock_expires_at: float) -> bool:
+        raise _renewal_cut_off()
+
+
+class Harness:
+    """One adapter/store combination: start servers with options, make clients, read counters.
+
+    Every server a test starts uses the same store (one ``MemoryStore``, or one DynamoDB
+    table), as the instances of one deployment do.
+    """
+
+    def __init__(
+        self,
+        combo: Combo,
+        stack: contextlib.ExitStack,
+        *,
+        table_name: str | None = None,
+        dynamodb_endpoint: str | None = None,
+        region: str | None = None,
+        aws: AWSSessions | None = None,
+    ) -> None:
+        if combo.store == "dynamodb" and (
+            table_name is None or dynamodb_endpoint is None or aws is None
+        ):
+            raise ValueError("a DynamoDB combination needs a table, an endpoint and sessions")
+        self.combo = combo
+        self.state = AppState()
+        self.memory_store = MemoryStore(max_response_bytes=MEMORY_MAX_RESPONSE_BYTES)
+        self._stack = stack
+        self._table_name = table_name
+        self._dynamodb_endpoint = dynamodb_endpoint
+        self._region = region
+        self._aws = aws
+
+    @property
+    def adapter(self) -> Adapter:
+        return self.combo.adapter
+
+    @property
+    def store_kind(self) -> StoreKind:
+        return self.combo.store
+
+    @property
+    def too_large_response_bytes(self) -> int:
+        """A response size the combination's store cannot keep."""
+        return TOO_LARGE_RESPONSE_BYTES[self.combo.store]
+
+    def calls(self, endpoint: str) -> int:
+        return self.state.calls(endpoint)
+
+    def start(
+        self,
+        *,
+        unreachable_store: bool = False,
+        renewals_cut_off: bool = False,
+        flask_propagate_exceptions: bool = True,
+        **options: Any,
+    ) -> str:
+        """Serve the combination's app wrapped in the middleware with ``options``; its URL.
+
+        ``unreachable_store`` points a DynamoDB store at a closed port on 127.0.0.1.
+        ``renewals_cut_off`` makes this server an owner whose lease renewals never reach the
+        store (see :class:`SyncRenewalsCutOff`).
+        ``flask_propagate_exceptions`` (WSGI only) lets unhandled exceptions leave Flask.
+        """
+        endpoint = self._dynamodb_endpoint
+        if unreachable_store:
+            if self.combo.store != "dynamodb":
+                raise ValueError("only a DynamoDB store can be made unreachable")
+            endpoint = f"http://{HOST}:{closed_port()}"
+        if self.combo.adapter == "asgi":
+            return self._start_asgi(endpoint, renewals_cut_off, options)
+        return self._start_wsgi(endpoint, renewals_cut_off, flask_propagate_exceptions, options)
+
+    def _start_asgi(
+        self, endpoint: str | None, renewals_cut_off: bool, options: dict[str, Any]
+    ) -> str:
+        app = build_asgi_app(self.state)
+        on_shutdown: Callable[[], Awaitable[None]] | None = None
+        store: AsyncStore
+        if self.combo.store == "memory":
+            store = self.memory_store
+        else:
+            assert self._table_name is not None
+            assert self._aws is not None
+            dynamodb = AsyncDynamoDBStore(
+                self._table_name,
+                endpoint_url=endpoint,
+                region_name=self._region,
+                session=self._aws.aioboto3_session,
+            )
+            store = dynamodb
+            on_shutdown = dynamodb.aclose  # the client belongs to the server's loop
+        if renewals_cut_off:
+            store = AsyncRenewalsCutOff(store)
+        wrapped = IdempotencyMiddleware(app, store=store, **options)
+        return self._stack.enter_context(serve_asgi(wrapped, on_shutdown=on_shutdown))
+
+    def _start_wsgi(
+        self,
+        endpoint: str | None,
+        renewals_cut_off: bool,
+        propagate_exceptions: bool,
+        options: dict[str, Any],
+    ) -> str:
+        app = build_wsgi_app(self.state, propagate_exceptions=propagate_exceptions)
+        store: SyncStore
+        if self.combo.store == "memory":
+            store = self.memory_store
+        else:
+            assert self._table_name is not None
+            assert self._aws is not None
+            dynamodb = DynamoDBStore(
+                self._table_name,
+                endpoint_url=endpoint,
+                region_name=self._region,
+                session=self._aws.boto3_session,
+            )
+            store = dynamodb
+            self._stack.callback(dynamodb.close)  # after the server stopped (LIFO)
+        if renewals_cut_off:
+            store = SyncRenewalsCutOff(store)
+        app.wsgi_app = IdempotencyWSGIMiddleware(  # type: ignore[method-assign]
+            app.wsgi_app, store=store, **options
+        )
+        return self._stack.enter_context(serve_wsgi(app))
+
+    def client(self, base_url: str, **kwargs: Any) -> httpx.Client:
+        """An httpx client for ``base_url``, closed before the servers stop."""
+        kwargs.setdefault("timeout", CLIENT_TIMEOUT_SECONDS)
+        client = httpx.Client(base_url=base_url, trust_env=False, **kwargs)
+        self._stack.callback(client.close)
+        return client
+
+    def serve(self, **options: Any) -> httpx.Client:
+        """``start(**options)`` and a client for it."""
+        return self.client(self.start(**options))
+
+    def stored_records(self) -> int:
+        """How many records the combination's store holds."""
+        if self.combo.store == "memory":
+            return len(self.memory_store)
+        assert self._aws is not None
+        result = self._aws.dynamodb.scan(
+            TableName=self._table_name, Select="COUNT", ConsistentRead=True
+        )
+        return int(result["Count"])
