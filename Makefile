@@ -29,7 +29,18 @@ unit: $(STAMP)
 
 test: lint typecheck unit
 
-bench: $(STAMP)
+BENCH_STAMP := $(VENV)/.bench-installed
+
+# Benchmark-only dependencies (the four peers, pyinstrument). A peer that cannot be
+# installed is skipped with a warning; its row in the overhead table says so.
+$(BENCH_STAMP): $(STAMP) benchmarks/requirements.txt
+	@if $(PY) -m pip install --quiet -r benchmarks/requirements.txt; then touch $@; else \
+	  for req in $$(grep -v '^[[:space:]]*#' benchmarks/requirements.txt); do \
+	    $(PY) -m pip install --quiet "$$req" || echo "bench: could not install $$req; its table row will say so"; \
+	  done; \
+	fi
+
+bench: $(BENCH_STAMP)
 	$(PY) -m benchmarks.run_all
 
 clean:

@@ -1,0 +1,67 @@
+"""The application every ASGI benchmark wraps: Starlette parsing a ~100-byte JSON order.
+
+``uvicorn --factory benchmarks._apps:uvicorn_app`` builds the variant named by
+``BENCH_VARIANT`` (bare, memory, dynamodb) for the throughput benchmark.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+
+class HandlerRuns:
+    """How many times the handler ran: a replay must not move it."""
+
+    count = 0
+
+
+async def create_order(request: Request) -> JSONResponse:
+    order = await request.json()
+    HandlerRuns.count += 1
+    return JSONResponse(
+        {"id": HandlerRuns.count, "amount": order["amount"], "status": "accepted"},
+        status_code=201,
+    )
+
+
+def order_app(middleware: list[Middleware] | None = None, **kwargs: Any) -> Starlette:
+    """The bare app, or the same app with ``middleware`` (built as users deploy it)."""
+    return Starlette(
+        routes=[Route("/orders", create_order, methods=["POST"])],
+        middleware=middleware,
+        **kwargs,
+    )
+
+
+def uvicorn_app() -> Starlette:
+    """Factory for uvicorn, configured by environment variables (see module docstring)."""
+    from idempotency_middleware import AsyncDynamoDBStore, IdempotencyMiddleware, MemoryStore
+
+    variant = os.environ.get("BENCH_VARIANT", "bare")
+    if variant == "bare":
+        return order_app()
+    if variant == "memory":
+        return order_app([Middleware(IdempotencyMiddleware, store=MemoryStore())])
+    if variant == "dynamodb":
+        store = AsyncDynamoDBStore(
+            os.environ["BENCH_TABLE"],
+            endpoint_url=os.environ["BENCH_ENDPOINT"],
+            region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+        )
+
+        @asynccontextmanager
+        async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+            async with store:
+                yield
+
+        return order_app([Middleware(IdempotencyMiddleware, store=store)], lifespan=lifespan)
+    raise ValueError(f"unknown BENCH_VARIANT {variant!r}")
