@@ -20,6 +20,7 @@ from .options import (
 )
 from .problems import Problem
 from .records import StoredResponse, is_streaming
+from .renewal import LoopRenewals
 from .request_view import HeaderView, RequestView
 from .rules import IdempotencyRule, ScopeFunction
 from .stores.base import AsyncStore, Claimed, StoreUnavailable
@@ -92,6 +93,7 @@ class IdempotencyMiddleware:
         )
         self._reporter = Reporter(on_event)
         self._cache = ReplayCache(replay_cache_size) if replay_cache_size else None
+        self._renewals = LoopRenewals(store, self._reporter)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -102,17 +104,17 @@ class IdempotencyMiddleware:
         admitted = core.admit(self.options, scope["method"], scope["path"], values)
         if admitted is None:
             await self.app(scope, receive, send)
-            return
-        if isinstance(admitted, Problem):
+        elif isinstance(admitted, Problem):
             await _send_problem(send, admitted)
-            return
-        await self._handle(admitted, scope, receive, send)
+        else:
+            await self._handle(admitted, scope, receive, send)
 
     async def _handle(
         self, admitted: core.Admitted, scope: Scope, receive: Receive, send: Send
     ) -> None:
         headers: list[tuple[bytes, bytes]] = scope["headers"]
-        too_large = core.check_declared_length(self.options, _header(headers, b"content-length"))
+        content_length, content_type = _content_headers(headers)
+        too_large = core.check_declared_length(self.options, content_length)
         if too_large is not None:
             await _send_problem(send, too_large)
             return
@@ -129,17 +131,17 @@ class IdempotencyMiddleware:
             method=scope["method"],
             path=scope["path"],
             query_string=scope.get("query_string", b""),
-            content_type=_header(headers, b"content-type"),
+            content_type=content_type,
             body=body,
-            request_view=lambda: _request_view(scope, admitted.policy.route),
+            request_view=lambda route: _request_view(scope, route),
             now=time.time(),
         )
-        cached = self._cache.get(attempt.key_hash, attempt.claim.now) if self._cache else None
-        if cached is not None:
-            await self._answer_held(
-                attempt, core.answer_held(cached, attempt.claim.fingerprint), send
-            )
-            return
+        if self._cache is not None:
+            cached = self._cache.get(attempt.key_hash, attempt.claim.now)
+            if cached is not None:
+                answer = core.answer_held(cached, attempt.claim.fingerprint)
+                await self._answer_held(attempt, answer, send, None)
+                return
         started = time.perf_counter()
         try:
             result = await self.store.aclaim(attempt.claim)
@@ -149,7 +151,7 @@ class IdempotencyMiddleware:
         latency_ms = (time.perf_counter() - started) * 1000
         if isinstance(result, Claimed):
             kind: EventKind = "taken_over" if result.taken_over else "claimed"
-            self._reporter.emit(attempt.event(kind, store_latency_ms=latency_ms))
+            self._reporter.report(attempt, kind, store_latency_ms=latency_ms)
             await self._run_and_store(attempt, scope, body, receive, send)
             return
         if self._cache is not None:
@@ -162,12 +164,13 @@ class IdempotencyMiddleware:
         attempt: core.Attempt,
         answer: StoredResponse | Problem,
         send: Send,
-        latency_ms: float | None = None,
+        latency_ms: float | None,
     ) -> None:
-        self._reporter.emit(
-            attempt.event(
-                core.held_event_kind(answer), status=answer.status, store_latency_ms=latency_ms
-            )
+        self._reporter.report(
+            attempt,
+            core.held_event_kind(answer),
+            status=answer.status,
+            store_latency_ms=latency_ms,
         )
         if isinstance(answer, Problem):
             await _send_problem(send, answer)
@@ -183,9 +186,9 @@ class IdempotencyMiddleware:
         receive: Receive,
         send: Send,
     ) -> None:
-        self._reporter.emit(attempt.event("store_error", operation="claim", error=repr(error)))
+        self._reporter.report(attempt, "store_error", operation="claim", error=repr(error))
         if self.options.on_store_error == "run":
-            self._reporter.emit(attempt.event("fail_open"))
+            self._reporter.report(attempt, "fail_open")
             await self.app(scope, _replaying_receive(body, receive), send)
             return
         await _send_problem(send, core.store_unavailable())
@@ -194,33 +197,33 @@ class IdempotencyMiddleware:
         self, attempt: core.Attempt, scope: Scope, body: bytes, receive: Receive, send: Send
     ) -> None:
         response = _ResponseCapture(send)
-        renewal = _LeaseRenewal(self.store, attempt, self._reporter)
+        self._renewals.start(attempt)
         try:
             await self.app(_without_bypass(scope), _replaying_receive(body, receive), response.send)
         except BaseException:
             # Raised or cancelled: nothing is kept, so a retry runs the handler again.
-            renewal.stop()
+            self._renewals.stop(attempt)
             await self._release(attempt)
             raise
-        renewal.stop()
-        if response.start is None:
+        self._renewals.stop(attempt)
+        start = response.start
+        if start is None:
             await self._release(attempt)
             return  # the app sent nothing; the server answers 500 itself
-        status: int = response.start["status"]
-        headers: list[tuple[bytes, bytes]] = response.start.get("headers", [])
+        status: int = start["status"]
         if response.live:
             # Already sent as it came; the key is completed without a body to replay.
             if core.keeps_response(status):
-                await self._complete(attempt, status, headers, b"", streamed_size=response.size)
+                await self._complete(attempt, status, start.get("headers", []), b"", response.size)
             else:
                 await self._release(attempt)
             return
         response_body = response.body()
         if core.keeps_response(status):
-            await self._complete(attempt, status, headers, response_body)
+            await self._complete(attempt, status, start.get("headers", []), response_body, None)
         else:
             await self._release(attempt)
-        await send(dict(response.start))
+        await send(start)
         await send({"type": "http.response.body", "body": response_body, "more_body": False})
 
     async def _complete(
@@ -229,89 +232,53 @@ class IdempotencyMiddleware:
         status: int,
         headers: list[tuple[bytes, bytes]],
         body: bytes,
-        *,
-        streamed_size: int | None = None,
+        streamed_size: int | None,
     ) -> None:
         completion = core.completion_for(
             attempt, status, headers, body, time.time(), streamed_size=streamed_size
         )
-        stored = await self._finish(attempt, "complete", lambda: self.store.acomplete(completion))
+        try:
+            stored: bool | None = await self.store.acomplete(completion)
+        except StoreUnavailable as error:
+            stored = await self._retry_finish(
+                attempt, "complete", error, lambda: self.store.acomplete(completion)
+            )
         if stored is not None:
-            self._reporter.emit(attempt.event("completed" if stored else "lost", status=status))
+            self._reporter.report(attempt, "completed" if stored else "lost", status=status)
 
     async def _release(self, attempt: core.Attempt) -> None:
-        claim = attempt.claim
-        if (
-            await self._finish(
-                attempt, "release", lambda: self.store.arelease(claim.key, claim.owner)
+        key, owner = attempt.claim.key, attempt.claim.owner
+        try:
+            released: bool | None = await self.store.arelease(key, owner)
+        except StoreUnavailable as error:
+            released = await self._retry_finish(
+                attempt, "release", error, lambda: self.store.arelease(key, owner)
             )
-            is not None
-        ):
-            self._reporter.emit(attempt.event("released"))
+        if released is not None:
+            self._reporter.report(attempt, "released")
 
-    async def _finish(
-        self, attempt: core.Attempt, operation: str, call: Callable[[], Awaitable[bool]]
+    async def _retry_finish(
+        self,
+        attempt: core.Attempt,
+        operation: str,
+        error: StoreUnavailable,
+        call: Callable[[], Awaitable[bool]],
     ) -> bool | None:
-        """Retry a finishing write with backoff; ``None`` (and an ERROR event) if it never lands."""
-        for number in range(1, core.FINISH_ATTEMPTS + 1):
+        """Retry a failed finishing write with backoff; ``None`` (and an ERROR event) if it
+        never lands."""
+        for number in range(1, core.FINISH_ATTEMPTS):
+            await asyncio.sleep(core.finish_delay(number))
             try:
                 return await call()
-            except StoreUnavailable as error:
-                if number == core.FINISH_ATTEMPTS:
-                    self._reporter.emit(
-                        attempt.event(
-                            "store_error", operation=operation, error=core.gave_up(error, number)
-                        )
-                    )
-                    return None
-                await asyncio.sleep(core.finish_delay(number))
-        return None
-
-
-class _LeaseRenewal:
-    """Extends the claim while the handler runs, on the app's own event loop.
-
-    A timer, not a task, until a renewal is due: most handlers finish long before, and a
-    loop that is blocked cannot fire it, so a stuck owner stops renewing and is taken over.
-    """
-
-    __slots__ = ("_attempt", "_interval", "_reporter", "_store", "_task", "_timer")
-
-    def __init__(self, store: AsyncStore, attempt: core.Attempt, reporter: Reporter) -> None:
-        self._store = store
-        self._attempt = attempt
-        self._reporter = reporter
-        self._interval = core.renewal_interval(attempt.policy)
-        self._task: asyncio.Task[None] | None = None
-        self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
-            self._interval, self._due
+            except StoreUnavailable as next_error:
+                error = next_error
+        self._reporter.report(
+            attempt,
+            "store_error",
+            operation=operation,
+            error=core.gave_up(error, core.FINISH_ATTEMPTS),
         )
-
-    def _due(self) -> None:
-        self._timer = None
-        self._task = asyncio.get_running_loop().create_task(self._renew())
-
-    async def _renew(self) -> None:
-        claim = self._attempt.claim
-        try:
-            renewed = await self._store.arenew(
-                claim.key, claim.owner, time.time() + claim.lock_timeout_seconds
-            )
-        except StoreUnavailable as error:
-            self._reporter.emit(
-                self._attempt.event("store_error", operation="renew", error=repr(error))
-            )
-            renewed = True  # keep trying: the lock may still hold until the next attempt
-        if renewed:
-            self._timer = asyncio.get_running_loop().call_later(self._interval, self._due)
-
-    def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
+        return None
 
 
 class _ResponseCapture:
@@ -350,11 +317,15 @@ class _ResponseCapture:
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def _header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> str | None:
-    for key, value in headers:
-        if key == name:
-            return value.decode("latin-1")
-    return None
+def _content_headers(headers: Iterable[tuple[bytes, bytes]]) -> tuple[str | None, str | None]:
+    """Content-Length and Content-Type, in one pass over the headers."""
+    length = content_type = None
+    for name, value in headers:
+        if name == b"content-length":
+            length = value.decode("latin-1")
+        elif name == b"content-type":
+            content_type = value.decode("latin-1")
+    return length, content_type
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes:

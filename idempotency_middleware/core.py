@@ -11,13 +11,13 @@ Both adapters drive the same sequence (data flows one way)::
 
 from __future__ import annotations
 
+import os
 import random
-import secrets
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from . import problems
-from .events import EventKind, IdempotencyEvent
+from .events import EventKind
 from .fingerprint import fingerprint_request
 from .keys import InvalidKey, parse_idempotency_key, storage_key
 from .options import Options, Policy
@@ -41,11 +41,12 @@ _FINISH_BASE_DELAY = 0.05
 RENEWALS_PER_LOCK = 3
 
 
-@dataclass(frozen=True)
-class Admitted:
-    """A covered request carrying a valid key."""
+class Admitted(NamedTuple):
+    """A covered request carrying a valid key; ``route`` is the template, or the path when
+    no rule matched."""
 
     policy: Policy
+    route: str
     key: str
 
 
@@ -62,7 +63,7 @@ def admit(
         return problems.invalid_key(error.detail, options.header_name)
     if key is None:
         return problems.missing_key(options.header_name) if policy.required else None
-    return Admitted(policy, key)
+    return Admitted(policy, path if policy.route is None else policy.route, key)
 
 
 def check_declared_length(options: Options, content_length: str | None) -> Problem | None:
@@ -78,26 +79,17 @@ def check_declared_length(options: Options, content_length: str | None) -> Probl
     return None
 
 
-@dataclass(frozen=True)
-class Attempt:
+class Attempt(NamedTuple):
     """One covered request with a valid key, fingerprinted and ready to claim."""
 
     method: str
+    route: str
     policy: Policy
     claim: ClaimRequest
 
     @property
     def key_hash(self) -> str:
         return self.claim.key
-
-    def event(self, kind: EventKind, **fields: object) -> IdempotencyEvent:
-        return IdempotencyEvent(
-            kind,
-            self.claim.key,
-            self.method,
-            self.policy.route,
-            **fields,  # type: ignore[arg-type]
-        )
 
 
 def begin_attempt(
@@ -108,20 +100,24 @@ def begin_attempt(
     query_string: bytes | str,
     content_type: str | None,
     body: bytes,
-    request_view: Callable[[], RequestView],
+    request_view: Callable[[str], RequestView],
     now: float,
 ) -> Attempt:
-    """Namespace the key (method, route template, scope) and fingerprint the request."""
-    policy = admitted.policy
-    scope_value = policy.scope(request_view()) if policy.scope is not None else None
+    """Namespace the key (method, route template, scope) and fingerprint the request.
+
+    ``request_view(route)`` builds the view a ``scope`` callable receives; it is only called
+    when there is one.
+    """
+    policy, route, key = admitted
+    scope_value = policy.scope(request_view(route)) if policy.scope is not None else None
     claim = ClaimRequest(
-        key=storage_key(method, policy.route, scope_value, admitted.key),
-        fingerprint=fingerprint_request(method, path, query_string, content_type, body),
-        owner=secrets.token_urlsafe(16),
-        now=now,
-        lock_timeout_seconds=policy.lock_timeout_seconds,
+        storage_key(method, route, scope_value, key),
+        fingerprint_request(method, path, query_string, content_type, body),
+        os.urandom(16).hex(),
+        now,
+        policy.lock_timeout_seconds,
     )
-    return Attempt(method, policy, claim)
+    return Attempt(method, route, policy, claim)
 
 
 def answer_held(record: Record, fingerprint: str) -> StoredResponse | Problem:

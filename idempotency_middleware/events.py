@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 logger = logging.getLogger("idempotency_middleware")
 
@@ -73,8 +73,22 @@ class IdempotencyEvent:
 EventHook = Callable[[IdempotencyEvent], None]
 
 
+class _Attempt(Protocol):
+    # What an event is about (core.Attempt); a protocol to keep this module import-free.
+    @property
+    def method(self) -> str: ...
+    @property
+    def route(self) -> str: ...
+    @property
+    def key_hash(self) -> str: ...
+
+
 class Reporter:
-    """Logs every event under the ``idempotency_middleware`` logger and feeds the hook."""
+    """Logs every event under the ``idempotency_middleware`` logger and feeds the hook.
+
+    An event is only built when someone listens (a hook, or the logger enabled for its
+    level): on the hot path with neither, reporting costs one level check.
+    """
 
     __slots__ = ("_hook",)
 
@@ -83,20 +97,42 @@ class Reporter:
             raise ValueError("on_event must be a callable taking an IdempotencyEvent")
         self._hook = hook
 
-    def emit(self, event: IdempotencyEvent) -> None:
-        level = _LEVELS[event.kind]
-        if logger.isEnabledFor(level):
+    def report(
+        self,
+        attempt: _Attempt,
+        kind: EventKind,
+        *,
+        status: int | None = None,
+        operation: str | None = None,
+        error: str | None = None,
+        store_latency_ms: float | None = None,
+    ) -> None:
+        level = _LEVELS[kind]
+        log = logger.isEnabledFor(level)
+        if not log and self._hook is None:
+            return
+        event = IdempotencyEvent(
+            kind,
+            attempt.key_hash,
+            attempt.method,
+            attempt.route,
+            status,
+            operation,
+            error,
+            store_latency_ms,
+        )
+        if log:
             logger.log(
                 level,
-                _MESSAGES[event.kind],
+                _MESSAGES[kind],
                 extra={
-                    "idempotency_event": event.kind,
+                    "idempotency_event": kind,
                     "idempotency_key_hash": event.key_hash,
                     "idempotency_route": f"{event.method} {event.route}",
-                    "idempotency_status": event.status,
-                    "idempotency_operation": event.operation,
-                    "idempotency_error": event.error,
-                    "idempotency_store_latency_ms": event.store_latency_ms,
+                    "idempotency_status": status,
+                    "idempotency_operation": operation,
+                    "idempotency_error": error,
+                    "idempotency_store_latency_ms": store_latency_ms,
                 },
             )
         if self._hook is not None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from decimal import Decimal
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
@@ -18,7 +17,9 @@ import orjson
 # orjson reads numbers into 64-bit ints and doubles: integers past 64 bits and decimals with
 # more significant digits than a double holds would collapse onto their neighbours. A body
 # with a run of 16+ digits (or dots) may hold one, so it takes the exact (slower) path.
-_LONG_NUMBER = re.compile(rb"[0-9.]{16}")
+# (translate maps digits and dots to "0" in C; faster than a regex search.)
+_DIGITS_TO_ZERO = bytes.maketrans(b"0123456789.", b"0" * 11)
+_LONG_NUMBER = b"0" * 16
 
 
 def _media_type(content_type: str | None) -> str:
@@ -51,7 +52,7 @@ def canonical_body(content_type: str | None, body: bytes) -> tuple[bytes, bytes]
     """Return ``(kind, canonical bytes)`` for a body; the kind keeps forms from colliding."""
     media_type = _media_type(content_type)
     if body and _is_json(media_type):
-        if not _LONG_NUMBER.search(body):
+        if _LONG_NUMBER not in body.translate(_DIGITS_TO_ZERO):
             try:
                 # orjson keeps 1 and 1.0 apart and sorts keys.
                 return b"json", orjson.dumps(orjson.loads(body), option=orjson.OPT_SORT_KEYS)
@@ -129,15 +130,14 @@ def fingerprint_request(
 ) -> str:
     """SHA-256 over method, concrete path, sorted query and canonical body (hex)."""
     kind, canonical = canonical_body(content_type, body)
-    digest = hashlib.sha256()
-    for part in (
+    parts = (
         method.encode("ascii", "replace"),
         path.encode("utf-8", "surrogateescape"),
         canonical_query(query_string),
         kind,
         canonical,
-    ):
-        # Length prefixes make the concatenation unambiguous.
-        digest.update(len(part).to_bytes(8, "big"))
-        digest.update(part)
-    return digest.hexdigest()
+    )
+    # Length prefixes make the concatenation unambiguous.
+    return hashlib.sha256(
+        b"".join(len(part).to_bytes(8, "big") + part for part in parts)
+    ).hexdigest()

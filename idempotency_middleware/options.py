@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .events import EventHook
 from .rules import (
@@ -28,11 +29,14 @@ DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 
 
-@dataclass(frozen=True)
-class Policy:
-    """What applies to one covered request: its route template and effective settings."""
+class Policy(NamedTuple):
+    """What applies to one covered request: its route template and effective settings.
 
-    route: str
+    ``route`` is the matched rule's template, ``None`` when no rule matched (the concrete
+    path is the route then). Policies are built once, at construction.
+    """
+
+    route: str | None
     required: bool
     ttl_seconds: float
     lock_timeout_seconds: float
@@ -54,6 +58,8 @@ class Options:
     on_store_error: str
     replay_cache_size: int
     on_event: EventHook | None
+    # (default policy, ((rule, covered methods, policy or None when disabled), ...))
+    policies: tuple[Policy, tuple[tuple[IdempotencyRule, frozenset[str], Policy | None], ...]]
 
     @classmethod
     def build(
@@ -105,11 +111,16 @@ class Options:
             if not isinstance(rule, IdempotencyRule):
                 raise ValueError(f"rules must hold IdempotencyRule objects, got {rule!r}")
         check_reachable(rules)
+        normalized_methods = normalize_methods(methods, "methods")
+        default_policy = Policy(None, bool(required), ttl_seconds, lock_timeout_seconds, scope)
+        rule_policies = tuple(
+            (rule, *_rule_policy(rule, normalized_methods, default_policy)) for rule in rules
+        )
         return cls(
             header_name=header_name,
             header_key=header_name.lower().encode("ascii"),
             environ_key="HTTP_" + header_name.upper().replace("-", "_"),
-            methods=normalize_methods(methods, "methods"),
+            methods=normalized_methods,
             required=bool(required),
             ttl_seconds=ttl_seconds,
             lock_timeout_seconds=lock_timeout_seconds,
@@ -119,34 +130,40 @@ class Options:
             on_store_error=on_store_error,
             replay_cache_size=replay_cache_size,
             on_event=on_event,
+            policies=(default_policy, rule_policies),
         )
 
     def policy_for(self, method: str, path: str) -> Policy | None:
         """The policy for a covered request, or ``None`` when it passes straight through."""
-        for rule in self.rules:
-            if rule.matches(path):
-                if not rule.enabled:
-                    return None
-                methods = self.methods if rule.methods is None else rule.methods
-                if method not in methods:
-                    return None
-                return Policy(
-                    route=rule.path,
-                    required=self.required if rule.required is None else rule.required,
-                    ttl_seconds=self.ttl_seconds if rule.ttl_seconds is None else rule.ttl_seconds,
-                    lock_timeout_seconds=(
-                        self.lock_timeout_seconds
-                        if rule.lock_timeout_seconds is None
-                        else rule.lock_timeout_seconds
-                    ),
-                    scope=self.scope if rule.scope is None else rule.scope,
-                )
-        if method not in self.methods:
-            return None
-        return Policy(
-            route=path,
-            required=self.required,
-            ttl_seconds=self.ttl_seconds,
-            lock_timeout_seconds=self.lock_timeout_seconds,
-            scope=self.scope,
-        )
+        for rule, methods, policy in self._rule_policies:
+            if rule.pattern.match(path) is not None:
+                return policy if method in methods else None
+        return self._default_policy if method in self.methods else None
+
+    @property
+    def _default_policy(self) -> Policy:
+        return self.policies[0]
+
+    @property
+    def _rule_policies(self) -> tuple[tuple[IdempotencyRule, frozenset[str], Policy | None], ...]:
+        return self.policies[1]
+
+
+def _rule_policy(
+    rule: IdempotencyRule, default_methods: frozenset[str], default: Policy
+) -> tuple[frozenset[str], Policy | None]:
+    """A rule's covered methods and policy, its ``None`` fields taken from the defaults."""
+    if not rule.enabled:
+        return frozenset(), None
+    methods = default_methods if rule.methods is None else frozenset(rule.methods)
+    return methods, Policy(
+        route=rule.path,
+        required=default.required if rule.required is None else rule.required,
+        ttl_seconds=default.ttl_seconds if rule.ttl_seconds is None else rule.ttl_seconds,
+        lock_timeout_seconds=(
+            default.lock_timeout_seconds
+            if rule.lock_timeout_seconds is None
+            else rule.lock_timeout_seconds
+        ),
+        scope=default.scope if rule.scope is None else rule.scope,
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import zlib
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import orjson
 
@@ -63,8 +63,7 @@ class Status(str, enum.Enum):
     COMPLETED = "completed"
 
 
-@dataclass(frozen=True)
-class StoredResponse:
+class StoredResponse(NamedTuple):
     """Status, end-to-end headers and body of a completed response."""
 
     status: int
@@ -95,8 +94,7 @@ def storable_headers(headers: Headers) -> Headers:
     return [(name, value) for name, value in headers if name.lower() not in DROPPED_HEADERS]
 
 
-@dataclass(frozen=True)
-class Record:
+class Record(NamedTuple):
     """One key's state in a store.
 
     ``lock_expires_at`` and ``expires_at`` are epoch seconds with sub-second precision.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from http import HTTPStatus
 from types import TracebackType
 from typing import Any
 
@@ -21,7 +22,7 @@ from .options import (
 )
 from .problems import Problem
 from .records import Headers, StoredResponse, is_streaming
-from .renewal import Lease, LeaseRenewer
+from .renewal import ThreadRenewals
 from .request_view import HeaderView, RequestView
 from .rules import IdempotencyRule, ScopeFunction
 from .stores.base import Claimed, StoreUnavailable, SyncStore
@@ -85,12 +86,12 @@ class IdempotencyWSGIMiddleware:
         )
         self._reporter = Reporter(on_event)
         self._cache = ReplayCache(replay_cache_size) if replay_cache_size else None
-        self._renewer = LeaseRenewer(store, self._reporter)
+        self._renewals = ThreadRenewals(store, self._reporter)
 
     def close(self) -> None:
         """Stop the lease-renewal thread (it is a daemon thread; this is for tidy shutdowns
         and tests). The store is yours to close."""
-        self._renewer.close()
+        self._renewals.close()
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         method = str(environ.get("REQUEST_METHOD", "GET")).upper()
@@ -131,7 +132,7 @@ class IdempotencyWSGIMiddleware:
             query_string=str(environ.get("QUERY_STRING", "")),
             content_type=environ.get("CONTENT_TYPE") or None,
             body=body,
-            request_view=lambda: _request_view(environ, method, path, admitted.policy.route),
+            request_view=lambda route: _request_view(environ, method, path, route),
             now=time.time(),
         )
         cached = self._cache.get(attempt.key_hash, attempt.claim.now) if self._cache else None
@@ -143,15 +144,15 @@ class IdempotencyWSGIMiddleware:
         try:
             result = self.store.claim(attempt.claim)
         except StoreUnavailable as error:
-            self._reporter.emit(attempt.event("store_error", operation="claim", error=repr(error)))
+            self._reporter.report(attempt, "store_error", operation="claim", error=repr(error))
             if self.options.on_store_error == "run":
-                self._reporter.emit(attempt.event("fail_open"))
+                self._reporter.report(attempt, "fail_open")
                 return self.app(environ, start_response)
             return _problem(start_response, core.store_unavailable())
         latency_ms = (time.perf_counter() - started) * 1000
         if isinstance(result, Claimed):
             kind: EventKind = "taken_over" if result.taken_over else "claimed"
-            self._reporter.emit(attempt.event(kind, store_latency_ms=latency_ms))
+            self._reporter.report(attempt, kind, store_latency_ms=latency_ms)
             return self._run_and_store(attempt, environ, start_response)
         if self._cache is not None:
             self._cache.put(result.record)
@@ -165,10 +166,8 @@ class IdempotencyWSGIMiddleware:
         start_response: StartResponse,
         latency_ms: float | None = None,
     ) -> list[bytes]:
-        self._reporter.emit(
-            attempt.event(
-                core.held_event_kind(answer), status=answer.status, store_latency_ms=latency_ms
-            )
+        self._reporter.report(
+            attempt, core.held_event_kind(answer), status=answer.status, store_latency_ms=latency_ms
         )
         if isinstance(answer, Problem):
             return _problem(start_response, answer)
@@ -178,11 +177,11 @@ class IdempotencyWSGIMiddleware:
         self, attempt: core.Attempt, environ: Environ, start_response: StartResponse
     ) -> Iterable[bytes]:
         captured = _CapturedResponse()
-        lease = self._renewer.register(attempt)
+        self._renewals.start(attempt)
         try:
             iterable = self.app(environ, captured.start_response)
             if captured.status_line is not None and is_streaming(_encode_headers(captured.headers)):
-                return self._stream_live(attempt, lease, captured, iterable, start_response)
+                return self._stream_live(attempt, captured, iterable, start_response)
             try:
                 for chunk in iterable:
                     captured.write(chunk)
@@ -192,10 +191,10 @@ class IdempotencyWSGIMiddleware:
                     close()
         except BaseException:
             # Raised: nothing is kept, so a retry runs the handler again.
-            self._renewer.cancel(lease)
+            self._renewals.stop(attempt)
             self._release(attempt)
             raise
-        self._renewer.cancel(lease)
+        self._renewals.stop(attempt)
         if captured.status_line is None:
             self._release(attempt)
             raise RuntimeError("the WSGI application returned without calling start_response")
@@ -211,7 +210,6 @@ class IdempotencyWSGIMiddleware:
     def _stream_live(
         self,
         attempt: core.Attempt,
-        lease: Lease,
         captured: _CapturedResponse,
         iterable: Iterable[bytes],
         start_response: StartResponse,
@@ -226,7 +224,7 @@ class IdempotencyWSGIMiddleware:
         start_response(status_line, captured.headers, captured.exc_info)
 
         def finish(size: int, failed: bool) -> None:
-            self._renewer.cancel(lease)
+            self._renewals.stop(attempt)
             status = _status_code(status_line)
             if failed or not core.keeps_response(status):
                 self._release(attempt)
@@ -247,34 +245,47 @@ class IdempotencyWSGIMiddleware:
         completion = core.completion_for(
             attempt, status, headers, body, time.time(), streamed_size=streamed_size
         )
-        stored = self._finish(attempt, "complete", lambda: self.store.complete(completion))
+        try:
+            stored: bool | None = self.store.complete(completion)
+        except StoreUnavailable as error:
+            stored = self._retry_finish(
+                attempt, "complete", error, lambda: self.store.complete(completion)
+            )
         if stored is not None:
-            self._reporter.emit(attempt.event("completed" if stored else "lost", status=status))
+            self._reporter.report(attempt, "completed" if stored else "lost", status=status)
 
     def _release(self, attempt: core.Attempt) -> None:
-        claim = attempt.claim
-        if (
-            self._finish(attempt, "release", lambda: self.store.release(claim.key, claim.owner))
-            is not None
-        ):
-            self._reporter.emit(attempt.event("released"))
+        key, owner = attempt.claim.key, attempt.claim.owner
+        try:
+            released: bool | None = self.store.release(key, owner)
+        except StoreUnavailable as error:
+            released = self._retry_finish(
+                attempt, "release", error, lambda: self.store.release(key, owner)
+            )
+        if released is not None:
+            self._reporter.report(attempt, "released")
 
-    def _finish(
-        self, attempt: core.Attempt, operation: str, call: Callable[[], bool]
+    def _retry_finish(
+        self,
+        attempt: core.Attempt,
+        operation: str,
+        error: StoreUnavailable,
+        call: Callable[[], bool],
     ) -> bool | None:
-        """Retry a finishing write with backoff; ``None`` (and an ERROR event) if it never lands."""
-        for number in range(1, core.FINISH_ATTEMPTS + 1):
+        """Retry a failed finishing write with backoff; ``None`` (and an ERROR event) if it
+        never lands."""
+        for number in range(1, core.FINISH_ATTEMPTS):
+            time.sleep(core.finish_delay(number))
             try:
                 return call()
-            except StoreUnavailable as error:
-                if number == core.FINISH_ATTEMPTS:
-                    self._reporter.emit(
-                        attempt.event(
-                            "store_error", operation=operation, error=core.gave_up(error, number)
-                        )
-                    )
-                    return None
-                time.sleep(core.finish_delay(number))
+            except StoreUnavailable as next_error:
+                error = next_error
+        self._reporter.report(
+            attempt,
+            "store_error",
+            operation=operation,
+            error=core.gave_up(error, core.FINISH_ATTEMPTS),
+        )
         return None
 
 
@@ -431,13 +442,11 @@ def _request_view(environ: Environ, method: str, path: str, route: str) -> Reque
     )
 
 
-def _reason(status: int) -> str:
-    from http import HTTPStatus
+_REASONS = {status.value: status.phrase for status in HTTPStatus}
 
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return ""
+
+def _reason(status: int) -> str:
+    return _REASONS.get(status, "")
 
 
 def _problem(start_response: StartResponse, problem: Problem) -> list[bytes]:

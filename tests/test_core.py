@@ -20,8 +20,8 @@ def admitted(options: Options, path: str = "/orders", key: bytes = b"k-1") -> co
     return answer
 
 
-def view_for(path: str, *headers: tuple[str, str]) -> Callable[[], RequestView]:
-    return lambda: RequestView("POST", path, path, "", HeaderView(headers))
+def view_for(path: str, *headers: tuple[str, str]) -> Callable[[str], RequestView]:
+    return lambda route: RequestView("POST", path, route, "", HeaderView(headers))
 
 
 def attempt_for(
@@ -179,7 +179,7 @@ def test_rule_scope_replaces_the_middleware_scope() -> None:
 
 
 def test_request_view_is_only_built_when_a_scope_needs_it() -> None:
-    def no_view() -> RequestView:
+    def no_view(route: str) -> RequestView:
         raise AssertionError("the request view was built without a scope")
 
     attempt = core.begin_attempt(

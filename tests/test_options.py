@@ -43,8 +43,9 @@ def test_defaults_match_the_spec() -> None:
 
 
 def test_unmatched_covered_request_uses_the_defaults_with_its_path_as_route() -> None:
+    # route None: no template matched, so the concrete path is the route (core.admit).
     assert Options.build().policy_for("POST", "/orders") == Policy(
-        route="/orders",
+        route=None,
         required=False,
         ttl_seconds=86400,
         lock_timeout_seconds=60,

@@ -7,8 +7,7 @@ claim's owner token, so an owner whose claim was taken over cannot touch the new
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from ..records import Record, StoredResponse
 
@@ -22,8 +21,7 @@ class StoreUnavailable(Exception):
     code: str = ""
 
 
-@dataclass(frozen=True)
-class ClaimRequest:
+class ClaimRequest(NamedTuple):
     key: str
     fingerprint: str
     owner: str
@@ -41,15 +39,13 @@ class ClaimRequest:
         return self.lock_expires_at
 
 
-@dataclass(frozen=True)
-class Claimed:
+class Claimed(NamedTuple):
     """The caller now owns the key. ``taken_over`` when it replaced a dead owner's claim."""
 
     taken_over: bool = False
 
 
-@dataclass(frozen=True)
-class Held:
+class Held(NamedTuple):
     """Someone else holds the key; ``record`` is what the store has for it."""
 
     record: Record
@@ -58,8 +54,7 @@ class Held:
 ClaimResult = Claimed | Held
 
 
-@dataclass(frozen=True)
-class Completion:
+class Completion(NamedTuple):
     key: str
     owner: str
     now: float

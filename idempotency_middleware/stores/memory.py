@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
 
 from ..records import Record, Status
 from .base import Claimed, ClaimRequest, ClaimResult, Completion, Held
@@ -47,8 +46,7 @@ class MemoryStore:
             existing = self._records.get(completion.key)
             if existing is None or existing.owner != completion.owner:
                 return False
-            self._records[completion.key] = replace(
-                existing,
+            self._records[completion.key] = existing._replace(
                 status=Status.COMPLETED,
                 expires_at=completion.expires_at,
                 response=None if too_large else completion.response,
@@ -74,8 +72,8 @@ class MemoryStore:
                 or existing.status is not Status.IN_PROGRESS
             ):
                 return False
-            self._records[key] = replace(
-                existing, lock_expires_at=lock_expires_at, expires_at=lock_expires_at
+            self._records[key] = existing._replace(
+                lock_expires_at=lock_expires_at, expires_at=lock_expires_at
             )
             return True
 
