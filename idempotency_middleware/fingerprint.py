@@ -6,6 +6,7 @@ whitespace do not matter, nor does query or form parameter order. Values always 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from decimal import Decimal
@@ -22,14 +23,18 @@ _DIGITS_TO_ZERO = bytes.maketrans(b"0123456789.", b"0" * 11)
 _LONG_NUMBER = b"0" * 16
 
 
-def _media_type(content_type: str | None) -> str:
-    if not content_type:
-        return ""
-    return content_type.split(";", 1)[0].strip().lower()
+@functools.lru_cache(maxsize=256)
+def _body_kind(content_type: str | None) -> bytes:
+    """``json``, ``form`` or ``bytes`` for a Content-Type value (parameters ignored).
 
-
-def _is_json(media_type: str) -> bool:
-    return media_type == "application/json" or media_type.endswith("+json")
+    Cached: an API sees a handful of distinct Content-Type values.
+    """
+    media_type = (content_type or "").split(";", 1)[0].strip().lower()
+    if media_type == "application/json" or media_type.endswith("+json"):
+        return b"json"
+    if media_type == "application/x-www-form-urlencoded":
+        return b"form"
+    return b"bytes"
 
 
 def _sorted_pairs(text: str) -> bytes:
@@ -50,8 +55,8 @@ def canonical_query(query_string: bytes | str) -> bytes:
 
 def canonical_body(content_type: str | None, body: bytes) -> tuple[bytes, bytes]:
     """Return ``(kind, canonical bytes)`` for a body; the kind keeps forms from colliding."""
-    media_type = _media_type(content_type)
-    if body and _is_json(media_type):
+    kind = _body_kind(content_type)
+    if body and kind == b"json":
         if _LONG_NUMBER not in body.translate(_DIGITS_TO_ZERO):
             try:
                 # orjson keeps 1 and 1.0 apart and sorts keys.
@@ -60,7 +65,7 @@ def canonical_body(content_type: str | None, body: bytes) -> tuple[bytes, bytes]
                 pass
         exact = _exact_canonical_json(body)
         return (b"json", exact) if exact is not None else (b"bytes", body)
-    if media_type == "application/x-www-form-urlencoded":
+    if kind == b"form":
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError:
@@ -130,14 +135,20 @@ def fingerprint_request(
 ) -> str:
     """SHA-256 over method, concrete path, sorted query and canonical body (hex)."""
     kind, canonical = canonical_body(content_type, body)
-    parts = (
-        method.encode("ascii", "replace"),
-        path.encode("utf-8", "surrogateescape"),
-        canonical_query(query_string),
+    method_bytes = method.encode("ascii", "replace")
+    path_bytes = path.encode("utf-8", "surrogateescape")
+    query = canonical_query(query_string) if query_string else b""
+    # Length prefixes make the concatenation unambiguous.
+    framed = b"%d %s%d %s%d %s%d %s%d %s" % (
+        len(method_bytes),
+        method_bytes,
+        len(path_bytes),
+        path_bytes,
+        len(query),
+        query,
+        len(kind),
         kind,
+        len(canonical),
         canonical,
     )
-    # Length prefixes make the concatenation unambiguous.
-    return hashlib.sha256(
-        b"".join(len(part).to_bytes(8, "big") + part for part in parts)
-    ).hexdigest()
+    return hashlib.sha256(framed).hexdigest()

@@ -99,6 +99,18 @@ def storage_key(method: str, route: str, scope: str | None, key: str) -> str:
     ``/payments`` are two keys); ``scope`` (tenant, API-key hash) keeps clients apart.
     """
     # Length prefixes keep ("ab", "c") and ("a", "bc") apart.
-    parts = [part.encode("utf-8", "surrogatepass") for part in (method, route, scope or "", key)]
-    framed = b"".join(len(part).to_bytes(4, "big") + part for part in parts)
+    method_bytes = method.encode("utf-8", "surrogatepass")
+    route_bytes = route.encode("utf-8", "surrogatepass")
+    scope_bytes = scope.encode("utf-8", "surrogatepass") if scope else b""
+    key_bytes = key.encode("utf-8", "surrogatepass")
+    framed = b"%d %s%d %s%d %s%d %s" % (
+        len(method_bytes),
+        method_bytes,
+        len(route_bytes),
+        route_bytes,
+        len(scope_bytes),
+        scope_bytes,
+        len(key_bytes),
+        key_bytes,
+    )
     return hashlib.sha256(framed).hexdigest()
