@@ -1,5 +1,6 @@
 """One contract for every store: MemoryStore, DynamoDBStore (boto3) and AsyncDynamoDBStore
-(aioboto3), the DynamoDB ones on moto's server over real HTTP.
+(aioboto3), the DynamoDB ones on moto's server over real HTTP, and also on Amazon's DynamoDB
+Local when ``IDEMPOTENCY_DYNAMODB_LOCAL_URL`` is set (scripts/dynamodb-local.sh does that).
 
 Time is the ``now`` each request carries, so lock timeouts and TTLs are crossed by asking
 with a later ``now`` rather than by sleeping. The async store is driven through an adapter
@@ -15,7 +16,7 @@ import socket
 import time
 import uuid
 from collections.abc import Coroutine, Iterator
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import boto3
 import pytest
@@ -31,7 +32,7 @@ from idempotency_middleware.stores.base import (
     StoreUnavailable,
 )
 from idempotency_middleware.stores.dynamodb import MAX_ITEM_RESPONSE_BYTES
-from tests.conftest import REGION
+from tests.conftest import DYNAMODB_LOCAL_URL, REGION
 
 T = TypeVar("T")
 
@@ -91,8 +92,11 @@ class AsyncDriver:
         self.run(self.store.create_table())
 
 
-STORE_KINDS = ["memory", "dynamodb", "dynamodb-async"]
-DYNAMODB_KINDS = ["dynamodb", "dynamodb-async"]
+# The DynamoDB Local kinds exist only when its URL is given: no case is generated otherwise.
+LOCAL_KINDS = ["dynamodb-local-sync", "dynamodb-local-async"] if DYNAMODB_LOCAL_URL else []
+ASYNC_KINDS = {"dynamodb-async", "dynamodb-local-async"}
+STORE_KINDS = ["memory", "dynamodb", "dynamodb-async", *LOCAL_KINDS]
+DYNAMODB_KINDS = ["dynamodb", "dynamodb-async", *LOCAL_KINDS]
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +107,34 @@ def contract_table(moto_endpoint: str) -> str:
     with DynamoDBStore(name, endpoint_url=moto_endpoint, region_name=REGION) as creator:
         creator.create_table()
     return name
+
+
+@pytest.fixture(scope="module")
+def local_contract_table(dynamodb_local_endpoint: str) -> str:
+    """``contract_table`` on DynamoDB Local."""
+    name = f"idem-contract-{uuid.uuid4().hex[:10]}"
+    with DynamoDBStore(name, endpoint_url=dynamodb_local_endpoint, region_name=REGION) as creator:
+        creator.create_table()
+    return name
+
+
+class Target(NamedTuple):
+    """Where a DynamoDB kind's stores point: the endpoint and the module's table on it."""
+
+    endpoint: str
+    table: str
+
+
+def endpoint_of(request: pytest.FixtureRequest, kind: str) -> str:
+    fixture = "dynamodb_local_endpoint" if kind in LOCAL_KINDS else "moto_endpoint"
+    endpoint: str = request.getfixturevalue(fixture)
+    return endpoint
+
+
+def target_of(request: pytest.FixtureRequest, kind: str) -> Target:
+    fixture = "local_contract_table" if kind in LOCAL_KINDS else "contract_table"
+    table: str = request.getfixturevalue(fixture)
+    return Target(endpoint_of(request, kind), table)
 
 
 @pytest.fixture(scope="module")
@@ -118,10 +150,9 @@ def open_driver(request: pytest.FixtureRequest, kind: str) -> Iterator[Driver]:
         # Mimics DynamoDB's item limit, so "too large" means the same thing everywhere.
         yield MemoryStore(max_response_bytes=MAX_ITEM_RESPONSE_BYTES)
         return
-    endpoint: str = request.getfixturevalue("moto_endpoint")
-    table: str = request.getfixturevalue("contract_table")
+    endpoint, table = target_of(request, kind)
     sync_session, async_session = request.getfixturevalue("sessions")
-    if kind == "dynamodb":
+    if kind not in ASYNC_KINDS:
         with DynamoDBStore(
             table, endpoint_url=endpoint, region_name=REGION, session=sync_session
         ) as store:
@@ -146,8 +177,16 @@ def store(request: pytest.FixtureRequest) -> Iterator[Driver]:
 
 
 @pytest.fixture(params=DYNAMODB_KINDS)
-def dynamodb_store(request: pytest.FixtureRequest) -> Iterator[DynamoDBStore | AsyncDriver]:
-    for opened in open_driver(request, request.param):
+def dynamodb_kind(request: pytest.FixtureRequest) -> str:
+    kind: str = request.param
+    return kind
+
+
+@pytest.fixture
+def dynamodb_store(
+    request: pytest.FixtureRequest, dynamodb_kind: str
+) -> Iterator[DynamoDBStore | AsyncDriver]:
+    for opened in open_driver(request, dynamodb_kind):
         assert isinstance(opened, (DynamoDBStore, AsyncDriver))
         yield opened
 
@@ -500,24 +539,27 @@ def boto3_client(endpoint: str) -> Any:
 
 
 @pytest.mark.parametrize("kind", DYNAMODB_KINDS)
-def test_create_table_twice_is_fine_and_enables_ttl(moto_endpoint: str, kind: str) -> None:
+def test_create_table_twice_is_fine_and_enables_ttl(
+    request: pytest.FixtureRequest, kind: str
+) -> None:
+    endpoint = endpoint_of(request, kind)
     name = f"idem-create-{uuid.uuid4().hex[:10]}"
-    if kind == "dynamodb":
-        with DynamoDBStore(name, endpoint_url=moto_endpoint, region_name=REGION) as sync_store:
+    if kind not in ASYNC_KINDS:
+        with DynamoDBStore(name, endpoint_url=endpoint, region_name=REGION) as sync_store:
             sync_store.create_table()
             sync_store.create_table()
     else:
 
         async def create_twice() -> None:
             async with AsyncDynamoDBStore(
-                name, endpoint_url=moto_endpoint, region_name=REGION
+                name, endpoint_url=endpoint, region_name=REGION
             ) as async_store:
                 await async_store.create_table()
                 await async_store.create_table()
 
         asyncio.run(create_twice())
 
-    client = boto3_client(moto_endpoint)
+    client = boto3_client(endpoint)
     ttl = client.describe_time_to_live(TableName=name)["TimeToLiveDescription"]
     assert ttl["TimeToLiveStatus"] in ("ENABLED", "ENABLING")
     assert ttl["AttributeName"] == "ttl"
@@ -528,16 +570,17 @@ def test_create_table_twice_is_fine_and_enables_ttl(moto_endpoint: str, kind: st
 
 def test_ttl_attribute_is_whole_epoch_seconds_covering_the_deadline(
     dynamodb_store: DynamoDBStore | AsyncDriver,
-    moto_endpoint: str,
-    contract_table: str,
+    dynamodb_kind: str,
+    request: pytest.FixtureRequest,
     key: str,
     now: float,
 ) -> None:
-    client = boto3_client(moto_endpoint)
+    endpoint, table = target_of(request, dynamodb_kind)
+    client = boto3_client(endpoint)
 
     def raw_item() -> dict[str, Any]:
         item: dict[str, Any] = client.get_item(
-            TableName=contract_table, Key={"pk": {"S": key}}, ConsistentRead=True
+            TableName=table, Key={"pk": {"S": key}}, ConsistentRead=True
         )["Item"]
         return item
 

@@ -200,7 +200,17 @@ class AsyncDynamoDBStore:
             await asyncio.sleep(0.5)
         described = await self._call("describe_time_to_live", {"TableName": self.layout.table_name})
         if not ddb.ttl_enabled(described, self.layout):
-            await self._call("update_time_to_live", ddb.enable_ttl_request(self.layout))
+            try:
+                await self._call("update_time_to_live", ddb.enable_ttl_request(self.layout))
+            except StoreUnavailable as error:
+                # Another replica enabled TTL between our describe and update: done.
+                if error.code != "ValidationException":
+                    raise
+                described = await self._call(
+                    "describe_time_to_live", {"TableName": self.layout.table_name}
+                )
+                if not ddb.ttl_enabled(described, self.layout):
+                    raise
 
     async def aclose(self) -> None:
         """Release the client and its connections."""

@@ -180,7 +180,17 @@ class DynamoDBStore:
             time.sleep(0.5)
         described = self._call("describe_time_to_live", {"TableName": self.layout.table_name})
         if not ddb.ttl_enabled(described, self.layout):
-            self._call("update_time_to_live", ddb.enable_ttl_request(self.layout))
+            try:
+                self._call("update_time_to_live", ddb.enable_ttl_request(self.layout))
+            except StoreUnavailable as error:
+                # Another replica enabled TTL between our describe and update: done.
+                if error.code != "ValidationException":
+                    raise
+                described = self._call(
+                    "describe_time_to_live", {"TableName": self.layout.table_name}
+                )
+                if not ddb.ttl_enabled(described, self.layout):
+                    raise
 
     def close(self) -> None:
         """Release the client's connections. The store cannot be used afterwards."""
