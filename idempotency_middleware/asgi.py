@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from typing import Any
@@ -94,6 +95,7 @@ class IdempotencyMiddleware:
         self._reporter = Reporter(on_event)
         self._cache = ReplayCache(replay_cache_size) if replay_cache_size else None
         self._renewals = LoopRenewals(store, self._reporter)
+        self._background: set[asyncio.Task[None]] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -187,11 +189,20 @@ class IdempotencyMiddleware:
         send: Send,
     ) -> None:
         self._reporter.report(attempt, "store_error", operation="claim", error=repr(error))
+        # The put may have landed with its answer lost: undo our own claim in the background
+        # (fenced by our owner token), so the retry is not held off for a whole lock timeout.
+        task = asyncio.get_running_loop().create_task(self._undo_lost_claim(attempt))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
         if self.options.on_store_error == "run":
             self._reporter.report(attempt, "fail_open")
             await self.app(scope, _replaying_receive(body, receive), send)
             return
         await _send_problem(send, core.store_unavailable())
+
+    async def _undo_lost_claim(self, attempt: core.Attempt) -> None:
+        with contextlib.suppress(StoreUnavailable):
+            await self.store.arelease(attempt.claim.key, attempt.claim.owner)
 
     async def _run_and_store(
         self, attempt: core.Attempt, scope: Scope, body: bytes, receive: Receive, send: Send

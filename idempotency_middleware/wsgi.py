@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from http import HTTPStatus
@@ -145,6 +147,10 @@ class IdempotencyWSGIMiddleware:
             result = self.store.claim(attempt.claim)
         except StoreUnavailable as error:
             self._reporter.report(attempt, "store_error", operation="claim", error=repr(error))
+            # The put may have landed with its answer lost: undo our own claim (fenced by our
+            # owner token) off the request thread, so the retry is not held off for a whole
+            # lock timeout and this answer is not delayed by a second timeout.
+            threading.Thread(target=self._undo_lost_claim, args=(attempt,), daemon=True).start()
             if self.options.on_store_error == "run":
                 self._reporter.report(attempt, "fail_open")
                 return self.app(environ, start_response)
@@ -158,6 +164,10 @@ class IdempotencyWSGIMiddleware:
             self._cache.put(result.record)
         answer = core.answer_held(result.record, attempt.claim.fingerprint)
         return self._answer_held(attempt, answer, start_response, latency_ms)
+
+    def _undo_lost_claim(self, attempt: core.Attempt) -> None:
+        with contextlib.suppress(StoreUnavailable):
+            self.store.release(attempt.claim.key, attempt.claim.owner)
 
     def _answer_held(
         self,

@@ -307,13 +307,24 @@ class ClientSettings:
     max_attempts: int = 2
     max_pool_connections: int = 50
 
+    def __post_init__(self) -> None:
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
+            raise ValueError(f"max_attempts must be an integer, got {self.max_attempts!r}")
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {self.max_attempts}")
+        for name in ("connect_timeout", "read_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+
     def botocore_config(self) -> Any:
         from botocore.config import Config
 
         return Config(
             connect_timeout=self.connect_timeout,
             read_timeout=self.read_timeout,
-            retries={"max_attempts": self.max_attempts, "mode": "standard"},
+            # total_max_attempts counts the first try; botocore's "max_attempts" key does not.
+            retries={"total_max_attempts": self.max_attempts, "mode": "standard"},
             max_pool_connections=self.max_pool_connections,
         )
 
