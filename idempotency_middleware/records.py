@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import zlib
 from typing import NamedTuple
 
@@ -47,9 +48,14 @@ STREAMING_MEDIA_TYPES = frozenset(
 def is_streaming(headers: Headers) -> bool:
     for name, value in headers:
         if name.lower() == b"content-type":
-            media_type = value.split(b";", 1)[0].strip().lower().decode("latin-1")
-            return media_type in STREAMING_MEDIA_TYPES
+            return _is_streaming_media(value)
     return False
+
+
+@functools.lru_cache(maxsize=256)
+def _is_streaming_media(content_type: bytes) -> bool:
+    media_type = content_type.split(b";", 1)[0].strip().lower().decode("latin-1")
+    return media_type in STREAMING_MEDIA_TYPES
 
 
 # Bodies above this size are zlib-compressed when that makes them smaller.

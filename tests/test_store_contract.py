@@ -691,3 +691,16 @@ def test_take_over_and_release_cost_one_call_each(
     assert counter.take() == ["PutItem"]
     assert dynamodb_store.release(key, heir.owner)
     assert counter.take() == ["DeleteItem"]
+
+
+def test_memory_store_drops_expired_records_so_memory_stays_bounded() -> None:
+    store = MemoryStore(purge_interval_seconds=0)
+    now = time.time()
+    store.claim(ClaimRequest("old", "fp", "o1", now, 1.0))
+    store.claim(ClaimRequest("live", "fp", "o2", now, 60.0))
+    assert len(store) == 2
+    # A later claim crosses the purge interval: the lapsed claim goes, the live one stays.
+    store.claim(ClaimRequest("new", "fp", "o3", now + 5, 60.0))
+    assert store.get("old") is None
+    assert store.get("live") is not None
+    assert len(store) == 2

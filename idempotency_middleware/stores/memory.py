@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from ..records import Record, Status
 from .base import Claimed, ClaimRequest, ClaimResult, Completion, Held
@@ -15,14 +16,22 @@ class MemoryStore:
     an ``await``, so the async methods call the sync ones directly.
     """
 
-    def __init__(self, *, max_response_bytes: int | None = None) -> None:
+    def __init__(
+        self, *, max_response_bytes: int | None = None, purge_interval_seconds: float = 60.0
+    ) -> None:
         # max_response_bytes mimics a backend's item limit (None: keep every response).
         self._records: dict[str, Record] = {}
         self._lock = threading.Lock()
         self._max_response_bytes = max_response_bytes
+        # Expired records are dropped at most once per interval, piggybacked on a claim, so
+        # memory stays bounded by what the TTL keeps.
+        self._purge_interval = purge_interval_seconds
+        self._next_purge = time.monotonic() + purge_interval_seconds
 
     def claim(self, request: ClaimRequest) -> ClaimResult:
         with self._lock:
+            if time.monotonic() >= self._next_purge:
+                self._purge(request.now)
             existing = self._records.get(request.key)
             if existing is not None and not existing.is_claimable(request.now):
                 return Held(existing)
@@ -46,12 +55,17 @@ class MemoryStore:
             existing = self._records.get(completion.key)
             if existing is None or existing.owner != completion.owner:
                 return False
-            self._records[completion.key] = existing._replace(
-                status=Status.COMPLETED,
-                expires_at=completion.expires_at,
-                response=None if too_large else completion.response,
-                response_too_large=too_large,
-                response_size=size,
+            # Built directly: NamedTuple._replace costs several times as much.
+            self._records[completion.key] = Record(
+                existing.key,
+                Status.COMPLETED,
+                existing.fingerprint,
+                existing.owner,
+                existing.lock_expires_at,
+                completion.expires_at,
+                None if too_large else completion.response,
+                too_large,
+                size,
             )
             return True
 
@@ -76,6 +90,12 @@ class MemoryStore:
                 lock_expires_at=lock_expires_at, expires_at=lock_expires_at
             )
             return True
+
+    def _purge(self, now: float) -> None:
+        self._next_purge = time.monotonic() + self._purge_interval
+        expired = [key for key, record in self._records.items() if record.is_claimable(now)]
+        for key in expired:
+            del self._records[key]
 
     def get(self, key: str) -> Record | None:
         """The record under ``key`` as stored (expired or not), for operators and tests."""
