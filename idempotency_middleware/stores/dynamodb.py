@@ -368,3 +368,48 @@ def store_errors() -> tuple[type[BaseException], ...]:
     from botocore.exceptions import BotoCoreError, ClientError
 
     return (BotoCoreError, ClientError, OSError, TimeoutError)
+
+
+class DynamoDBStoreBase:
+    """What both DynamoDB stores share: table layout, connection settings, S3 overflow (the
+    httpx ``Client``/``AsyncClient`` idea: everything but the transport)."""
+
+    def __init__(
+        self,
+        table_name: str,
+        *,
+        endpoint_url: str | None = None,
+        region_name: str | None = None,
+        connect_timeout: float = 1.0,
+        read_timeout: float = 2.0,
+        max_attempts: int = 2,
+        max_pool_connections: int = 50,
+        key_attribute: str = "pk",
+        ttl_attribute: str = "ttl",
+        session: Any = None,
+        client_kwargs: dict[str, Any] | None = None,
+        s3_bucket: str | None = None,
+        s3_prefix: str = "idempotency/",
+        s3_endpoint_url: str | None = None,
+    ) -> None:
+        self.layout = TableLayout(table_name, key_attribute, ttl_attribute)
+        self._settings = ClientSettings(
+            endpoint_url,
+            region_name,
+            connect_timeout,
+            read_timeout,
+            max_attempts,
+            max_pool_connections,
+        )
+        self._session = session
+        self._client_kwargs = dict(client_kwargs or {})
+        self._client: Any = None
+        self._s3_client: Any = None
+        self._overflow = (
+            OverflowSettings(s3_bucket, s3_prefix, s3_endpoint_url) if s3_bucket else None
+        )
+        self._errors = store_errors()
+        self._init_transport()
+
+    def _init_transport(self) -> None:
+        """Set up what the sync or async client needs (locks); called by ``__init__``."""

@@ -13,7 +13,7 @@ from . import dynamodb as ddb
 from .base import Claimed, ClaimRequest, ClaimResult, Completion, Held, StoreUnavailable
 
 
-class AsyncDynamoDBStore:
+class AsyncDynamoDBStore(ddb.DynamoDBStoreBase):
     """DynamoDB store on aioboto3.
 
     One client is created on first use and reused for the life of the store; its connection
@@ -22,43 +22,9 @@ class AsyncDynamoDBStore:
     it, as aiobotocore clients do.
     """
 
-    def __init__(
-        self,
-        table_name: str,
-        *,
-        endpoint_url: str | None = None,
-        region_name: str | None = None,
-        connect_timeout: float = 1.0,
-        read_timeout: float = 2.0,
-        max_attempts: int = 2,
-        max_pool_connections: int = 50,
-        key_attribute: str = "pk",
-        ttl_attribute: str = "ttl",
-        session: Any = None,
-        client_kwargs: dict[str, Any] | None = None,
-        s3_bucket: str | None = None,
-        s3_prefix: str = "idempotency/",
-        s3_endpoint_url: str | None = None,
-    ) -> None:
-        self.layout = ddb.TableLayout(table_name, key_attribute, ttl_attribute)
-        self._settings = ddb.ClientSettings(
-            endpoint_url,
-            region_name,
-            connect_timeout,
-            read_timeout,
-            max_attempts,
-            max_pool_connections,
-        )
-        self._session = session
-        self._client_kwargs = dict(client_kwargs or {})
-        self._client: Any = None
-        self._s3_client: Any = None
-        self._overflow = (
-            ddb.OverflowSettings(s3_bucket, s3_prefix, s3_endpoint_url) if s3_bucket else None
-        )
+    def _init_transport(self) -> None:
         self._exit_stack: contextlib.AsyncExitStack | None = None
         self._client_lock: asyncio.Lock | None = None
-        self._errors = ddb.store_errors()
 
     async def client(self) -> Any:
         """The aioboto3 DynamoDB client, created once."""

@@ -13,47 +13,13 @@ from . import dynamodb as ddb
 from .base import Claimed, ClaimRequest, ClaimResult, Completion, Held, StoreUnavailable
 
 
-class DynamoDBStore:
+class DynamoDBStore(ddb.DynamoDBStoreBase):
     """DynamoDB store on boto3. One client, created on first use and reused (boto3 clients
     are thread-safe); ``close()`` or ``with store:`` releases its connections.
     """
 
-    def __init__(
-        self,
-        table_name: str,
-        *,
-        endpoint_url: str | None = None,
-        region_name: str | None = None,
-        connect_timeout: float = 1.0,
-        read_timeout: float = 2.0,
-        max_attempts: int = 2,
-        max_pool_connections: int = 50,
-        key_attribute: str = "pk",
-        ttl_attribute: str = "ttl",
-        session: Any = None,
-        client_kwargs: dict[str, Any] | None = None,
-        s3_bucket: str | None = None,
-        s3_prefix: str = "idempotency/",
-        s3_endpoint_url: str | None = None,
-    ) -> None:
-        self.layout = ddb.TableLayout(table_name, key_attribute, ttl_attribute)
-        self._settings = ddb.ClientSettings(
-            endpoint_url,
-            region_name,
-            connect_timeout,
-            read_timeout,
-            max_attempts,
-            max_pool_connections,
-        )
-        self._session = session
-        self._client_kwargs = dict(client_kwargs or {})
-        self._client: Any = None
-        self._s3_client: Any = None
+    def _init_transport(self) -> None:
         self._client_lock = threading.Lock()
-        self._overflow = (
-            ddb.OverflowSettings(s3_bucket, s3_prefix, s3_endpoint_url) if s3_bucket else None
-        )
-        self._errors = ddb.store_errors()
 
     @property
     def client(self) -> Any:
