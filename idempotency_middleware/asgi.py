@@ -150,6 +150,10 @@ class IdempotencyMiddleware:
         except StoreUnavailable as error:
             await self._claim_failed(attempt, error, scope, body, receive, send)
             return
+        except asyncio.CancelledError:
+            # Cancelled (a deadline, a shutdown) with the put possibly on the wire.
+            self._undo_lost_claim(attempt)
+            raise
         latency_ms = (time.perf_counter() - started) * 1000
         if isinstance(result, Claimed):
             kind: EventKind = "taken_over" if result.taken_over else "claimed"
@@ -189,20 +193,27 @@ class IdempotencyMiddleware:
         send: Send,
     ) -> None:
         self._reporter.report(attempt, "store_error", operation="claim", error=repr(error))
-        # The put may have landed with its answer lost: undo our own claim in the background
-        # (fenced by our owner token), so the retry is not held off for a whole lock timeout.
-        task = asyncio.get_running_loop().create_task(self._undo_lost_claim(attempt))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._undo_lost_claim(attempt)
         if self.options.on_store_error == "run":
             self._reporter.report(attempt, "fail_open")
             await self.app(scope, _replaying_receive(body, receive), send)
             return
         await _send_problem(send, core.store_unavailable())
 
-    async def _undo_lost_claim(self, attempt: core.Attempt) -> None:
-        with contextlib.suppress(StoreUnavailable):
-            await self.store.arelease(attempt.claim.key, attempt.claim.owner)
+    def _undo_lost_claim(self, attempt: core.Attempt) -> None:
+        """The claim's put may have landed (or still land) with its answer lost: release our
+        own claim in the background, fenced by our owner token, so a retry is not held off
+        for a whole lock timeout."""
+        task = asyncio.get_running_loop().create_task(self._release_lost_claim(attempt))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _release_lost_claim(self, attempt: core.Attempt) -> None:
+        for delay in core.LOST_CLAIM_RELEASE_DELAYS:
+            await asyncio.sleep(delay)
+            with contextlib.suppress(StoreUnavailable):
+                if await self.store.arelease(attempt.claim.key, attempt.claim.owner):
+                    return
 
     async def _run_and_store(
         self, attempt: core.Attempt, scope: Scope, body: bytes, receive: Receive, send: Send

@@ -36,6 +36,12 @@ STORE_UNAVAILABLE_RETRY_AFTER = 1
 FINISH_ATTEMPTS = 4
 _FINISH_BASE_DELAY = 0.05
 
+# A claim whose answer was lost (or whose request was cancelled in flight) may land later
+# than the error: its owner releases it at these delays (seconds, cumulative), stopping at the
+# first release that finds it. Each release is fenced by the owner token, so extra ones are
+# harmless.
+LOST_CLAIM_RELEASE_DELAYS = (0.0, 0.5, 1.0, 2.0, 4.0)
+
 # A claim is renewed this many times per lock timeout, so one slow or failed renewal still
 # leaves time for the next before the lock runs out.
 RENEWALS_PER_LOCK = 3

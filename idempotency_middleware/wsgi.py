@@ -166,8 +166,11 @@ class IdempotencyWSGIMiddleware:
         return self._answer_held(attempt, answer, start_response, latency_ms)
 
     def _undo_lost_claim(self, attempt: core.Attempt) -> None:
-        with contextlib.suppress(StoreUnavailable):
-            self.store.release(attempt.claim.key, attempt.claim.owner)
+        for delay in core.LOST_CLAIM_RELEASE_DELAYS:
+            time.sleep(delay)
+            with contextlib.suppress(StoreUnavailable):
+                if self.store.release(attempt.claim.key, attempt.claim.owner):
+                    return
 
     def _answer_held(
         self,

@@ -1,0 +1,361 @@
+"""Load test: many concurrent clients retrying a few hundred keys through uvicorn and DynamoDB.
+
+    python -m benchmarks.load                       # 2,000 requests, 200 keys, 50 clients
+    python -m benchmarks.load --requests 600 --keys 60 --clients 30
+
+moto's DynamoDB server and a uvicorn server (the middleware with ``AsyncDynamoDBStore`` in
+front of a small handler) each run in a child process on 127.0.0.1; this process runs the
+clients: one ``httpx.AsyncClient`` each, taking requests from a shared, shuffled queue in
+which every key appears ``requests / keys`` times, so duplicates of a key are often in
+flight together. A duplicate gets the replay (201) or, while the first is still running,
+409; nothing is retried. The handler counts its runs per key; at the end every key must have
+run exactly once and no response may be a 5xx.
+
+Prints requests/s, p50 and p99 latency and the status counts. Figures depend on moto, which
+is far slower than DynamoDB: read them as the middleware's overhead ceiling on this machine,
+not as DynamoDB's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+HOST = "127.0.0.1"
+REGION = "us-east-1"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+WORK_SECONDS = 0.01  # what the handler "does" per run
+START_TIMEOUT_SECONDS = 30.0
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+# --- the server side (imported by uvicorn in the child process) --------------------------------
+
+
+class LoadApp:
+    """``POST /orders``: count a run for the request's key, work a little, answer 201.
+    ``GET /runs``: the run counts per key. Lifespan shutdown closes the store."""
+
+    def __init__(self, on_shutdown: Callable[[], Awaitable[None]] | None = None) -> None:
+        self.runs: collections.Counter[str] = collections.Counter()
+        self._on_shutdown = on_shutdown
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        more = True
+        while more:
+            message = await receive()
+            more = bool(message.get("more_body", False))
+        if scope["method"] == "GET" and scope["path"] == "/runs":
+            await _json(send, 200, dict(self.runs))
+            return
+        key = dict(scope["headers"]).get(b"idempotency-key", b"").decode("latin-1")
+        self.runs[key] += 1
+        run = self.runs[key]
+        await asyncio.sleep(WORK_SECONDS)
+        await _json(send, 201, {"key": key, "run": run})
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self._on_shutdown is not None:
+                    await self._on_shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+async def _json(send: Send, status: int, payload: Any) -> None:
+    body = orjson.dumps(payload)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def create_app() -> Any:
+    """The app uvicorn serves (``--factory``), configured by ``LOAD_TABLE``/``LOAD_ENDPOINT``."""
+    from idempotency_middleware import AsyncDynamoDBStore, IdempotencyMiddleware
+
+    store = AsyncDynamoDBStore(
+        os.environ["LOAD_TABLE"],
+        endpoint_url=os.environ["LOAD_ENDPOINT"],
+        region_name=REGION,
+        read_timeout=10.0,  # moto under load is slow; a timeout here would be a false 503
+    )
+    return IdempotencyMiddleware(LoadApp(on_shutdown=store.aclose), store=store)
+
+
+# --- child processes ------------------------------------------------------------------------------
+
+_MOTO_CHILD = """
+import logging, sys
+logging.getLogger("werkzeug").setLevel(logging.ERROR)
+from moto.server import ThreadedMotoServer
+server = ThreadedMotoServer(ip_address="127.0.0.1", port=int(sys.argv[1]), verbose=False)
+server.start()
+sys.stdin.read()
+server.stop()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((HOST, 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+@contextlib.contextmanager
+def _child(argv: list[str], env: dict[str, str], port: int) -> Iterator[None]:
+    """A server process of ours listening on ``port``; ended by its own pid at the end."""
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(
+            argv,
+            cwd=REPO_ROOT,
+            env={**os.environ, **env},
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=log,
+        )
+        try:
+            deadline = time.monotonic() + START_TIMEOUT_SECONDS
+            while True:
+                if process.poll() is not None:
+                    raise RuntimeError(f"{argv[2]} exited with {process.returncode}")
+                with contextlib.suppress(OSError), socket.create_connection((HOST, port), 0.5):
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{argv[2]} did not listen on {HOST}:{port}")
+                time.sleep(0.05)
+            yield
+        except BaseException:
+            log.seek(0)
+            print(log.read()[-3000:].decode(errors="replace"), file=sys.stderr)
+            raise
+        finally:
+            process.terminate()
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _aws_env() -> dict[str, str]:
+    # moto accepts any credentials; botocore only needs some to sign. Never a real AWS.
+    return {
+        "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "testing"),
+        "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "testing"),
+        "AWS_DEFAULT_REGION": REGION,
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+
+
+@contextlib.contextmanager
+def moto_server() -> Iterator[str]:
+    """moto's DynamoDB in a child process (its own GIL); yields its URL."""
+    port = _free_port()
+    with _child([sys.executable, "-c", _MOTO_CHILD, str(port)], _aws_env(), port):
+        yield f"http://{HOST}:{port}"
+
+
+@contextlib.contextmanager
+def load_server(endpoint_url: str, table: str) -> Iterator[str]:
+    """uvicorn serving ``create_app()`` in a child process; yields its URL."""
+    port = _free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "benchmarks.load:create_app",
+        "--factory",
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--no-access-log",
+    ]
+    env = {**_aws_env(), "LOAD_TABLE": table, "LOAD_ENDPOINT": endpoint_url}
+    with _child(argv, env, port):
+        yield f"http://{HOST}:{port}"
+
+
+# --- the clients ----------------------------------------------------------------------------------
+
+
+@dataclass
+class LoadResult:
+    requests: int
+    keys: int
+    clients: int
+    elapsed: float = 0.0
+    latencies: list[float] = field(default_factory=list)  # seconds, sorted at the end
+    statuses: collections.Counter[int] = field(default_factory=collections.Counter)
+    replayed: int = 0
+    errors: list[str] = field(default_factory=list)  # transport errors
+    runs: dict[str, int] = field(default_factory=dict)  # handler runs per key
+    wrong_replays: int = 0  # replays whose body was not the key's first run
+
+    @property
+    def requests_per_second(self) -> float:
+        return len(self.latencies) / self.elapsed if self.elapsed else 0.0
+
+    def quantile_ms(self, fraction: float) -> float:
+        if not self.latencies:
+            return float("nan")
+        index = min(len(self.latencies) - 1, max(0, round(fraction * len(self.latencies)) - 1))
+        return self.latencies[index] * 1000
+
+    @property
+    def server_errors(self) -> int:
+        return sum(count for status, count in self.statuses.items() if status >= 500)
+
+    def keys_not_run_once(self, key_names: list[str]) -> list[str]:
+        return [key for key in key_names if self.runs.get(key, 0) != 1]
+
+    def report(self) -> str:
+        statuses = ", ".join(
+            f"{status} x {count}" for status, count in sorted(self.statuses.items())
+        )
+        return "\n".join(
+            [
+                f"load: {self.requests} requests over {self.keys} keys from {self.clients} "
+                "concurrent clients (uvicorn + AsyncDynamoDBStore on moto, 127.0.0.1)",
+                f"  {self.requests_per_second:.0f} requests/s over {self.elapsed:.1f} s; "
+                f"latency p50 {self.quantile_ms(0.50):.1f} ms, p99 {self.quantile_ms(0.99):.1f} ms",
+                f"  statuses: {statuses} ({self.replayed} replays); "
+                f"transport errors: {len(self.errors)}",
+                f"  handler runs: {sum(self.runs.values())} for {len(self.runs)} keys; "
+                f"keys not run exactly once: {len(self.keys_not_run_once(list(self.runs)))}",
+            ]
+        )
+
+
+async def _drive(url: str, key_names: list[str], result: LoadResult, seed: int) -> None:
+    per_key = result.requests // result.keys
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    order = [key for key in key_names for _ in range(per_key)]
+    order += key_names[: result.requests - len(order)]
+    random.Random(seed).shuffle(order)
+    for key in order:
+        queue.put_nowait(key)
+    first_bodies: dict[str, bytes] = {}
+    replay_bodies: list[tuple[str, bytes]] = []
+
+    async def client() -> None:
+        async with httpx.AsyncClient(
+            base_url=url, timeout=60, limits=httpx.Limits(max_connections=1), trust_env=False
+        ) as http:
+            while True:
+                try:
+                    key = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                body = orjson.dumps({"key": key, "amount": 100})
+                started = time.perf_counter()
+                try:
+                    response = await http.post(
+                        "/orders",
+                        content=body,
+                        headers={"Idempotency-Key": key, "Content-Type": "application/json"},
+                    )
+                except httpx.HTTPError as error:
+                    result.errors.append(repr(error))
+                    continue
+                result.latencies.append(time.perf_counter() - started)
+                result.statuses[response.status_code] += 1
+                if response.status_code == 201:
+                    if response.headers.get("idempotent-replayed") == "true":
+                        result.replayed += 1
+                        replay_bodies.append((key, response.content))
+                    else:
+                        first_bodies[key] = response.content
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(result.clients)))
+    result.elapsed = time.perf_counter() - started
+    result.latencies.sort()
+    result.wrong_replays = sum(1 for key, body in replay_bodies if first_bodies.get(key) != body)
+    async with httpx.AsyncClient(base_url=url, timeout=30, trust_env=False) as http:
+        result.runs = (await http.get("/runs")).json()
+
+
+def run_load(
+    requests: int = 2000,
+    keys: int = 200,
+    clients: int = 50,
+    *,
+    seed: int = 20240501,
+) -> LoadResult:
+    """Start moto and uvicorn in child processes, drive the load, stop them; the result."""
+    from idempotency_middleware import DynamoDBStore
+
+    result = LoadResult(requests, keys, clients)
+    table = f"load-{uuid.uuid4().hex[:10]}"
+    key_names = [f"load-{table}-{index:04d}" for index in range(keys)]
+    for name, value in _aws_env().items():
+        os.environ.setdefault(name, value)
+    with moto_server() as endpoint_url:
+        with DynamoDBStore(table, endpoint_url=endpoint_url, region_name=REGION) as store:
+            store.create_table()
+        with load_server(endpoint_url, table) as url:
+            asyncio.run(_drive(url, key_names, result, seed))
+    for key in key_names:
+        result.runs.setdefault(key, 0)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--keys", type=int, default=200)
+    parser.add_argument("--clients", type=int, default=50)
+    arguments = parser.parse_args(argv)
+    result = run_load(arguments.requests, arguments.keys, arguments.clients)
+    print(result.report())
+    failed = (
+        result.server_errors
+        or result.errors
+        or result.wrong_replays
+        or result.keys_not_run_once(list(result.runs))
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

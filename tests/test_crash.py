@@ -1,0 +1,168 @@
+"""Crash test (issue 5): a uvicorn server in a subprocess is killed with SIGKILL mid-handler.
+
+After a restart the retry gets 409 until the dead owner's lock expires, then runs exactly
+once more, and the record of that second run is the one replayed. Runs are counted in a
+file the handler appends to (``tests/crash_app.py``), across both processes.
+
+The lock is 3 s rather than 2 s so that the restart (process start and the new aioboto3
+client) always fits inside it on a loaded two-core machine and a 409 is observed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+
+from idempotency_middleware import DynamoDBStore
+from idempotency_middleware.keys import storage_key
+from idempotency_middleware.records import Status
+from tests.faultproxy import HOST, REGION
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LOCK_SECONDS = 3.0
+START_TIMEOUT_SECONDS = 20.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((HOST, 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+@contextlib.contextmanager
+def crash_server(env: dict[str, str], log: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """``python -m uvicorn tests.crash_app:app`` on a free port; killed (by pid) at the end."""
+    port = free_port()
+    with open(log, "ab") as log_file:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "tests.crash_app:app",
+                "--host",
+                HOST,
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+                "--lifespan",
+                "off",
+            ],
+            cwd=REPO_ROOT,
+            env={**os.environ, **env},
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=log_file,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"uvicorn exited with {process.returncode}: {log.read_text()}")
+            with contextlib.suppress(OSError), socket.create_connection((HOST, port), 0.2):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"uvicorn did not listen on {port}: {log.read_text()}")
+            time.sleep(0.05)
+        yield process, f"http://{HOST}:{port}"
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(10)
+
+
+def runs(runs_file: Path) -> list[str]:
+    return runs_file.read_text().splitlines() if runs_file.exists() else []
+
+
+def test_a_server_killed_mid_handler_is_taken_over_after_its_lock_and_runs_once_more(
+    moto_endpoint: str, dynamodb_table: str, tmp_path: Path
+) -> None:
+    runs_file = tmp_path / "runs.txt"
+    log = tmp_path / "uvicorn.log"
+    env = {
+        "CRASH_DYNAMODB_ENDPOINT": moto_endpoint,
+        "CRASH_DYNAMODB_TABLE": dynamodb_table,
+        "CRASH_RUNS_FILE": str(runs_file),
+        "CRASH_LOCK_SECONDS": str(LOCK_SECONDS),
+        "CRASH_HANG_SECONDS": "60",
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+    key = f"crash-{time.time_ns()}"
+    headers = {"Idempotency-Key": key, "Content-Type": "application/json"}
+    body = b'{"amount": 100}'
+    outcome: list[BaseException | httpx.Response] = []
+
+    def first_request(url: str) -> None:
+        try:
+            outcome.append(httpx.post(f"{url}/payments", content=body, headers=headers, timeout=30))
+        except httpx.HTTPError as error:
+            outcome.append(error)
+
+    # 1. The first server claims the key, starts the handler, and is killed in it.
+    with crash_server(env, log) as (first, url):
+        client_thread = threading.Thread(target=first_request, args=(url,))
+        client_thread.start()
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        while not runs(runs_file):
+            assert time.monotonic() < deadline, f"the handler never ran: {log.read_text()}"
+            time.sleep(0.02)
+        first.send_signal(signal.SIGKILL)
+        assert first.wait(10) == -signal.SIGKILL
+        client_thread.join(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], httpx.TransportError), outcome
+    assert runs(runs_file) == [f"1 {first.pid}"]
+
+    # The dead owner's claim is still there, in progress.
+    hashed = storage_key("POST", "/payments", None, key)
+    with DynamoDBStore(dynamodb_table, endpoint_url=moto_endpoint, region_name=REGION) as direct:
+        record = direct.get(hashed)
+    assert record is not None and record.status is Status.IN_PROGRESS
+    lock_expires_at = record.lock_expires_at
+
+    # 2. After a restart: 409 until the lock expires, then exactly one more run.
+    with (
+        crash_server(env, log) as (second, url),
+        httpx.Client(base_url=url, timeout=30) as client,
+    ):
+        conflicts = 0
+        while True:
+            sent = time.time()
+            response = client.post("/payments", content=body, headers=headers)
+            received = time.time()
+            if response.status_code != 409:
+                break
+            assert sent < lock_expires_at, "409 after the dead owner's lock expired"
+            assert response.headers["content-type"] == "application/problem+json"
+            assert int(response.headers["retry-after"]) >= 1
+            conflicts += 1
+            assert received < lock_expires_at + 15, "never taken over"
+            time.sleep(0.1)
+        assert conflicts >= 1, "the restart took longer than the lock"
+        assert response.status_code == 201, response.text
+        assert received >= lock_expires_at, "taken over before the lock expired"
+        assert response.headers.get("idempotent-replayed") is None
+        assert orjson.loads(response.content) == {"run": 2, "pid": second.pid}
+        assert runs(runs_file) == [f"1 {first.pid}", f"2 {second.pid}"]
+
+        # 3. The second run's record is the one replayed, and nothing runs a third time.
+        for _ in range(3):
+            replay = client.post("/payments", content=body, headers=headers)
+            assert replay.status_code == 201
+            assert replay.headers.get("idempotent-replayed") == "true"
+            assert replay.content == response.content
+        assert len(runs(runs_file)) == 2
