@@ -6,7 +6,8 @@ costs a dict insert and pop, not a timer or a thread:
 
 - ``LoopRenewals`` (ASGI) fires on the app's own event loop: a loop that is blocked cannot
   renew, so a stuck owner is taken over after the lock timeout;
-- ``ThreadRenewals`` (WSGI) is one daemon thread: a dead process stops renewing with it.
+- ``ThreadRenewals`` (WSGI) is one daemon thread ticking every half interval: a dead
+  process stops renewing with it.
 """
 
 from __future__ import annotations
@@ -103,8 +104,10 @@ class LoopRenewals:
 class ThreadRenewals:
     """Renews the claims of one WSGI middleware from one daemon thread, started lazily.
 
-    A handler thread that hangs forever keeps its claim renewed; give such handlers their
-    own timeouts.
+    The thread ticks every half renewal interval and renews what is due, so registering a
+    claim never wakes it (a wake-up per request would cost a thread switch): a claim is
+    renewed at most half an interval late, still well inside its lock. A handler thread
+    that hangs forever keeps its claim renewed; give such handlers their own timeouts.
     """
 
     def __init__(
@@ -116,20 +119,22 @@ class ThreadRenewals:
         self._leases = _Leases()
         self._condition = threading.Condition()
         self._thread: threading.Thread | None = None
-        self._wake_at: float | None = None
+        self._tick: float | None = None
         self._closed = False
 
     def start(self, attempt: core.Attempt) -> None:
+        tick = core.renewal_interval(attempt.policy) / 2
         with self._condition:
-            due = self._leases.add(attempt, self._clock())
+            self._leases.add(attempt, self._clock())
+            if self._tick is None or tick < self._tick:
+                self._tick = tick  # the first claim, or a shorter lock: tick faster
+                self._condition.notify()
             if self._thread is None or self._closed:
                 self._closed = False
                 self._thread = threading.Thread(
                     target=self._run, name="idempotency-lease-renewer", daemon=True
                 )
                 self._thread.start()
-            elif self._wake_at is None or due < self._wake_at:
-                self._condition.notify()
 
     def stop(self, attempt: core.Attempt) -> None:
         with self._condition:
@@ -148,14 +153,10 @@ class ThreadRenewals:
     def _run(self) -> None:
         while True:
             with self._condition:
+                self._condition.wait(self._tick)
                 if self._closed:
                     return
                 due_now = self._leases.take_due(self._clock())
-                if not due_now:
-                    self._wake_at = self._leases.next_due()
-                    timeout = None if self._wake_at is None else self._wake_at - self._clock()
-                    self._condition.wait(timeout)
-                    continue
             for attempt in due_now:
                 self._renew(attempt)
 
