@@ -7,6 +7,7 @@ needs only boto3 and a FastAPI app only aioboto3.
 from __future__ import annotations
 
 from .asgi import IdempotencyMiddleware
+from .events import IdempotencyEvent
 from .request_view import HeaderView, RequestView
 from .rules import IdempotencyRule
 from .scopes import scope_by_header, scope_by_tenant_header
@@ -22,6 +23,7 @@ __all__ = [
     "AsyncStore",
     "DynamoDBStore",
     "HeaderView",
+    "IdempotencyEvent",
     "IdempotencyMiddleware",
     "IdempotencyRule",
     "IdempotencyWSGIMiddleware",
