@@ -146,7 +146,11 @@ def serve_wsgi(app: Any) -> Iterator[str]:
     finally:
         # Close the listening socket from waitress's own loop thread (a trigger "thunk"):
         # closing it from here races with the loop's select() on it.
-        server.trigger.pull_trigger(server.close)
+        try:
+            server.trigger.pull_trigger(server.close)
+        except OSError:  # the trigger's pipe is already gone: close from here instead
+            with contextlib.suppress(OSError):
+                server.close()
         thread.join(timeout=10)
         server.task_dispatcher.shutdown()
         if thread.is_alive():
