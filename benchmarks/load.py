@@ -24,10 +24,7 @@ import collections
 import contextlib
 import os
 import random
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
@@ -38,8 +35,15 @@ from typing import Any
 import httpx
 import orjson
 
-HOST = "127.0.0.1"
-REGION = "us-east-1"
+from benchmarks._common import (
+    HOST,
+    REGION,
+    child_process,
+    free_port,
+    moto_in_process,
+    wait_for_port,
+)
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORK_SECONDS = 0.01  # what the handler "does" per run
 START_TIMEOUT_SECONDS = 30.0
@@ -120,59 +124,6 @@ def create_app() -> Any:
 
 # --- child processes ------------------------------------------------------------------------------
 
-_MOTO_CHILD = """
-import logging, sys
-logging.getLogger("werkzeug").setLevel(logging.ERROR)
-from moto.server import ThreadedMotoServer
-server = ThreadedMotoServer(ip_address="127.0.0.1", port=int(sys.argv[1]), verbose=False)
-server.start()
-sys.stdin.read()
-server.stop()
-"""
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((HOST, 0))
-        port: int = probe.getsockname()[1]
-    return port
-
-
-@contextlib.contextmanager
-def _child(argv: list[str], env: dict[str, str], port: int) -> Iterator[None]:
-    """A server process of ours listening on ``port``; ended by its own pid at the end."""
-    with tempfile.TemporaryFile() as log:
-        process = subprocess.Popen(
-            argv,
-            cwd=REPO_ROOT,
-            env={**os.environ, **env},
-            stdin=subprocess.PIPE,
-            stdout=log,
-            stderr=log,
-        )
-        try:
-            deadline = time.monotonic() + START_TIMEOUT_SECONDS
-            while True:
-                if process.poll() is not None:
-                    raise RuntimeError(f"{argv[2]} exited with {process.returncode}")
-                with contextlib.suppress(OSError), socket.create_connection((HOST, port), 0.5):
-                    break
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{argv[2]} did not listen on {HOST}:{port}")
-                time.sleep(0.05)
-            yield
-        except BaseException:
-            log.seek(0)
-            print(log.read()[-3000:].decode(errors="replace"), file=sys.stderr)
-            raise
-        finally:
-            process.terminate()
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
 
 def _aws_env() -> dict[str, str]:
     # moto accepts any credentials; botocore only needs some to sign. Never a real AWS.
@@ -184,18 +135,13 @@ def _aws_env() -> dict[str, str]:
     }
 
 
-@contextlib.contextmanager
-def moto_server() -> Iterator[str]:
-    """moto's DynamoDB in a child process (its own GIL); yields its URL."""
-    port = _free_port()
-    with _child([sys.executable, "-c", _MOTO_CHILD, str(port)], _aws_env(), port):
-        yield f"http://{HOST}:{port}"
+moto_server = moto_in_process  # moto's DynamoDB in a child process (its own GIL)
 
 
 @contextlib.contextmanager
 def load_server(endpoint_url: str, table: str) -> Iterator[str]:
     """uvicorn serving ``create_app()`` in a child process; yields its URL."""
-    port = _free_port()
+    port = free_port()
     argv = [
         sys.executable,
         "-m",
@@ -211,7 +157,8 @@ def load_server(endpoint_url: str, table: str) -> Iterator[str]:
         "--no-access-log",
     ]
     env = {**_aws_env(), "LOAD_TABLE": table, "LOAD_ENDPOINT": endpoint_url}
-    with _child(argv, env, port):
+    with child_process(argv, env) as process:
+        wait_for_port(port, process, START_TIMEOUT_SECONDS)
         yield f"http://{HOST}:{port}"
 
 

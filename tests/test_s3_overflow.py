@@ -29,6 +29,16 @@ def _objects(moto_endpoint: str, bucket: str) -> list[str]:
     return [item["Key"] for item in client.list_objects_v2(Bucket=bucket).get("Contents", [])]
 
 
+def _store_with_bucket(moto_endpoint: str, table: str, bucket: str) -> DynamoDBStore:
+    return DynamoDBStore(
+        table,
+        endpoint_url=moto_endpoint,
+        region_name=REGION,
+        s3_bucket=bucket,
+        s3_endpoint_url=moto_endpoint,
+    )
+
+
 def _claim(key: str, owner: str, fingerprint: str = "fp") -> ClaimRequest:
     return ClaimRequest(key, fingerprint, owner, time.time(), lock_timeout_seconds=30)
 
@@ -42,13 +52,7 @@ def test_sync_store_keeps_a_large_response_in_s3_and_replays_it(
     moto_endpoint: str, dynamodb_table: str
 ) -> None:
     bucket = _bucket(moto_endpoint)
-    with DynamoDBStore(
-        dynamodb_table,
-        endpoint_url=moto_endpoint,
-        region_name=REGION,
-        s3_bucket=bucket,
-        s3_endpoint_url=moto_endpoint,
-    ) as store:
+    with _store_with_bucket(moto_endpoint, dynamodb_table, bucket) as store:
         assert store.claim(_claim("k", "owner-1")) == Claimed()
         assert store.complete(_completion("k", "owner-1"))
         held = store.claim(_claim("k", "owner-2"))
@@ -100,13 +104,7 @@ def test_a_fenced_out_owner_leaves_no_s3_object_behind(
     moto_endpoint: str, dynamodb_table: str
 ) -> None:
     bucket = _bucket(moto_endpoint)
-    with DynamoDBStore(
-        dynamodb_table,
-        endpoint_url=moto_endpoint,
-        region_name=REGION,
-        s3_bucket=bucket,
-        s3_endpoint_url=moto_endpoint,
-    ) as store:
+    with _store_with_bucket(moto_endpoint, dynamodb_table, bucket) as store:
         store.claim(ClaimRequest("k", "fp", "dead-owner", time.time(), lock_timeout_seconds=0.05))
         time.sleep(0.1)
         assert store.claim(_claim("k", "new-owner")) == Claimed(taken_over=True)
@@ -118,13 +116,7 @@ def test_a_missing_s3_object_reads_as_not_stored_never_as_new(
     moto_endpoint: str, dynamodb_table: str
 ) -> None:
     bucket = _bucket(moto_endpoint)
-    with DynamoDBStore(
-        dynamodb_table,
-        endpoint_url=moto_endpoint,
-        region_name=REGION,
-        s3_bucket=bucket,
-        s3_endpoint_url=moto_endpoint,
-    ) as store:
+    with _store_with_bucket(moto_endpoint, dynamodb_table, bucket) as store:
         store.claim(_claim("k", "owner-1"))
         store.complete(_completion("k", "owner-1"))
         client = boto3.client("s3", endpoint_url=moto_endpoint, region_name=REGION)
