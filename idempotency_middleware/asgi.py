@@ -102,8 +102,12 @@ class IdempotencyMiddleware:
             await self.app(scope, receive, send)
             return
         header_key = self.options.header_key
-        values = [value for name, value in scope["headers"] if name == header_key]
-        admitted = core.admit(self.options, scope["method"], scope["path"], values)
+        admitted = core.admit(
+            self.options,
+            scope["method"],
+            scope["path"],
+            lambda: [value for name, value in scope["headers"] if name == header_key],
+        )
         if admitted is None:
             await self.app(scope, receive, send)
         elif isinstance(admitted, Problem):

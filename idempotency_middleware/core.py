@@ -57,14 +57,21 @@ class Admitted(NamedTuple):
 
 
 def admit(
-    options: Options, method: str, path: str, header_values: Sequence[bytes]
+    options: Options,
+    method: str,
+    path: str,
+    header_values: Callable[[], Sequence[bytes]],
 ) -> Admitted | Problem | None:
-    """``None`` when the request passes straight through, a 400 problem, or ``Admitted``."""
+    """``None`` when the request passes straight through, a 400 problem, or ``Admitted``.
+
+    ``header_values()`` returns the key header's raw lines; it is only called for covered
+    requests, so an uncovered one (a GET) costs a policy lookup and nothing more.
+    """
     policy = options.policy_for(method, path)
     if policy is None:
         return None
     try:
-        key = parse_idempotency_key(header_values)
+        key = parse_idempotency_key(header_values())
     except InvalidKey as error:
         return problems.invalid_key(error.detail, options.header_name)
     if key is None:

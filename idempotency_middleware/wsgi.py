@@ -98,11 +98,7 @@ class IdempotencyWSGIMiddleware:
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         method = str(environ.get("REQUEST_METHOD", "GET")).upper()
         path = _path(environ)
-        raw = environ.get(self.options.environ_key)
-        # WSGI servers fold repeated header lines into one, joined with commas; the key
-        # parser treats a comma outside a quoted string as a second value.
-        values = [] if raw is None else [str(raw).encode("latin-1")]
-        admitted = core.admit(self.options, method, path, values)
+        admitted = core.admit(self.options, method, path, lambda: _key_lines(environ, self.options))
         if admitted is None:
             return self.app(environ, start_response)
         if isinstance(admitted, Problem):
@@ -373,6 +369,13 @@ class _CapturedResponse:
     def body(self) -> bytes:
         chunks, self.chunks = self.chunks, []
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _key_lines(environ: Environ, options: Options) -> list[bytes]:
+    # WSGI servers fold repeated header lines into one, joined with commas; the key parser
+    # treats a comma outside a quoted string as a second value.
+    raw = environ.get(options.environ_key)
+    return [] if raw is None else [str(raw).encode("latin-1")]
 
 
 def _path(environ: Environ) -> str:

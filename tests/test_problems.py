@@ -95,7 +95,7 @@ invalid_headers: list[list[bytes]] = [
 @pytest.mark.parametrize("values", invalid_headers)
 def test_invalid_key_problem_does_not_echo_the_key(values: list[bytes]) -> None:
     options = Options.build()
-    answer = core.admit(options, "POST", "/orders", values)
+    answer = core.admit(options, "POST", "/orders", lambda: values)
     assert isinstance(answer, Problem)
     assert answer.status == 400
     body = answer.body()
