@@ -101,25 +101,30 @@ class IdempotencyMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        header_key = self.options.header_key
-        admitted = core.admit(
-            self.options,
-            scope["method"],
-            scope["path"],
-            lambda: [value for name, value in scope["headers"] if name == header_key],
+        policy = self.options.policy_for(scope["method"], scope["path"])
+        if policy is None:
+            await self.app(scope, receive, send)
+            return
+        key_lines, content_length, content_type = _read_headers(
+            scope["headers"], self.options.header_key
         )
+        admitted = core.admit(self.options, policy, scope["path"], key_lines)
         if admitted is None:
             await self.app(scope, receive, send)
         elif isinstance(admitted, Problem):
             await _send_problem(send, admitted)
         else:
-            await self._handle(admitted, scope, receive, send)
+            await self._handle(admitted, content_length, content_type, scope, receive, send)
 
     async def _handle(
-        self, admitted: core.Admitted, scope: Scope, receive: Receive, send: Send
+        self,
+        admitted: core.Admitted,
+        content_length: bytes | None,
+        content_type: bytes | None,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
     ) -> None:
-        headers: list[tuple[bytes, bytes]] = scope["headers"]
-        content_length, content_type = _content_headers(headers)
         too_large = core.check_declared_length(self.options, content_length)
         if too_large is not None:
             await _send_problem(send, too_large)
@@ -343,22 +348,38 @@ class _ResponseCapture:
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def _content_headers(headers: Iterable[tuple[bytes, bytes]]) -> tuple[str | None, str | None]:
-    """Content-Length and Content-Type, in one pass over the headers."""
+def _read_headers(
+    headers: Iterable[tuple[bytes, bytes]], key_name: bytes
+) -> tuple[list[bytes], bytes | None, bytes | None]:
+    """The key header's lines, Content-Length and Content-Type, in one pass over the headers
+    (ASGI gives names lower-cased)."""
+    key_lines: list[bytes] = []
     length = content_type = None
     for name, value in headers:
-        if name == b"content-length":
-            length = value.decode("latin-1")
+        if name == key_name:
+            key_lines.append(value)
+        elif name == b"content-length":
+            length = value
         elif name == b"content-type":
-            content_type = value.decode("latin-1")
-    return length, content_type
+            content_type = value
+    return key_lines, length, content_type
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes:
+    message = await receive()
+    if message["type"] == "http.request" and not message.get("more_body", False):
+        body: bytes = message.get("body", b"")  # the usual case: the whole body at once
+        if len(body) > limit:
+            raise _BodyTooLarge
+        return body
+    return await _read_body_chunks(message, receive, limit)
+
+
+async def _read_body_chunks(message: Message, receive: Receive, limit: int) -> bytes:
+    """The rest of :func:`_read_body`, from its first ``message`` on."""
     chunks: list[bytes] = []
     size = 0
     while True:
-        message = await receive()
         if message["type"] == "http.disconnect":
             raise _ClientGone
         chunk = message.get("body", b"")
@@ -369,6 +390,7 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
             chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        message = await receive()
 
 
 def _replaying_receive(body: bytes, receive: Receive) -> Receive:

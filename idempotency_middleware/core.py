@@ -2,7 +2,8 @@
 
 Both adapters drive the same sequence (data flows one way)::
 
-    admit(headers)            -> pass through | problem (400) | Admitted(policy, key)
+    options.policy_for()      -> pass through | Policy
+    admit(key header)         -> pass through | problem (400) | Admitted(policy, key)
     check_declared_length()   -> problem (413) | None
     begin_attempt(body)       -> Attempt: key namespaced, request fingerprinted
     cache / store.claim       -> Claimed: run the app, buffer, then completion_for()/release
@@ -11,6 +12,7 @@ Both adapters drive the same sequence (data flows one way)::
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 from collections.abc import Callable, Sequence
@@ -42,10 +44,6 @@ _FINISH_BASE_DELAY = 0.05
 # harmless.
 LOST_CLAIM_RELEASE_DELAYS = (0.0, 0.5, 1.0, 2.0, 4.0)
 
-# A claim is renewed this many times per lock timeout, so one slow or failed renewal still
-# leaves time for the next before the lock runs out.
-RENEWALS_PER_LOCK = 3
-
 
 class Admitted(NamedTuple):
     """A covered request carrying a valid key; ``route`` is the template, or the path when
@@ -57,21 +55,15 @@ class Admitted(NamedTuple):
 
 
 def admit(
-    options: Options,
-    method: str,
-    path: str,
-    header_values: Callable[[], Sequence[bytes]],
+    options: Options, policy: Policy, path: str, key_lines: Sequence[bytes]
 ) -> Admitted | Problem | None:
-    """``None`` when the request passes straight through, a 400 problem, or ``Admitted``.
+    """For a covered request (``policy`` from ``options.policy_for``): ``None`` when it passes
+    straight through (no key, not required), a 400 problem, or ``Admitted``.
 
-    ``header_values()`` returns the key header's raw lines; it is only called for covered
-    requests, so an uncovered one (a GET) costs a policy lookup and nothing more.
+    ``key_lines`` holds the key header's raw lines as received.
     """
-    policy = options.policy_for(method, path)
-    if policy is None:
-        return None
     try:
-        key = parse_idempotency_key(header_values())
+        key = parse_idempotency_key(key_lines)
     except InvalidKey as error:
         return problems.invalid_key(error.detail, options.header_name)
     if key is None:
@@ -79,7 +71,7 @@ def admit(
     return Admitted(policy, path if policy.route is None else policy.route, key)
 
 
-def check_declared_length(options: Options, content_length: str | None) -> Problem | None:
+def check_declared_length(options: Options, content_length: bytes | str | None) -> Problem | None:
     """413 before reading a body whose declared length is already over the limit."""
     if content_length is None:
         return None
@@ -111,7 +103,7 @@ def begin_attempt(
     method: str,
     path: str,
     query_string: bytes | str,
-    content_type: str | None,
+    content_type: bytes | str | None,
     body: bytes,
     request_view: Callable[[str], RequestView],
     now: float,
@@ -126,11 +118,26 @@ def begin_attempt(
     claim = ClaimRequest(
         storage_key(method, route, scope_value, key),
         fingerprint_request(method, path, query_string, content_type, body),
-        os.urandom(16).hex(),
+        f"{_owner_prefix}{next(_owner_numbers):x}",
         now,
         policy.lock_timeout_seconds,
     )
     return Attempt(method, route, policy, claim)
+
+
+# Owner tokens fence a claim's finishing writes. A random per-process prefix and a counter
+# make them unique without a system call per request; a forked child draws its own prefix,
+# so parent and child never hand out the same token.
+_owner_prefix = os.urandom(12).hex() + "-"
+_owner_numbers = itertools.count()
+
+
+def _new_owner_prefix() -> None:
+    global _owner_prefix
+    _owner_prefix = os.urandom(12).hex() + "-"
+
+
+os.register_at_fork(after_in_child=_new_owner_prefix)
 
 
 def answer_held(record: Record, fingerprint: str) -> StoredResponse | Problem:
@@ -165,14 +172,15 @@ def completion_for(
     streamed_size: int | None = None,
 ) -> Completion:
     """What to store for a finished response; ``streamed_size`` when it went out live."""
+    claim = attempt.claim
     return Completion(
-        key=attempt.claim.key,
-        owner=attempt.claim.owner,
-        now=now,
-        ttl_seconds=attempt.policy.ttl_seconds,
-        response=StoredResponse(status, storable_headers(headers), body),
-        streamed=streamed_size is not None,
-        streamed_size=streamed_size or 0,
+        claim.key,
+        claim.owner,
+        now,
+        attempt.policy.ttl_seconds,
+        StoredResponse(status, storable_headers(headers), body),
+        streamed_size is not None,
+        streamed_size or 0,
     )
 
 
@@ -190,7 +198,3 @@ def gave_up(error: Exception, attempts: int) -> str:
         f"{error!r}; gave up after {attempts} attempts: the key stays claimed until its lock "
         "timeout, then a retry runs the handler again"
     )
-
-
-def renewal_interval(policy: Policy) -> float:
-    return policy.lock_timeout_seconds / RENEWALS_PER_LOCK

@@ -24,11 +24,14 @@ _LONG_NUMBER = b"0" * 16
 
 
 @functools.lru_cache(maxsize=256)
-def _body_kind(content_type: str | None) -> bytes:
-    """``json``, ``form`` or ``bytes`` for a Content-Type value (parameters ignored).
+def _body_kind(content_type: bytes | str | None) -> bytes:
+    """``json``, ``form`` or ``bytes`` for a Content-Type value (parameters ignored), raw as
+    ASGI gives it or decoded as WSGI does.
 
     Cached: an API sees a handful of distinct Content-Type values.
     """
+    if isinstance(content_type, bytes):
+        content_type = content_type.decode("latin-1")
     media_type = (content_type or "").split(";", 1)[0].strip().lower()
     if media_type == "application/json" or media_type.endswith("+json"):
         return b"json"
@@ -53,18 +56,18 @@ def canonical_query(query_string: bytes | str) -> bytes:
     return _sorted_pairs(text)
 
 
-def canonical_body(content_type: str | None, body: bytes) -> tuple[bytes, bytes]:
+def canonical_body(content_type: bytes | str | None, body: bytes) -> tuple[bytes, bytes]:
     """Return ``(kind, canonical bytes)`` for a body; the kind keeps forms from colliding."""
     kind = _body_kind(content_type)
     if body and kind == b"json":
         if _LONG_NUMBER not in body.translate(_DIGITS_TO_ZERO):
             try:
                 # orjson keeps 1 and 1.0 apart and sorts keys.
-                return b"json", orjson.dumps(orjson.loads(body), option=orjson.OPT_SORT_KEYS)
+                return kind, orjson.dumps(orjson.loads(body), option=orjson.OPT_SORT_KEYS)
             except (orjson.JSONDecodeError, orjson.JSONEncodeError):
                 pass
         exact = _exact_canonical_json(body)
-        return (b"json", exact) if exact is not None else (b"bytes", body)
+        return (kind, exact) if exact is not None else (b"bytes", body)
     if kind == b"form":
         try:
             text = body.decode("utf-8")
@@ -130,7 +133,7 @@ def fingerprint_request(
     method: str,
     path: str,
     query_string: bytes | str,
-    content_type: str | None,
+    content_type: bytes | str | None,
     body: bytes,
 ) -> str:
     """SHA-256 over method, concrete path, sorted query and canonical body (hex)."""

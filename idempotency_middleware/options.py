@@ -26,6 +26,10 @@ DEFAULT_TTL_SECONDS = 86400
 DEFAULT_LOCK_TIMEOUT_SECONDS = 60
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 
+# A claim is renewed this many times per lock timeout, so one slow or failed renewal still
+# leaves time for the next before the lock runs out.
+RENEWALS_PER_LOCK = 3
+
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 
 
@@ -41,6 +45,24 @@ class Policy(NamedTuple):
     ttl_seconds: float
     lock_timeout_seconds: float
     scope: ScopeFunction | None
+    renewal_interval: float  # how often a running claim is renewed (see RENEWALS_PER_LOCK)
+
+
+def _policy(
+    route: str | None,
+    required: bool,
+    ttl_seconds: float,
+    lock_timeout_seconds: float,
+    scope: ScopeFunction | None,
+) -> Policy:
+    return Policy(
+        route,
+        required,
+        ttl_seconds,
+        lock_timeout_seconds,
+        scope,
+        lock_timeout_seconds / RENEWALS_PER_LOCK,
+    )
 
 
 @dataclass(frozen=True)
@@ -58,8 +80,9 @@ class Options:
     on_store_error: str
     replay_cache_size: int
     on_event: EventHook | None
-    # (default policy, ((rule, covered methods, policy or None when disabled), ...))
-    policies: tuple[Policy, tuple[tuple[IdempotencyRule, frozenset[str], Policy | None], ...]]
+    default_policy: Policy
+    # ((rule, covered methods, policy or None when disabled), ...), first match wins
+    rule_policies: tuple[tuple[IdempotencyRule, frozenset[str], Policy | None], ...]
 
     @classmethod
     def build(
@@ -112,7 +135,7 @@ class Options:
                 raise ValueError(f"rules must hold IdempotencyRule objects, got {rule!r}")
         check_reachable(rules)
         normalized_methods = normalize_methods(methods, "methods")
-        default_policy = Policy(None, bool(required), ttl_seconds, lock_timeout_seconds, scope)
+        default_policy = _policy(None, bool(required), ttl_seconds, lock_timeout_seconds, scope)
         rule_policies = tuple(
             (rule, *_rule_policy(rule, normalized_methods, default_policy)) for rule in rules
         )
@@ -130,23 +153,16 @@ class Options:
             on_store_error=on_store_error,
             replay_cache_size=replay_cache_size,
             on_event=on_event,
-            policies=(default_policy, rule_policies),
+            default_policy=default_policy,
+            rule_policies=rule_policies,
         )
 
     def policy_for(self, method: str, path: str) -> Policy | None:
         """The policy for a covered request, or ``None`` when it passes straight through."""
-        for rule, methods, policy in self._rule_policies:
+        for rule, methods, policy in self.rule_policies:
             if rule.pattern.match(path) is not None:
                 return policy if method in methods else None
-        return self._default_policy if method in self.methods else None
-
-    @property
-    def _default_policy(self) -> Policy:
-        return self.policies[0]
-
-    @property
-    def _rule_policies(self) -> tuple[tuple[IdempotencyRule, frozenset[str], Policy | None], ...]:
-        return self.policies[1]
+        return self.default_policy if method in self.methods else None
 
 
 def _rule_policy(
@@ -156,7 +172,7 @@ def _rule_policy(
     if not rule.enabled:
         return frozenset(), None
     methods = default_methods if rule.methods is None else frozenset(rule.methods)
-    return methods, Policy(
+    return methods, _policy(
         route=rule.path,
         required=default.required if rule.required is None else rule.required,
         ttl_seconds=default.ttl_seconds if rule.ttl_seconds is None else rule.ttl_seconds,

@@ -31,7 +31,7 @@ class _Leases:
         self.active: dict[str, tuple[core.Attempt, float]] = {}
 
     def add(self, attempt: core.Attempt, now: float) -> float:
-        due = now + core.renewal_interval(attempt.policy)
+        due = now + attempt.policy.renewal_interval
         self.active[attempt.claim.owner] = (attempt, due)
         return due
 
@@ -123,7 +123,7 @@ class ThreadRenewals:
         self._closed = False
 
     def start(self, attempt: core.Attempt) -> None:
-        tick = core.renewal_interval(attempt.policy) / 2
+        tick = attempt.policy.renewal_interval / 2
         with self._condition:
             self._leases.add(attempt, self._clock())
             if self._tick is None or tick < self._tick:

@@ -98,7 +98,10 @@ class IdempotencyWSGIMiddleware:
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         method = str(environ.get("REQUEST_METHOD", "GET")).upper()
         path = _path(environ)
-        admitted = core.admit(self.options, method, path, lambda: _key_lines(environ, self.options))
+        policy = self.options.policy_for(method, path)
+        if policy is None:
+            return self.app(environ, start_response)
+        admitted = core.admit(self.options, policy, path, _key_lines(environ, self.options))
         if admitted is None:
             return self.app(environ, start_response)
         if isinstance(admitted, Problem):

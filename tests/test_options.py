@@ -50,6 +50,7 @@ def test_unmatched_covered_request_uses_the_defaults_with_its_path_as_route() ->
         ttl_seconds=86400,
         lock_timeout_seconds=60,
         scope=None,
+        renewal_interval=20.0,  # three renewals per lock timeout
     )
 
 
@@ -85,6 +86,7 @@ def test_rule_fields_left_none_inherit_the_defaults() -> None:
         ttl_seconds=600,
         lock_timeout_seconds=30,
         scope=tenant_scope,
+        renewal_interval=10.0,
     )
 
 
@@ -108,6 +110,7 @@ def test_rule_fields_override_the_defaults() -> None:
         ttl_seconds=10,
         lock_timeout_seconds=2.5,
         scope=user_scope,
+        renewal_interval=2.5 / 3,
     )
 
 

@@ -95,7 +95,9 @@ invalid_headers: list[list[bytes]] = [
 @pytest.mark.parametrize("values", invalid_headers)
 def test_invalid_key_problem_does_not_echo_the_key(values: list[bytes]) -> None:
     options = Options.build()
-    answer = core.admit(options, "POST", "/orders", lambda: values)
+    policy = options.policy_for("POST", "/orders")
+    assert policy is not None
+    answer = core.admit(options, policy, "/orders", values)
     assert isinstance(answer, Problem)
     assert answer.status == 400
     body = answer.body()

@@ -45,6 +45,11 @@ class Claimed(NamedTuple):
     taken_over: bool = False
 
 
+# The two possible answers of a successful claim, built once (stores return these).
+CLAIMED = Claimed(taken_over=False)
+TAKEN_OVER = Claimed(taken_over=True)
+
+
 class Held(NamedTuple):
     """Someone else holds the key; ``record`` is what the store has for it."""
 
