@@ -20,7 +20,7 @@ from .options import (
     Options,
 )
 from .problems import Problem
-from .records import StoredResponse, is_streaming
+from .records import BodyBuffer, StoredResponse, is_streaming
 from .renewal import LoopRenewals
 from .request_view import HeaderView, RequestView
 from .rules import IdempotencyRule, ScopeFunction
@@ -249,7 +249,7 @@ class IdempotencyMiddleware:
             else:
                 await self._release(attempt)
             return
-        response_body = response.body()
+        response_body = response.buffer.take()
         if core.keeps_response(status):
             await self._complete(attempt, status, start.get("headers", []), response_body, None)
         else:
@@ -316,12 +316,12 @@ class _ResponseCapture:
     """Buffers the app's response instead of sending it, except a streaming one (see
     ``records.STREAMING_MEDIA_TYPES``), which goes to the client live as it comes."""
 
-    __slots__ = ("_send", "chunks", "live", "size", "start")
+    __slots__ = ("_send", "buffer", "live", "size", "start")
 
     def __init__(self, send: Send) -> None:
         self._send = send
         self.start: Message | None = None
-        self.chunks: list[bytes] = []
+        self.buffer = BodyBuffer()
         self.live = False
         self.size = 0
 
@@ -337,15 +337,9 @@ class _ResponseCapture:
                 self.size += len(message.get("body", b""))
                 await self._send(message)
                 return
-            chunk = message.get("body", b"")
-            if chunk:
-                self.chunks.append(chunk)
+            self.buffer.add(message.get("body", b""))
         elif self.live:
             await self._send(message)
-
-    def body(self) -> bytes:
-        chunks, self.chunks = self.chunks, []
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _read_headers(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import io
 import zlib
 from typing import NamedTuple
 
@@ -56,6 +57,42 @@ def is_streaming(headers: Headers) -> bool:
 def _is_streaming_media(content_type: bytes) -> bool:
     media_type = content_type.split(b";", 1)[0].strip().lower().decode("latin-1")
     return media_type in STREAMING_MEDIA_TYPES
+
+
+class BodyBuffer:
+    """Collects a response body as the app sends it, at most about 1.1x its size in memory.
+
+    One chunk is kept as it is (no copy). From the second on, chunks go into a ``BytesIO``,
+    whose buffer grows in place and is handed over without a copy by ``getvalue()``; a list
+    of chunks and their join would peak at two copies of the body.
+    """
+
+    __slots__ = ("_first", "_rest")
+
+    def __init__(self) -> None:
+        self._first = b""
+        self._rest: io.BytesIO | None = None
+
+    def add(self, chunk: bytes) -> None:
+        if not chunk:
+            return
+        if self._rest is not None:
+            self._rest.write(chunk)
+        elif not self._first:
+            self._first = chunk
+        else:
+            self._rest = io.BytesIO()
+            self._rest.write(self._first)
+            self._rest.write(chunk)
+            self._first = b""
+
+    def take(self) -> bytes:
+        """The whole body; the buffer is empty afterwards."""
+        rest, self._rest = self._rest, None
+        if rest is not None:
+            return rest.getvalue()
+        first, self._first = self._first, b""
+        return first
 
 
 # Bodies above this size are zlib-compressed when that makes them smaller.

@@ -23,7 +23,7 @@ from .options import (
     Options,
 )
 from .problems import Problem
-from .records import Headers, StoredResponse, is_streaming
+from .records import BodyBuffer, Headers, StoredResponse, is_streaming
 from .renewal import ThreadRenewals
 from .request_view import HeaderView, RequestView
 from .rules import IdempotencyRule, ScopeFunction
@@ -196,7 +196,7 @@ class IdempotencyWSGIMiddleware:
                 return self._stream_live(attempt, captured, iterable, start_response)
             try:
                 for chunk in iterable:
-                    captured.write(chunk)
+                    captured.buffer.add(chunk)
             finally:
                 close = getattr(iterable, "close", None)
                 if close is not None:
@@ -211,7 +211,7 @@ class IdempotencyWSGIMiddleware:
             self._release(attempt)
             raise RuntimeError("the WSGI application returned without calling start_response")
         status = _status_code(captured.status_line)
-        body = captured.body()
+        body = captured.buffer.take()
         if core.keeps_response(status):
             self._complete(attempt, status, _encode_headers(captured.headers), body)
         else:
@@ -243,7 +243,7 @@ class IdempotencyWSGIMiddleware:
             else:
                 self._complete(attempt, status, headers, b"", streamed_size=size)
 
-        return _LiveBody(captured.body(), iterable, finish)
+        return _LiveBody(captured.buffer.take(), iterable, finish)
 
     def _complete(
         self,
@@ -347,7 +347,7 @@ class _CapturedResponse:
         self.status_line: str | None = None
         self.headers: list[tuple[str, str]] = []
         self.exc_info: ExcInfo | None = None
-        self.chunks: list[bytes] = []
+        self.buffer = BodyBuffer()
 
     def start_response(
         self,
@@ -363,15 +363,7 @@ class _CapturedResponse:
         self.status_line = status
         self.headers = list(headers)
         self.exc_info = exc_info
-        return self.write
-
-    def write(self, chunk: bytes) -> None:
-        if chunk:
-            self.chunks.append(chunk)
-
-    def body(self) -> bytes:
-        chunks, self.chunks = self.chunks, []
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return self.buffer.add  # the legacy write() callable
 
 
 def _key_lines(environ: Environ, options: Options) -> list[bytes]:
