@@ -20,7 +20,7 @@ from .options import (
     Options,
 )
 from .problems import Problem
-from .records import BodyBuffer, StoredResponse, is_streaming
+from .records import BodyBuffer, StoredResponse, declared_length, is_streaming
 from .renewal import LoopRenewals
 from .request_view import HeaderView, RequestView
 from .rules import IdempotencyRule, ScopeFunction
@@ -329,9 +329,12 @@ class _ResponseCapture:
         kind = message["type"]
         if kind == "http.response.start":
             self.start = message
-            if is_streaming(message.get("headers", [])):
+            headers = message.get("headers", [])
+            if is_streaming(headers):
                 self.live = True
                 await self._send(message)
+            else:
+                self.buffer.expected_size = declared_length(headers)
         elif kind == "http.response.body":
             if self.live:
                 self.size += len(message.get("body", b""))

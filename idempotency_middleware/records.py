@@ -60,39 +60,63 @@ def _is_streaming_media(content_type: bytes) -> bool:
 
 
 class BodyBuffer:
-    """Collects a response body as the app sends it, at most about 1.1x its size in memory.
+    """Collects a response body as the app sends it.
 
-    One chunk is kept as it is (no copy). From the second on, chunks go into a ``BytesIO``,
-    whose buffer grows in place and is handed over without a copy by ``getvalue()``; a list
-    of chunks and their join would peak at two copies of the body.
+    A body sent in one chunk is kept as it is (no copy). A chunked body whose Content-Length
+    was declared (``expected_size``) goes into a ``BytesIO`` allocated at that size once,
+    which ``getvalue()`` hands over without a copy: about one copy of the body at peak.
+    Without a declared length, chunks are kept and joined at the end (two copies at peak;
+    a buffer left to grow would reallocate, and copy, as it grows).
     """
 
-    __slots__ = ("_first", "_rest")
+    __slots__ = ("_chunks", "_presized", "expected_size")
 
     def __init__(self) -> None:
-        self._first = b""
-        self._rest: io.BytesIO | None = None
+        self._chunks: list[bytes] = []
+        self._presized: io.BytesIO | None = None
+        self.expected_size: int | None = None
 
     def add(self, chunk: bytes) -> None:
         if not chunk:
             return
-        if self._rest is not None:
-            self._rest.write(chunk)
-        elif not self._first:
-            self._first = chunk
-        else:
-            self._rest = io.BytesIO()
-            self._rest.write(self._first)
-            self._rest.write(chunk)
-            self._first = b""
+        if self._presized is not None:
+            self._presized.write(chunk)
+            return
+        self._chunks.append(chunk)
+        size = self.expected_size
+        if len(self._chunks) == 2 and size is not None and 0 < size <= _MAX_PRESIZE:
+            self._presized = io.BytesIO()
+            self._presized.seek(size - 1)
+            self._presized.write(b"\0")  # allocates the whole size at once
+            self._presized.seek(0)
+            for kept in self._chunks:
+                self._presized.write(kept)
+            self._chunks = []
 
     def take(self) -> bytes:
         """The whole body; the buffer is empty afterwards."""
-        rest, self._rest = self._rest, None
-        if rest is not None:
-            return rest.getvalue()
-        first, self._first = self._first, b""
-        return first
+        presized, self._presized = self._presized, None
+        if presized is not None:
+            presized.truncate()  # drop what was declared but never sent
+            return presized.getvalue()
+        chunks, self._chunks = self._chunks, []
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+# A declared length above this is not trusted for presizing (an app bug should not allocate
+# gigabytes up front); such a body is kept as chunks and joined.
+_MAX_PRESIZE = 256 * 1024 * 1024
+
+
+def declared_length(headers: Headers) -> int | None:
+    """The Content-Length a response declares, if it declares a valid one."""
+    for name, value in headers:
+        if name.lower() == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
 
 
 # Bodies above this size are zlib-compressed when that makes them smaller.

@@ -363,6 +363,9 @@ class _CapturedResponse:
         self.status_line = status
         self.headers = list(headers)
         self.exc_info = exc_info
+        for name, value in self.headers:
+            if name.lower() == "content-length":
+                self.buffer.expected_size = int(value) if value.strip().isdigit() else None
         return self.buffer.add  # the legacy write() callable
 
 

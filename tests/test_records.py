@@ -244,11 +244,22 @@ def test_body_buffer_keeps_a_single_chunk_without_copying_it() -> None:
     assert buffer.take() is chunk
 
 
+@pytest.mark.parametrize("declared", [None, 64 * 1024 * 32, 64 * 1024 * 40, 100])
+def test_body_buffer_is_exact_whatever_length_was_declared(declared: int | None) -> None:
+    chunks = [os.urandom(64 * 1024) for _ in range(32)]
+    buffer = BodyBuffer()
+    buffer.expected_size = declared  # right, too large (app sent less), too small
+    for chunk in chunks:
+        buffer.add(chunk)
+    assert buffer.take() == b"".join(chunks)
+
+
 def test_body_buffer_peaks_near_one_copy_of_a_chunked_body() -> None:
     chunk_size, count = 64 * 1024, 32
     tracemalloc.start()
     try:
         buffer = BodyBuffer()
+        buffer.expected_size = chunk_size * count  # the app's Content-Length
         for _ in range(count):
             buffer.add(os.urandom(chunk_size))  # each chunk dropped once added, as an app does
         body = buffer.take()
