@@ -93,6 +93,10 @@ class BodyBuffer:
                 self._presized.write(kept)
             self._chunks = []
 
+    @property
+    def empty(self) -> bool:
+        return self._presized is None and not self._chunks
+
     def take(self) -> bytes:
         """The whole body; the buffer is empty afterwards."""
         presized, self._presized = self._presized, None

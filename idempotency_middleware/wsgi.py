@@ -356,7 +356,11 @@ class _CapturedResponse:
         exc_info: ExcInfo | None = None,
     ) -> Callable[[bytes], object]:
         if exc_info is not None and self.status_line is not None:
-            # PEP 3333: replacing headers is allowed until they are sent; we have sent none.
+            if not self.buffer.empty:
+                # PEP 3333: a server sends the headers with the first body bytes, so past
+                # them the headers count as sent and the error is re-raised.
+                raise exc_info[1].with_traceback(exc_info[2])
+            # Replacing headers is allowed until they are sent; we have sent none.
             exc_info = None
         elif self.status_line is not None:
             raise AssertionError("start_response called twice without exc_info")
