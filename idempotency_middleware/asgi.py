@@ -363,20 +363,10 @@ def _read_headers(
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes:
-    message = await receive()
-    if message["type"] == "http.request" and not message.get("more_body", False):
-        body: bytes = message.get("body", b"")  # the usual case: the whole body at once
-        if len(body) > limit:
-            raise _BodyTooLarge
-        return body
-    return await _read_body_chunks(message, receive, limit)
-
-
-async def _read_body_chunks(message: Message, receive: Receive, limit: int) -> bytes:
-    """The rest of :func:`_read_body`, from its first ``message`` on."""
     chunks: list[bytes] = []
     size = 0
     while True:
+        message = await receive()
         if message["type"] == "http.disconnect":
             raise _ClientGone
         chunk = message.get("body", b"")
@@ -387,7 +377,6 @@ async def _read_body_chunks(message: Message, receive: Receive, limit: int) -> b
             chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        message = await receive()
 
 
 def _replaying_receive(body: bytes, receive: Receive) -> Receive:

@@ -191,11 +191,8 @@ class Record(NamedTuple):
         return self.status is Status.IN_PROGRESS and self.lock_expires_at <= now
 
     def is_claimable(self, now: float) -> bool:
-        """Whether a new claim may replace this record (the store's claim condition):
-        expired, or a stale lock (spelled out: this runs on every claim)."""
-        return self.expires_at <= now or (
-            self.status is Status.IN_PROGRESS and self.lock_expires_at <= now
-        )
+        """Whether a new claim may replace this record (the store's claim condition)."""
+        return self.is_expired(now) or self.is_lock_stale(now)
 
 
 def encode_response(response: StoredResponse) -> bytes:

@@ -23,7 +23,7 @@ from .options import (
     Options,
 )
 from .problems import Problem
-from .records import BodyBuffer, Headers, StoredResponse, is_streaming
+from .records import BodyBuffer, Headers, StoredResponse, declared_length, is_streaming
 from .renewal import ThreadRenewals
 from .request_view import HeaderView, RequestView
 from .rules import IdempotencyRule, ScopeFunction
@@ -192,7 +192,7 @@ class IdempotencyWSGIMiddleware:
         self._renewals.start(attempt)
         try:
             iterable = self.app(environ, captured.start_response)
-            if captured.status_line is not None and is_streaming(_encode_headers(captured.headers)):
+            if captured.status_line is not None and is_streaming(captured.encoded_headers):
                 return self._stream_live(attempt, captured, iterable, start_response)
             try:
                 for chunk in iterable:
@@ -213,7 +213,7 @@ class IdempotencyWSGIMiddleware:
         status = _status_code(captured.status_line)
         body = captured.buffer.take()
         if core.keeps_response(status):
-            self._complete(attempt, status, _encode_headers(captured.headers), body)
+            self._complete(attempt, status, captured.encoded_headers, body)
         else:
             self._release(attempt)
         start_response(captured.status_line, captured.headers, captured.exc_info)
@@ -232,7 +232,7 @@ class IdempotencyWSGIMiddleware:
         """
         assert captured.status_line is not None
         status_line = captured.status_line
-        headers = _encode_headers(captured.headers)
+        headers = captured.encoded_headers
         start_response(status_line, captured.headers, captured.exc_info)
 
         def finish(size: int, failed: bool) -> None:
@@ -346,6 +346,7 @@ class _CapturedResponse:
     def __init__(self) -> None:
         self.status_line: str | None = None
         self.headers: list[tuple[str, str]] = []
+        self.encoded_headers: Headers = []  # as the core and the stores take them
         self.exc_info: ExcInfo | None = None
         self.buffer = BodyBuffer()
 
@@ -366,10 +367,9 @@ class _CapturedResponse:
             raise AssertionError("start_response called twice without exc_info")
         self.status_line = status
         self.headers = list(headers)
+        self.encoded_headers = _encode_headers(self.headers)
         self.exc_info = exc_info
-        for name, value in self.headers:
-            if name.lower() == "content-length":
-                self.buffer.expected_size = int(value) if value.strip().isdigit() else None
+        self.buffer.expected_size = declared_length(self.encoded_headers)
         return self.buffer.add  # the legacy write() callable
 
 
