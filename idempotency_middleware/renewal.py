@@ -117,14 +117,17 @@ class ThreadRenewals:
         self._reporter = reporter
         self._clock = clock
         self._leases = _Leases()
-        self._condition = threading.Condition()
+        # Requests take the plain lock (a C-level context manager); the condition shares it
+        # and is only waited on by the renewal thread.
+        self._lock = threading.Lock()
+        self._condition = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._tick: float | None = None
         self._closed = False
 
     def start(self, attempt: core.Attempt) -> None:
         tick = attempt.policy.renewal_interval / 2
-        with self._condition:
+        with self._lock:
             self._leases.add(attempt, self._clock())
             if self._tick is None or tick < self._tick:
                 self._tick = tick  # the first claim, or a shorter lock: tick faster
@@ -137,7 +140,7 @@ class ThreadRenewals:
                 self._thread.start()
 
     def stop(self, attempt: core.Attempt) -> None:
-        with self._condition:
+        with self._lock:
             self._leases.remove(attempt)
 
     def close(self) -> None:
