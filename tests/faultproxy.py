@@ -51,9 +51,8 @@ import orjson
 from idempotency_middleware import IdempotencyMiddleware, IdempotencyWSGIMiddleware
 from idempotency_middleware.events import IdempotencyEvent
 from idempotency_middleware.stores.base import AsyncStore, SyncStore
-from tests.servers import serve_asgi, serve_wsgi
+from tests.servers import HOST, serve_asgi, serve_wsgi
 
-HOST = "127.0.0.1"
 REGION = "us-east-1"
 
 Mode = Literal["pass", "refuse", "hang", "delay", "cut", "throttle", "error"]

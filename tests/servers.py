@@ -125,8 +125,9 @@ def _wait_until(condition: Callable[[], bool], message: str) -> None:
     raise TimeoutError(message)
 
 
-def closed_port() -> int:
-    """A port on 127.0.0.1 nothing listens on (bound, then released)."""
+def free_port() -> int:
+    """A port on 127.0.0.1 nothing listens on now (bound, then released): for a server to
+    bind, or as an endpoint that refuses connections."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((HOST, 0))
         port: int = probe.getsockname()[1]
@@ -280,7 +281,7 @@ class Harness:
         if unreachable_store:
             if self.combo.store != "dynamodb":
                 raise ValueError("only a DynamoDB store can be made unreachable")
-            endpoint = f"http://{HOST}:{closed_port()}"
+            endpoint = f"http://{HOST}:{free_port()}"
         if self.combo.adapter == "asgi":
             return self._start_asgi(endpoint, renewals_cut_off, options)
         return self._start_wsgi(endpoint, renewals_cut_off, flask_propagate_exceptions, options)

@@ -17,6 +17,7 @@ from idempotency_middleware.cli import EXIT_NOT_FOUND, EXIT_OK, EXIT_STORE, EXIT
 from idempotency_middleware.keys import storage_key
 from idempotency_middleware.records import StoredResponse
 from idempotency_middleware.stores.base import ClaimRequest, Completion
+from tests.servers import free_port
 
 from .conftest import REGION
 
@@ -98,11 +99,7 @@ def test_a_missing_store_is_a_usage_error() -> None:
 
 
 def test_an_unreachable_store_exits_3_with_a_message(capsys: pytest.CaptureFixture[str]) -> None:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     args = ["show", "k", "--route", "/o", "--table", "t", "--region", REGION]
     assert main([*args, "--endpoint-url", f"http://127.0.0.1:{port}"]) == EXIT_STORE
     assert "store unavailable" in capsys.readouterr().err

@@ -27,18 +27,12 @@ import orjson
 from idempotency_middleware import DynamoDBStore
 from idempotency_middleware.keys import storage_key
 from idempotency_middleware.records import Status
-from tests.faultproxy import HOST, REGION
+from tests.faultproxy import REGION
+from tests.servers import HOST, free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LOCK_SECONDS = 3.0
 START_TIMEOUT_SECONDS = 20.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((HOST, 0))
-        port: int = probe.getsockname()[1]
-    return port
 
 
 @contextlib.contextmanager

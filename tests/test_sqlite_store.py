@@ -6,7 +6,6 @@ import asyncio
 import multiprocessing
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -33,11 +32,10 @@ from idempotency_middleware.stores.base import (
 )
 from idempotency_middleware.stores.sqlite import SQLiteStore
 from idempotency_middleware.wsgi import Environ, StartResponse, WSGIApp
-from tests.servers import serve_wsgi
+from tests.servers import HOST, free_port, serve_wsgi
 from tests.sqlite_worker_app import CLAIM_ROUNDS, claim_one_key_in_rounds
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-HOST = "127.0.0.1"
 LOCK = 10.0
 TTL = 100.0
 RESPONSE = StoredResponse(201, [(b"content-type", b"application/json")], b'{"id": 1}')
@@ -630,13 +628,6 @@ def test_a_store_used_before_fork_works_in_the_child(tmp_path: Path) -> None:
 # -- real servers -------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((HOST, 0))
-        port: int = probe.getsockname()[1]
-    return port
-
-
 def _wait_for(condition: Callable[[], bool], seconds: float, message: str) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -670,7 +661,7 @@ def test_uvicorn_workers_hammering_one_key_run_the_handler_once(tmp_path: Path) 
         IDEM_HITS_FILE=str(hits_file),
         IDEM_READY_DIR=str(ready_dir),
     )
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [
             sys.executable,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import socket
 import time
 import uuid
 from collections.abc import Coroutine, Iterator
@@ -33,6 +32,7 @@ from idempotency_middleware.stores.base import (
 )
 from idempotency_middleware.stores.dynamodb import MAX_ITEM_RESPONSE_BYTES
 from tests.conftest import DYNAMODB_LOCAL_URL, REGION
+from tests.servers import free_port
 
 T = TypeVar("T")
 
@@ -593,15 +593,8 @@ def test_ttl_attribute_is_whole_epoch_seconds_covering_the_deadline(
     assert float(item["expires_at"]["N"]) == pytest.approx(now + 1 + TTL, abs=1e-5)
 
 
-def closed_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
-
-
 def test_unreachable_dynamodb_raises_store_unavailable_quickly(key: str, now: float) -> None:
-    endpoint = f"http://127.0.0.1:{closed_port()}"
+    endpoint = f"http://127.0.0.1:{free_port()}"
     with DynamoDBStore("idem", endpoint_url=endpoint, region_name=REGION) as unreachable:
         started = time.monotonic()
         with pytest.raises(StoreUnavailable):
@@ -612,7 +605,7 @@ def test_unreachable_dynamodb_raises_store_unavailable_quickly(key: str, now: fl
 async def test_unreachable_dynamodb_raises_store_unavailable_quickly_async(
     key: str, now: float
 ) -> None:
-    endpoint = f"http://127.0.0.1:{closed_port()}"
+    endpoint = f"http://127.0.0.1:{free_port()}"
     async with AsyncDynamoDBStore("idem", endpoint_url=endpoint, region_name=REGION) as store:
         started = time.monotonic()
         with pytest.raises(StoreUnavailable):
