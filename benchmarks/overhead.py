@@ -192,6 +192,11 @@ def _peers() -> list[Contender]:
     return peers
 
 
+def all_contenders() -> list[Contender]:
+    """Ours first, then the four peers (a peer that is not installed carries its error)."""
+    return [_ours(), *_peers()]
+
+
 async def _measure_new(build: Callable[[], Starlette], requests: int) -> float:
     """Mean seconds per request, a fresh key each request, on a freshly built app."""
     app = build()
@@ -231,7 +236,7 @@ async def _measure_no_key(requests: int) -> float:
 
 
 async def _run(rounds: int, requests: int) -> str:
-    contenders = [_ours(), *_peers()]
+    contenders = all_contenders()
     bare_means: list[float] = []
     no_key: list[float] = []
     # Jobs of one round; the first round is a discarded warm-up.
