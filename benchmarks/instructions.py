@@ -31,7 +31,7 @@ from starlette.applications import Starlette
 
 from benchmarks import overhead
 from benchmarks._apps import order_app
-from benchmarks._common import call_once, heading, machine_summary, table, timed_batch
+from benchmarks._common import call_once, heading, machine_summary, table
 
 WARM_UP_REQUESTS = 50
 _COUNTERS = {"I refs": "instructions", "I1 misses": "i1_misses", "D1 misses": "d1_misses"}
@@ -78,13 +78,14 @@ async def _drive(contender: str, mode: str, requests: int) -> None:
         keys: list[bytes | None] = [b"replayed-key-0001"] * (WARM_UP_REQUESTS + requests)
     else:
         keys = [f"{mode}-{index:06d}".encode() for index in range(WARM_UP_REQUESTS + requests)]
-    await timed_batch(app, keys[:WARM_UP_REQUESTS], 201)
-    # Collected here in both runs, so the difference holds only what the requests collect.
-    gc.collect()
-    for key in keys[WARM_UP_REQUESTS:]:
-        exchange = await call_once(app, key)
-        if exchange.status != 201:
-            raise SystemExit(f"{contender} {mode}: answered {exchange.status}, not 201")
+    for batch in (keys[:WARM_UP_REQUESTS], keys[WARM_UP_REQUESTS:]):
+        # Collected before each batch in both runs, so the difference between them holds
+        # only what the measured requests collect.
+        gc.collect()
+        for key in batch:
+            exchange = await call_once(app, key)
+            if exchange.status != 201:
+                raise SystemExit(f"{contender} {mode}: answered {exchange.status}, not 201")
 
 
 def _cachegrind(case: _Case, requests: int) -> Counts:
@@ -108,7 +109,8 @@ def _cachegrind(case: _Case, requests: int) -> Counts:
         check=False,
     )
     if completed.returncode != 0:
-        raise RuntimeError(f"{case.label}: {completed.stderr.strip().splitlines()[-1:]}")
+        last_line = (completed.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"{case.label}: {last_line}")
     counts = parse_summary(completed.stderr)
     if counts is None:
         raise RuntimeError(f"{case.label}: no cachegrind summary in its output")
