@@ -29,11 +29,12 @@ from typing import NamedTuple
 
 from starlette.applications import Starlette
 
-from benchmarks import overhead
+from benchmarks import floor, overhead
 from benchmarks._apps import order_app
 from benchmarks._common import call_once, heading, machine_summary, table
 
 WARM_UP_REQUESTS = 50
+FLOOR = "floor"  # benchmarks/floor.py with canonical JSON: the least a new key can cost
 _COUNTERS = {"I refs": "instructions", "I1 misses": "i1_misses", "D1 misses": "d1_misses"}
 
 
@@ -45,7 +46,8 @@ class Counts(NamedTuple):
 
 class _Case(NamedTuple):
     label: str
-    contender: str  # a distribution in overhead.all_contenders(), "" for the bare app
+    # a distribution in overhead.all_contenders(), FLOOR, or "" for the bare app
+    contender: str
     mode: str  # "new" (a fresh key per request), "replay" (one completed key) or "bare"
 
 
@@ -55,12 +57,15 @@ CASES = [
     _Case("idempotency-middleware (ours), replay", "idempotency-middleware", "replay"),
     _Case("fastapi-idempotency-key, new key", "fastapi-idempotency-key", "new"),
     _Case("asgi-idempotency-header, new key", "asgi-idempotency-header", "new"),
+    _Case("floor (benchmarks/floor.py), new key", FLOOR, "new"),
 ]
 
 
 def _builder(contender: str) -> Callable[[], Starlette] | None:
     if contender == "":
         return order_app
+    if contender == FLOOR:
+        return lambda: floor.floor_app(canonical_json=True)
     for candidate in overhead.all_contenders():
         if candidate.distribution == contender:
             return None if candidate.error else candidate.build

@@ -197,7 +197,7 @@ def all_contenders() -> list[Contender]:
     return [_ours(), *_peers()]
 
 
-async def _measure_new(build: Callable[[], Starlette], requests: int) -> float:
+async def measure_new(build: Callable[[], Starlette], requests: int) -> float:
     """Mean seconds per request, a fresh key each request, on a freshly built app."""
     app = build()
     warm = await call_once(app, b"warm-up")  # builds Starlette's middleware stack
@@ -257,7 +257,7 @@ async def _run(rounds: int, requests: int) -> str:
             if job.build is None or job.error:
                 continue
             try:
-                measure = _measure_new if mode == "new" else _measure_replay
+                measure = measure_new if mode == "new" else _measure_replay
                 results[(mode, job.name)] = await measure(job.build, requests)
             except Exception as error:  # a broken peer is reported, the others go on
                 job.error = f"failed: {error}"

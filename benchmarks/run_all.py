@@ -1,4 +1,4 @@
-"""Run the six benchmarks and print their tables, after the machine they ran on.
+"""Run the seven benchmarks and print their tables, after the machine they ran on.
 
     python -m benchmarks.run_all        (what ``make bench`` runs)
 
@@ -15,7 +15,15 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 
-from benchmarks import instructions, memory, overhead, roundtrips, throughput, wsgi_overhead
+from benchmarks import (
+    floor,
+    instructions,
+    memory,
+    overhead,
+    roundtrips,
+    throughput,
+    wsgi_overhead,
+)
 from benchmarks._common import machine_summary
 
 BENCHMARKS: list[tuple[str, Callable[[Sequence[str] | None], None]]] = [
@@ -25,6 +33,7 @@ BENCHMARKS: list[tuple[str, Callable[[Sequence[str] | None], None]]] = [
     ("memory", memory.main),
     ("wsgi_overhead", wsgi_overhead.main),
     ("instructions", instructions.main),
+    ("floor", floor.main),
 ]
 
 

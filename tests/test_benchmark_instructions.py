@@ -38,6 +38,7 @@ def test_parse_summary_without_every_total_is_none() -> None:
         ("", "bare", 50 + 7),
         ("idempotency-middleware", "new", 50 + 7),
         ("idempotency-middleware", "replay", 1),  # only the request that completes the key
+        ("floor", "new", 50 + 7),
     ],
 )
 def test_child_runs_warm_up_and_measured_requests(
