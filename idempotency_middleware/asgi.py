@@ -221,7 +221,7 @@ class IdempotencyMiddleware:
         for delay in core.LOST_CLAIM_RELEASE_DELAYS:
             await asyncio.sleep(delay)
             with contextlib.suppress(StoreUnavailable):
-                if await self.store.arelease(attempt.claim.key, attempt.claim.owner):
+                if await self.store.arelease(attempt.claim.key_hash, attempt.claim.owner):
                     return
 
     async def _run_and_store(
@@ -278,7 +278,7 @@ class IdempotencyMiddleware:
             self._reporter.report(attempt, "completed" if stored else "lost", status=status)
 
     async def _release(self, attempt: core.Attempt) -> None:
-        key, owner = attempt.claim.key, attempt.claim.owner
+        key, owner = attempt.claim.key_hash, attempt.claim.owner
         try:
             released: bool | None = await self.store.arelease(key, owner)
         except StoreUnavailable as error:

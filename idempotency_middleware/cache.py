@@ -36,8 +36,8 @@ class ReplayCache:
         if record.status is not Status.COMPLETED:
             return
         with self._lock:
-            self._entries[record.key] = record
-            self._entries.move_to_end(record.key)
+            self._entries[record.key_hash] = record
+            self._entries.move_to_end(record.key_hash)
             while len(self._entries) > self._max_entries:
                 self._entries.popitem(last=False)
 

@@ -104,13 +104,13 @@ def _storage_key(arguments: argparse.Namespace) -> str:
 def record_as_json(record: Record) -> dict[str, Any]:
     """A record as printable JSON: the body as text when it is UTF-8, else as hex."""
     described: dict[str, Any] = {
-        "key_hash": record.key,
+        "key_hash": record.key_hash,
         "status": record.status.value,
         "fingerprint": record.fingerprint,
         "lock_expires_at": record.lock_expires_at,
         "expires_at": record.expires_at,
         "response_size": record.response_size,
-        "response_not_stored": record.response_too_large,
+        "response_not_stored": record.response_not_stored,
     }
     if record.response is not None:
         body = record.response.body

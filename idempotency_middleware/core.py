@@ -94,7 +94,7 @@ class Attempt(NamedTuple):
 
     @property
     def key_hash(self) -> str:
-        return self.claim.key
+        return self.claim.key_hash
 
 
 def begin_attempt(
@@ -174,7 +174,7 @@ def completion_for(
     """What to store for a finished response; ``streamed_size`` when it went out live."""
     claim = attempt.claim
     return Completion(
-        claim.key,
+        claim.key_hash,
         claim.owner,
         now,
         attempt.policy.ttl_seconds,

@@ -169,19 +169,19 @@ class Record(NamedTuple):
     """One key's state in a store.
 
     ``lock_expires_at`` and ``expires_at`` are epoch seconds with sub-second precision.
-    ``response`` is set once completed; ``response_too_large`` marks a completed key whose
+    ``response`` is set once completed; ``response_not_stored`` marks a completed key whose
     body was not kept, because it was too large or streamed (its handler still never runs
     again within the TTL).
     """
 
-    key: str
+    key_hash: str
     status: Status
     fingerprint: str
     owner: str
     lock_expires_at: float
     expires_at: float
     response: StoredResponse | None = None
-    response_too_large: bool = False
+    response_not_stored: bool = False
     response_size: int = 0
 
     def is_expired(self, now: float) -> bool:

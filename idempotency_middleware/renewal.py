@@ -94,7 +94,7 @@ class LoopRenewals:
     async def _renew(self, attempt: core.Attempt) -> None:
         claim = attempt.claim
         try:
-            if not await self._store.arenew(claim.key, claim.owner, _new_deadline(attempt)):
+            if not await self._store.arenew(claim.key_hash, claim.owner, _new_deadline(attempt)):
                 self._leases.remove(attempt)  # taken over or finished: nothing to renew
         except StoreUnavailable as error:
             # Keep trying at the next interval: the lock may hold until then.
@@ -166,7 +166,7 @@ class ThreadRenewals:
     def _renew(self, attempt: core.Attempt) -> None:
         claim = attempt.claim
         try:
-            if not self._store.renew(claim.key, claim.owner, _new_deadline(attempt)):
+            if not self._store.renew(claim.key_hash, claim.owner, _new_deadline(attempt)):
                 self.stop(attempt)
         except StoreUnavailable as error:
             self._reporter.report(attempt, "store_error", operation="renew", error=repr(error))

@@ -168,7 +168,7 @@ class IdempotencyWSGIMiddleware:
         for delay in core.LOST_CLAIM_RELEASE_DELAYS:
             time.sleep(delay)
             with contextlib.suppress(StoreUnavailable):
-                if self.store.release(attempt.claim.key, attempt.claim.owner):
+                if self.store.release(attempt.claim.key_hash, attempt.claim.owner):
                     return
 
     def _answer_held(
@@ -267,7 +267,7 @@ class IdempotencyWSGIMiddleware:
             self._reporter.report(attempt, "completed" if stored else "lost", status=status)
 
     def _release(self, attempt: core.Attempt) -> None:
-        key, owner = attempt.claim.key, attempt.claim.owner
+        key, owner = attempt.claim.key_hash, attempt.claim.owner
         try:
             released: bool | None = self.store.release(key, owner)
         except StoreUnavailable as error:

@@ -142,25 +142,31 @@ def test_each_claim_gets_a_fresh_owner_token() -> None:
 
 def test_same_key_on_two_routes_is_two_keys() -> None:
     options = Options.build()
-    assert attempt_for(options, "/orders").claim.key != attempt_for(options, "/payments").claim.key
+    assert (
+        attempt_for(options, "/orders").claim.key_hash
+        != attempt_for(options, "/payments").claim.key_hash
+    )
 
 
 def test_same_key_on_one_template_is_one_key_with_two_fingerprints() -> None:
     options = Options.build(rules=[IdempotencyRule("/orders/{order_id}/refunds")])
     first = attempt_for(options, "/orders/1/refunds").claim
     second = attempt_for(options, "/orders/2/refunds").claim
-    assert first.key == second.key
+    assert first.key_hash == second.key_hash
     assert first.fingerprint != second.fingerprint
 
 
 def test_different_client_keys_are_different_keys() -> None:
     options = Options.build()
-    assert attempt_for(options, key=b"a").claim.key != attempt_for(options, key=b"b").claim.key
+    assert (
+        attempt_for(options, key=b"a").claim.key_hash
+        != attempt_for(options, key=b"b").claim.key_hash
+    )
 
 
 def test_storage_key_does_not_contain_the_client_key() -> None:
     claim = attempt_for(Options.build(), key=b"my-very-own-key").claim
-    assert "my-very-own-key" not in claim.key
+    assert "my-very-own-key" not in claim.key_hash
 
 
 def tenant_scope(request: RequestView) -> str:
@@ -171,9 +177,9 @@ def test_scope_namespaces_the_key() -> None:
     options = Options.build(scope=tenant_scope)
     acme = attempt_for(options, headers=(("X-Tenant", "acme"),)).claim
     globex = attempt_for(options, headers=(("X-Tenant", "globex"),)).claim
-    assert acme.key != globex.key
+    assert acme.key_hash != globex.key_hash
     assert acme.fingerprint == globex.fingerprint
-    assert acme.key == attempt_for(options, headers=(("x-tenant", "acme"),)).claim.key
+    assert acme.key_hash == attempt_for(options, headers=(("x-tenant", "acme"),)).claim.key_hash
 
 
 def test_rule_scope_replaces_the_middleware_scope() -> None:
@@ -183,7 +189,7 @@ def test_rule_scope_replaces_the_middleware_scope() -> None:
     )
     acme = attempt_for(options, "/public", headers=(("X-Tenant", "acme"),)).claim
     globex = attempt_for(options, "/public", headers=(("X-Tenant", "globex"),)).claim
-    assert acme.key == globex.key
+    assert acme.key_hash == globex.key_hash
 
 
 def test_request_view_is_only_built_when_a_scope_needs_it() -> None:
@@ -200,7 +206,7 @@ def test_request_view_is_only_built_when_a_scope_needs_it() -> None:
         request_view=no_view,
         now=NOW,
     )
-    assert attempt.claim.key
+    assert attempt.claim.key_hash
 
 
 def test_fingerprint_covers_query_and_body() -> None:
@@ -226,14 +232,14 @@ def held(
     size: int = 0,
 ) -> Record:
     return Record(
-        key="k",
+        key_hash="k",
         status=status,
         fingerprint=fingerprint,
         owner="other",
         lock_expires_at=NOW + 60,
         expires_at=NOW + 3600,
         response=response,
-        response_too_large=too_large,
+        response_not_stored=too_large,
         response_size=size,
     )
 
@@ -303,7 +309,7 @@ def test_completion_keeps_end_to_end_headers_only() -> None:
         b'{"id": 1}',
         NOW + 1,
     )
-    assert completion.key == attempt.claim.key
+    assert completion.key_hash == attempt.claim.key_hash
     assert completion.owner == attempt.claim.owner
     assert completion.expires_at == NOW + 101
     # Content-Length stays in place (header order); its value is recomputed on replay.
@@ -318,7 +324,7 @@ def test_attempt_carries_method_policy_and_key_hash() -> None:
     assert attempt.method == "POST"
     assert attempt.policy.route == "/orders/{order_id}"
     assert attempt.policy.ttl_seconds == 9
-    assert attempt.key_hash == attempt.claim.key
+    assert attempt.key_hash == attempt.claim.key_hash
 
 
 def test_streamed_completion_keeps_only_its_size() -> None:

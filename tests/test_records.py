@@ -181,7 +181,7 @@ def record(
     status: Status, *, lock_expires_at: float, expires_at: float, response: bool = False
 ) -> Record:
     return Record(
-        key="k",
+        key_hash="k",
         status=status,
         fingerprint="f",
         owner="o",

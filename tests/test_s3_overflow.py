@@ -60,7 +60,7 @@ def test_sync_store_keeps_a_large_response_in_s3_and_replays_it(
     assert held.record.response is not None
     assert held.record.response.body == LARGE_BODY
     assert held.record.response.status == 201
-    assert not held.record.response_too_large
+    assert not held.record.response_not_stored
     assert _objects(moto_endpoint, bucket) == ["idempotency/k/owner-1"]
 
 
@@ -96,7 +96,7 @@ def test_without_a_bucket_a_large_response_is_marked_not_stored(
         held = store.claim(_claim("k", "owner-2"))
     assert isinstance(held, Held)
     assert held.record.response is None
-    assert held.record.response_too_large
+    assert held.record.response_not_stored
     assert held.record.response_size == len(LARGE_BODY)
 
 
@@ -124,4 +124,4 @@ def test_a_missing_s3_object_reads_as_not_stored_never_as_new(
         held = store.claim(_claim("k", "owner-2"))
     assert isinstance(held, Held)
     assert held.record.response is None
-    assert held.record.response_too_large
+    assert held.record.response_not_stored

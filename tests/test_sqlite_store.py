@@ -45,7 +45,7 @@ def claim_request(
     key: str = "k", *, owner: str = "owner-a", now: float | None = None, lock: float = LOCK
 ) -> ClaimRequest:
     return ClaimRequest(
-        key=key,
+        key_hash=key,
         fingerprint="fp",
         owner=owner,
         now=time.time() if now is None else now,
@@ -63,7 +63,7 @@ def completion(
     **extra: Any,
 ) -> Completion:
     return Completion(
-        key=key,
+        key_hash=key,
         owner=owner,
         now=time.time() if now is None else now,
         ttl_seconds=ttl,
@@ -119,7 +119,7 @@ def test_completed_key_is_held_with_its_response_byte_for_byte(store: SQLiteStor
     assert result.record.status is Status.COMPLETED
     assert result.record.response == RESPONSE
     assert result.record.response_size == len(RESPONSE.body)
-    assert result.record.response_too_large is False
+    assert result.record.response_not_stored is False
 
 
 def test_large_compressible_response_round_trips(store: SQLiteStore) -> None:
@@ -234,7 +234,7 @@ def test_response_over_max_response_bytes_is_completed_but_marked_too_large(
     assert isinstance(result, Held)
     assert result.record.status is Status.COMPLETED
     assert result.record.response is None
-    assert result.record.response_too_large is True
+    assert result.record.response_not_stored is True
     assert result.record.response_size == len(RESPONSE.body)
 
 
@@ -245,7 +245,7 @@ def test_response_within_max_response_bytes_is_kept(tmp_path: Path) -> None:
         record = store.get("k")
     assert record is not None
     assert record.response == RESPONSE
-    assert record.response_too_large is False
+    assert record.response_not_stored is False
 
 
 def test_streamed_response_is_completed_without_its_body(store: SQLiteStore) -> None:
@@ -256,7 +256,7 @@ def test_streamed_response_is_completed_without_its_body(store: SQLiteStore) -> 
     assert record is not None
     assert record.status is Status.COMPLETED
     assert record.response is None
-    assert record.response_too_large is True
+    assert record.response_not_stored is True
     assert record.response_size == 5000
 
 

@@ -205,7 +205,7 @@ def claim_request(
     key: str, now: float, *, owner: str | None = None, fingerprint: str = "fp-1", lock: float = LOCK
 ) -> ClaimRequest:
     return ClaimRequest(
-        key=key,
+        key_hash=key,
         fingerprint=fingerprint,
         owner=owner or uuid.uuid4().hex,
         now=now,
@@ -222,7 +222,7 @@ def completion(
     owner: str | None = None,
 ) -> Completion:
     return Completion(
-        key=claim.key,
+        key_hash=claim.key_hash,
         owner=owner or claim.owner,
         now=now,
         ttl_seconds=ttl,
@@ -279,7 +279,7 @@ def test_owner_completes_and_a_claim_then_returns_the_response(
     assert record.status is Status.COMPLETED
     assert record.fingerprint == claim.fingerprint
     assert record.response == RESPONSE
-    assert record.response_too_large is False
+    assert record.response_not_stored is False
     assert record.response_size == len(RESPONSE.body)
     assert record.expires_at == pytest.approx(now + 1 + TTL, abs=1e-5)
 
@@ -459,7 +459,7 @@ def test_response_too_large_for_one_item_completes_without_its_body(
     record = held_record(store.claim(claim_request(key, now + 2)))
     assert record.status is Status.COMPLETED
     assert record.response is None
-    assert record.response_too_large is True
+    assert record.response_not_stored is True
     assert record.response_size == TOO_LARGE_BODY_SIZE
     # Still completed: within the TTL the key is never claimable again.
     assert isinstance(store.claim(claim_request(key, now + TTL / 2)), Held)
@@ -473,7 +473,7 @@ def test_response_just_under_the_item_limit_is_kept(store: Driver, key: str, now
     assert store.complete(completion(claim, now + 1, response=response)) is True
     record = held_record(store.claim(claim_request(key, now + 2)))
     assert record.response == response
-    assert record.response_too_large is False
+    assert record.response_not_stored is False
 
 
 def test_large_compressible_response_fits_in_one_item(
@@ -492,7 +492,7 @@ def test_streamed_completion_keeps_its_size_but_no_body(
     claim = claim_request(key, now)
     store.claim(claim)
     streamed = Completion(
-        key=key,
+        key_hash=key,
         owner=claim.owner,
         now=now,
         ttl_seconds=TTL,
@@ -504,7 +504,7 @@ def test_streamed_completion_keeps_its_size_but_no_body(
     record = held_record(store.claim(claim_request(key, now + 1)))
     assert record.status is Status.COMPLETED
     assert record.response is None
-    assert record.response_too_large is True
+    assert record.response_not_stored is True
     assert record.response_size == 12345
 
 
@@ -524,10 +524,10 @@ def test_memory_store_limit_is_on_the_body_size(key: str, now: float) -> None:
     store.claim(dropped)
     store.complete(completion(kept, now, response=StoredResponse(200, [], b"x" * 100)))
     store.complete(completion(dropped, now, response=StoredResponse(200, [], b"x" * 101)))
-    assert held_record(store.claim(claim_request(kept.key, now))).response is not None
-    too_large = held_record(store.claim(claim_request(dropped.key, now)))
+    assert held_record(store.claim(claim_request(kept.key_hash, now))).response is not None
+    too_large = held_record(store.claim(claim_request(dropped.key_hash, now)))
     assert too_large.response is None
-    assert too_large.response_too_large
+    assert too_large.response_not_stored
     assert too_large.response_size == 101
 
 

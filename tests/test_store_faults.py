@@ -432,7 +432,7 @@ async def test_async_store_max_attempts_is_the_number_of_attempts(
 
 def _claim_request() -> ClaimRequest:
     return ClaimRequest(
-        key=unique_key("attempts"),
+        key_hash=unique_key("attempts"),
         fingerprint="fingerprint",
         owner="owner",
         now=time.time(),

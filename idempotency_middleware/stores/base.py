@@ -22,7 +22,7 @@ class StoreUnavailable(Exception):
 
 
 class ClaimRequest(NamedTuple):
-    key: str
+    key_hash: str
     fingerprint: str
     owner: str
     now: float
@@ -60,7 +60,7 @@ ClaimResult = Claimed | Held
 
 
 class Completion(NamedTuple):
-    key: str
+    key_hash: str
     owner: str
     now: float
     ttl_seconds: float
@@ -89,11 +89,11 @@ class SyncStore(Protocol):
         """Store the response; ``False`` when the claim is no longer ``owner``'s."""
         ...
 
-    def release(self, key: str, owner: str) -> bool:
+    def release(self, key_hash: str, owner: str) -> bool:
         """Delete the claim; ``False`` when it is no longer ``owner``'s."""
         ...
 
-    def renew(self, key: str, owner: str, lock_expires_at: float) -> bool:
+    def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
         """Extend an in-progress claim; ``False`` when it is no longer ``owner``'s."""
         ...
 
@@ -106,6 +106,6 @@ class AsyncStore(Protocol):
 
     async def acomplete(self, completion: Completion) -> bool: ...
 
-    async def arelease(self, key: str, owner: str) -> bool: ...
+    async def arelease(self, key_hash: str, owner: str) -> bool: ...
 
-    async def arenew(self, key: str, owner: str, lock_expires_at: float) -> bool: ...
+    async def arenew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool: ...

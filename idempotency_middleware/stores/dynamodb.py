@@ -79,7 +79,7 @@ def claim_request(layout: TableLayout, request: ClaimRequest) -> dict[str, Any]:
     return {
         "TableName": layout.table_name,
         "Item": {
-            layout.key_attribute: {"S": request.key},
+            layout.key_attribute: {"S": request.key_hash},
             "status": {"S": Status.IN_PROGRESS.value},
             "fingerprint": {"S": request.fingerprint},
             "owner": {"S": request.owner},
@@ -129,7 +129,7 @@ def plan_completion(
     encoded = b"" if completion.streamed else encode_response(completion.response)
     fits = not completion.streamed and len(encoded) <= MAX_ITEM_RESPONSE_BYTES
     overflow_key = (
-        overflow.object_key(completion.key, completion.owner)
+        overflow.object_key(completion.key_hash, completion.owner)
         if overflow is not None and not fits and not completion.streamed
         else None
     )
@@ -155,7 +155,7 @@ def plan_completion(
         names.append("#response_ref")
     request = {
         "TableName": layout.table_name,
-        "Key": {layout.key_attribute: {"S": completion.key}},
+        "Key": {layout.key_attribute: {"S": completion.key_hash}},
         "UpdateExpression": update,
         "ConditionExpression": "#owner = :owner",
         "ExpressionAttributeNames": _names(layout, *names),
@@ -239,14 +239,14 @@ def item_to_record(layout: TableLayout, item: Item, overflow_blob: bytes | None 
         blob is None and overflow_reference(item) is not None
     )
     return Record(
-        key=item[layout.key_attribute]["S"],
+        key_hash=item[layout.key_attribute]["S"],
         status=Status(item["status"]["S"]),
         fingerprint=item["fingerprint"]["S"],
         owner=item["owner"]["S"],
         lock_expires_at=float(item["lock_expires_at"]["N"]),
         expires_at=float(item["expires_at"]["N"]),
         response=decode_response(bytes(blob)) if blob is not None else None,
-        response_too_large=too_large,
+        response_not_stored=too_large,
         response_size=int(item.get("response_size", {}).get("N", "0")),
     )
 

@@ -110,7 +110,7 @@ class AsyncDynamoDBStore(ddb.DynamoDBStoreBase):
                 if failed.item is not None:
                     return Held(await self._record(failed.item))
                 # A backend without ALL_OLD on failure: read the holder instead.
-                record = await self.get(request.key)
+                record = await self.get(request.key_hash)
                 if record is not None and not record.is_claimable(request.now):
                     return Held(record)
                 continue

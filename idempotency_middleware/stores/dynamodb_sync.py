@@ -90,7 +90,7 @@ class DynamoDBStore(ddb.DynamoDBStoreBase):
                 if failed.item is not None:
                     return Held(self._record(failed.item))
                 # A backend without ALL_OLD on failure: read the holder instead.
-                record = self.get(request.key)
+                record = self.get(request.key_hash)
                 if record is not None and not record.is_claimable(request.now):
                     return Held(record)
                 continue

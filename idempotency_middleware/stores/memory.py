@@ -30,7 +30,7 @@ class MemoryStore:
         self._next_purge = time.time() + purge_interval_seconds
 
     def claim(self, request: ClaimRequest) -> ClaimResult:
-        key, now = request.key, request.now
+        key, now = request.key_hash, request.now
         with self._lock:
             if now >= self._next_purge:
                 self._purge(now)
@@ -57,12 +57,12 @@ class MemoryStore:
             self._max_response_bytes is not None and size > self._max_response_bytes
         )
         with self._lock:
-            existing = self._records.get(completion.key)
+            existing = self._records.get(completion.key_hash)
             if existing is None or existing.owner != completion.owner:
                 return False
             # Built directly: NamedTuple._replace costs several times as much.
-            self._records[completion.key] = Record(
-                existing.key,
+            self._records[completion.key_hash] = Record(
+                existing.key_hash,
                 Status.COMPLETED,
                 existing.fingerprint,
                 existing.owner,

@@ -129,14 +129,14 @@ class _Statements:
 def _row_to_record(row: tuple[Any, ...]) -> Record:
     key, status, fingerprint, owner, lock_expires_at, expires_at, blob, size, too_large = row
     return Record(
-        key=key,
+        key_hash=key,
         status=Status(status),
         fingerprint=fingerprint,
         owner=owner,
         lock_expires_at=float(lock_expires_at),
         expires_at=float(expires_at),
         response=decode_response(bytes(blob)) if blob is not None else None,
-        response_too_large=bool(too_large),
+        response_not_stored=bool(too_large),
         response_size=int(size),
     )
 
@@ -394,9 +394,9 @@ class SQLiteStore:
     # -- the store protocol (sync, for WSGI) ------------------------------------------
 
     def claim(self, request: ClaimRequest) -> ClaimResult:
-        """Claim ``request.key`` in one upsert; ``Held`` with the holding row otherwise."""
+        """Claim ``request.key_hash`` in one upsert; ``Held`` with the holding row otherwise."""
         params = {
-            "key": request.key,
+            "key": request.key_hash,
             "fingerprint": request.fingerprint,
             "owner": request.owner,
             "lock_expires_at": request.lock_expires_at,
@@ -415,17 +415,19 @@ class SQLiteStore:
             else:
                 claimed = connection.execute(self._sql.claim, params).rowcount == 1
                 taken_over = claimed and bool(
-                    connection.execute(self._sql.taken_over, (request.key,)).fetchone()[0]
+                    connection.execute(self._sql.taken_over, (request.key_hash,)).fetchone()[0]
                 )
             row = (
-                None if claimed else connection.execute(self._sql.select, (request.key,)).fetchone()
+                None
+                if claimed
+                else connection.execute(self._sql.select, (request.key_hash,)).fetchone()
             )
             connection.execute("COMMIT")
             self._maybe_purge(connection, request.now)
         if claimed:
             return Claimed(taken_over=taken_over)
         if row is None:  # cannot happen: the upsert conflicted with this very row
-            raise StoreUnavailable(f"SQLite claim of {request.key!r} found no holding row")
+            raise StoreUnavailable(f"SQLite claim of {request.key_hash!r} found no holding row")
         return Held(_row_to_record(row))
 
     def complete(self, completion: Completion) -> bool:
@@ -440,7 +442,7 @@ class SQLiteStore:
             if len(blob) > _MAX_BLOB_BYTES:
                 blob, too_large = None, True
         params = {
-            "key": completion.key,
+            "key": completion.key_hash,
             "owner": completion.owner,
             "completed": Status.COMPLETED.value,
             "expires_at": completion.expires_at,

@@ -1,0 +1,48 @@
+"""Time as an input: the engine, the lease renewers and the stores read ``now`` from one
+clock object, so tests cross lock, renewal and TTL deadlines by moving a fake clock instead
+of sleeping.
+
+Times are epoch seconds (floats with sub-second precision): they are written to the store
+and compared there by other processes, so they must be wall-clock time, not monotonic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """Where the engine and the stores get the time, and how they wait."""
+
+    def now(self) -> float:
+        """Epoch seconds."""
+        ...
+
+    def sleep(self, seconds: float) -> None:
+        """Block the calling thread for ``seconds``."""
+        ...
+
+    async def asleep(self, seconds: float) -> None:
+        """Suspend the calling task for ``seconds``."""
+        ...
+
+
+class SystemClock:
+    """The real time: ``time.time`` and real sleeps."""
+
+    __slots__ = ()
+
+    def now(self) -> float:
+        return time.time()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    async def asleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+SYSTEM_CLOCK = SystemClock()
