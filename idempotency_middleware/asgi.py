@@ -1,30 +1,27 @@
-"""``IdempotencyMiddleware``: the pure ASGI adapter (FastAPI, Starlette, any ASGI app)."""
+"""``IdempotencyMiddleware``: the pure ASGI door (FastAPI, Starlette, any ASGI app).
+
+A translation only: read the key and the body from the ASGI messages, run the app with its
+response captured, send the answer. The attempt itself is ``engine.flow.attempt``.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import time
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import TYPE_CHECKING, Any
 
 from . import core, problems
-from .cache import ReplayCache
-from .events import EventHook, EventKind, Reporter
-from .options import (
-    DEFAULT_HEADER_NAME,
-    DEFAULT_LOCK_TIMEOUT_SECONDS,
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_METHODS,
-    DEFAULT_TTL_SECONDS,
-    Options,
-)
+from .engine import flow
+from .engine.drivers import AsyncDriver
+from .engine.effects import Ran
+from .options import MiddlewareOptions, Options
 from .problems import Problem
 from .records import BodyBuffer, StoredResponse, declared_length, is_streaming
 from .renewal import LoopRenewals
 from .request_view import HeaderView, RequestView
-from .rules import IdempotencyRule, ScopeFunction
-from .stores.base import AsyncStore, Claimed, StoreUnavailable
+from .stores.base import AsyncStore
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -49,53 +46,28 @@ class IdempotencyMiddleware:
     """Make covered requests (POST and PATCH by default) safe to retry.
 
     ``app.add_middleware(IdempotencyMiddleware, store=AsyncDynamoDBStore("idempotency"))``.
-    The store must be async (``AsyncDynamoDBStore`` or ``MemoryStore``). Options are those of
-    SPEC.md; ``on_store_error``, ``replay_cache_size`` and ``on_event`` are described in the
-    README.
+    The store must be async (``AsyncDynamoDBStore``, ``SQLiteStore`` or ``MemoryStore``).
+    The options (``options.MiddlewareOptions``) are those of the README.
     """
 
     def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        store: AsyncStore,
-        header_name: str = DEFAULT_HEADER_NAME,
-        methods: Iterable[str] = DEFAULT_METHODS,
-        required: bool = False,
-        ttl_seconds: float = DEFAULT_TTL_SECONDS,
-        lock_timeout_seconds: float = DEFAULT_LOCK_TIMEOUT_SECONDS,
-        rules: Sequence[IdempotencyRule] = (),
-        scope: ScopeFunction | None = None,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-        on_store_error: str = "fail",
-        replay_cache_size: int = 0,
-        on_event: EventHook | None = None,
+        self, app: ASGIApp, *, store: AsyncStore, **options: Unpack[MiddlewareOptions]
     ) -> None:
         if not isinstance(store, AsyncStore):
             raise TypeError(
-                f"IdempotencyMiddleware needs an async store (AsyncDynamoDBStore, MemoryStore); "
-                f"{type(store).__name__} has no aclaim/acomplete/arelease/arenew. "
+                f"IdempotencyMiddleware needs an async store (AsyncDynamoDBStore, SQLiteStore, "
+                f"MemoryStore); {type(store).__name__} has no aclaim/acomplete/arelease/arenew. "
                 "For a sync store use IdempotencyWSGIMiddleware."
             )
         self.app = app
         self.store = store
-        self.options = Options.build(
-            header_name=header_name,
-            methods=methods,
-            required=required,
-            ttl_seconds=ttl_seconds,
-            lock_timeout_seconds=lock_timeout_seconds,
-            rules=rules,
-            scope=scope,
-            max_body_bytes=max_body_bytes,
-            on_store_error=on_store_error,
-            replay_cache_size=replay_cache_size,
-            on_event=on_event,
+        self.options = Options.build(**options)
+        self._context = flow.Context.for_options(self.options)
+        self._driver = AsyncDriver(
+            store,
+            self.options.clock,
+            LoopRenewals(store, self._context.reporter, self.options.clock),
         )
-        self._reporter = Reporter(on_event)
-        self._cache = ReplayCache(replay_cache_size) if replay_cache_size else None
-        self._renewals = LoopRenewals(store, self._reporter)
-        self._background: set[asyncio.Task[None]] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -145,171 +117,30 @@ class IdempotencyMiddleware:
             content_type=content_type,
             body=body,
             request_view=lambda route: _request_view(scope, route),
-            now=time.time(),
+            now=self.options.clock.now(),
         )
-        if self._cache is not None:
-            cached = self._cache.get(attempt.key_hash, attempt.claim.now)
-            if cached is not None:
-                answer = core.answer_held(cached, attempt.claim.fingerprint)
-                await self._answer_held(attempt, answer, send, None)
-                return
-        started = time.perf_counter()
-        try:
-            result = await self.store.aclaim(attempt.claim)
-        except StoreUnavailable as error:
-            await self._claim_failed(attempt, error, scope, body, receive, send)
-            return
-        except asyncio.CancelledError:
-            # Cancelled (a deadline, a shutdown) with the put possibly on the wire.
-            self._undo_lost_claim(attempt)
-            raise
-        latency_ms = (time.perf_counter() - started) * 1000
-        if isinstance(result, Claimed):
-            kind: EventKind = "taken_over" if result.taken_over else "claimed"
-            self._reporter.report(attempt, kind, store_latency_ms=latency_ms)
-            await self._run_and_store(attempt, scope, body, receive, send)
-            return
-        if self._cache is not None:
-            self._cache.put(result.record)
-        answer = core.answer_held(result.record, attempt.claim.fingerprint)
-        await self._answer_held(attempt, answer, send, latency_ms)
+        capture = _ResponseCapture(send)
 
-    async def _answer_held(
-        self,
-        attempt: core.Attempt,
-        answer: StoredResponse | Problem,
-        send: Send,
-        latency_ms: float | None,
-    ) -> None:
-        self._reporter.report(
-            attempt,
-            core.held_event_kind(answer),
-            status=answer.status,
-            store_latency_ms=latency_ms,
-        )
-        if isinstance(answer, Problem):
-            await _send_problem(send, answer)
-        else:
-            await _send_replay(send, answer)
+        async def run() -> Ran | None:
+            await self.app(_without_bypass(scope), _replaying_receive(body, receive), capture.send)
+            return capture.ran()
 
-    async def _claim_failed(
-        self,
-        attempt: core.Attempt,
-        error: StoreUnavailable,
-        scope: Scope,
-        body: bytes,
-        receive: Receive,
-        send: Send,
-    ) -> None:
-        self._reporter.report(attempt, "store_error", operation="claim", error=repr(error))
-        self._undo_lost_claim(attempt)
-        if self.options.on_store_error == "run":
-            self._reporter.report(attempt, "fail_open")
-            await self.app(scope, _replaying_receive(body, receive), send)
-            return
-        await _send_problem(send, core.store_unavailable())
-
-    def _undo_lost_claim(self, attempt: core.Attempt) -> None:
-        """The claim's put may have landed (or still land) with its answer lost: release our
-        own claim in the background, fenced by our owner token, so a retry is not held off
-        for a whole lock timeout."""
-        task = asyncio.get_running_loop().create_task(self._release_lost_claim(attempt))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def _release_lost_claim(self, attempt: core.Attempt) -> None:
-        for delay in core.LOST_CLAIM_RELEASE_DELAYS:
-            await asyncio.sleep(delay)
-            with contextlib.suppress(StoreUnavailable):
-                if await self.store.arelease(attempt.claim.key_hash, attempt.claim.owner):
-                    return
-
-    async def _run_and_store(
-        self, attempt: core.Attempt, scope: Scope, body: bytes, receive: Receive, send: Send
-    ) -> None:
-        response = _ResponseCapture(send)
-        self._renewals.start(attempt)
-        try:
-            await self.app(_without_bypass(scope), _replaying_receive(body, receive), response.send)
-        except BaseException:
-            # Raised or cancelled: nothing is kept, so a retry runs the handler again.
-            self._renewals.stop(attempt)
-            await self._release(attempt)
-            raise
-        self._renewals.stop(attempt)
-        start = response.start
-        if start is None:
-            await self._release(attempt)
-            return  # the app sent nothing; the server answers 500 itself
-        status: int = start["status"]
-        if response.live:
-            # Already sent as it came; the key is completed without a body to replay.
-            if core.keeps_response(status):
-                await self._complete(attempt, status, start.get("headers", []), b"", response.size)
+        outcome = await self._driver.drive(flow.attempt(self._context, attempt), run)
+        if type(outcome) is flow.Sent:
+            if outcome.ran is not None and not outcome.ran.live:
+                assert capture.start is not None
+                await send(capture.start)
+                await send(
+                    {"type": "http.response.body", "body": outcome.ran.body, "more_body": False}
+                )
+        elif type(outcome) is flow.Answer:
+            answer = outcome.response
+            if isinstance(answer, Problem):
+                await _send_problem(send, answer)
             else:
-                await self._release(attempt)
-            return
-        response_body = response.buffer.take()
-        if core.keeps_response(status):
-            await self._complete(attempt, status, start.get("headers", []), response_body, None)
-        else:
-            await self._release(attempt)
-        await send(start)
-        await send({"type": "http.response.body", "body": response_body, "more_body": False})
-
-    async def _complete(
-        self,
-        attempt: core.Attempt,
-        status: int,
-        headers: list[tuple[bytes, bytes]],
-        body: bytes,
-        streamed_size: int | None,
-    ) -> None:
-        completion = core.completion_for(
-            attempt, status, headers, body, time.time(), streamed_size=streamed_size
-        )
-        try:
-            stored: bool | None = await self.store.acomplete(completion)
-        except StoreUnavailable as error:
-            stored = await self._retry_finish(
-                attempt, "complete", error, lambda: self.store.acomplete(completion)
-            )
-        if stored is not None:
-            self._reporter.report(attempt, "completed" if stored else "lost", status=status)
-
-    async def _release(self, attempt: core.Attempt) -> None:
-        key, owner = attempt.claim.key_hash, attempt.claim.owner
-        try:
-            released: bool | None = await self.store.arelease(key, owner)
-        except StoreUnavailable as error:
-            released = await self._retry_finish(
-                attempt, "release", error, lambda: self.store.arelease(key, owner)
-            )
-        if released is not None:
-            self._reporter.report(attempt, "released")
-
-    async def _retry_finish(
-        self,
-        attempt: core.Attempt,
-        operation: str,
-        error: StoreUnavailable,
-        call: Callable[[], Awaitable[bool]],
-    ) -> bool | None:
-        """Retry a failed finishing write with backoff; ``None`` (and an ERROR event) if it
-        never lands."""
-        for number in range(1, core.FINISH_ATTEMPTS):
-            await asyncio.sleep(core.finish_delay(number))
-            try:
-                return await call()
-            except StoreUnavailable as next_error:
-                error = next_error
-        self._reporter.report(
-            attempt,
-            "store_error",
-            operation=operation,
-            error=core.gave_up(error, core.FINISH_ATTEMPTS),
-        )
-        return None
+                await _send_replay(send, answer)
+        else:  # the store failed and on_store_error="run"
+            await self.app(scope, _replaying_receive(body, receive), send)
 
 
 class _ResponseCapture:
@@ -343,6 +174,16 @@ class _ResponseCapture:
             self.buffer.add(message.get("body", b""))
         elif self.live:
             await self._send(message)
+
+    def ran(self) -> Ran | None:
+        """The app's answer once it returned (``None``: it sent nothing)."""
+        start = self.start
+        if start is None:
+            return None
+        headers = start.get("headers", [])
+        if self.live:
+            return Ran(start["status"], headers, b"", live=True, ended=True, size=self.size)
+        return Ran(start["status"], headers, self.buffer.take())
 
 
 def _read_headers(

@@ -145,10 +145,20 @@ def answer_held(record: Record, fingerprint: str) -> StoredResponse | Problem:
     if record.fingerprint != fingerprint:
         return problems.fingerprint_mismatch()
     if record.status is Status.IN_PROGRESS:
-        return problems.key_in_progress(IN_PROGRESS_RETRY_AFTER)
+        return key_in_progress()
     if record.response is None:
         return problems.response_not_stored(record.response_size)
     return record.response
+
+
+def is_own_claim(record: Record, claim: ClaimRequest) -> bool:
+    """A held record that carries our own owner token is our claim: it landed, its answer
+    was lost, and the client (botocore's retry) re-sent it, failing against itself."""
+    return record.owner == claim.owner and record.status is Status.IN_PROGRESS
+
+
+def key_in_progress() -> Problem:
+    return problems.key_in_progress(IN_PROGRESS_RETRY_AFTER)
 
 
 def held_event_kind(answer: StoredResponse | Problem) -> EventKind:

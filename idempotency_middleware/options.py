@@ -9,8 +9,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypedDict
 
+from .clock import SYSTEM_CLOCK, Clock
 from .events import EventHook
 from .rules import (
     IdempotencyRule,
@@ -65,6 +66,24 @@ def _policy(
     )
 
 
+class MiddlewareOptions(TypedDict, total=False):
+    """The keyword options both middlewares take (``**options``); their defaults and
+    validation are ``Options.build``'s, the one place they are written."""
+
+    header_name: str
+    methods: Iterable[str]
+    required: bool
+    ttl_seconds: float
+    lock_timeout_seconds: float
+    rules: Sequence[IdempotencyRule]
+    scope: ScopeFunction | None
+    max_body_bytes: int
+    on_store_error: str
+    replay_cache_size: int
+    on_event: EventHook | None
+    clock: Clock
+
+
 @dataclass(frozen=True)
 class Options:
     header_name: str
@@ -80,6 +99,7 @@ class Options:
     on_store_error: str
     replay_cache_size: int
     on_event: EventHook | None
+    clock: Clock
     default_policy: Policy
     # ((rule, covered methods, policy or None when disabled), ...), first match wins
     rule_policies: tuple[tuple[IdempotencyRule, frozenset[str], Policy | None], ...]
@@ -99,6 +119,7 @@ class Options:
         on_store_error: str = "fail",
         replay_cache_size: int = 0,
         on_event: EventHook | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> Options:
         if not isinstance(header_name, str) or not _TOKEN.match(header_name):
             raise ValueError(f"header_name {header_name!r} is not a valid HTTP header name")
@@ -127,6 +148,8 @@ class Options:
             )
         if on_event is not None and not callable(on_event):
             raise ValueError("on_event must be a callable taking an IdempotencyEvent")
+        if not isinstance(clock, Clock):
+            raise ValueError("clock must have now(), sleep() and asleep() (see clock.Clock)")
         if scope is not None and not callable(scope):
             raise ValueError("scope must be a callable taking a request view")
         rules = tuple(rules)
@@ -153,6 +176,7 @@ class Options:
             on_store_error=on_store_error,
             replay_cache_size=replay_cache_size,
             on_event=on_event,
+            clock=clock,
             default_policy=default_policy,
             rule_policies=rule_policies,
         )

@@ -1,8 +1,14 @@
-"""Lease renewal: while a handler runs, its claim is extended every ``lock_timeout / 3``
-(conditional on its owner token), so a slow but alive handler is not taken over.
+"""Lease renewal: while a handler runs, its claim is extended every ``renewal_interval``
+(``lock_timeout / 3``, conditional on its owner token), so a slow but alive handler is not
+taken over.
 
-One scheduler per middleware renews every running claim, so starting and ending a request
-costs a dict insert and pop, not a timer or a thread:
+Renewals follow the lease's own deadline: the first is due one interval after the lease was
+*granted* (the ``now`` the claim carried, taken before it was sent), not after the claim
+returned, so a slow claim cannot leave its owner running on a lease that is nearly spent.
+Times come from the injected clock (epoch seconds).
+
+One scheduler per door renews every running claim, so starting and ending a request costs
+a dict insert and pop, not a timer or a thread:
 
 - ``LoopRenewals`` (ASGI) fires on the app's own event loop: a loop that is blocked cannot
   renew, so a stuck owner is taken over after the lock timeout;
@@ -14,95 +20,111 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Callable
 
-from . import core
+from .clock import Clock
+from .engine.effects import StartLease
 from .events import Reporter
 from .stores.base import AsyncStore, StoreUnavailable, SyncStore
 
 
-class _Leases:
-    """Running claims, each with when it is next due (monotonic seconds)."""
+class Leases:
+    """Running claims, each with when it is next due (clock seconds). Pure: the schedulers
+    below only decide *when* to look; this decides *what* is due."""
 
     __slots__ = ("active",)
 
     def __init__(self) -> None:
-        self.active: dict[str, tuple[core.Attempt, float]] = {}
+        self.active: dict[str, tuple[StartLease, float]] = {}
 
-    def add(self, attempt: core.Attempt, now: float) -> float:
-        due = now + attempt.policy.renewal_interval
-        self.active[attempt.claim.owner] = (attempt, due)
+    def add(self, lease: StartLease) -> float:
+        due = lease.granted_at + lease.renewal_interval
+        self.active[lease.owner] = (lease, due)
         return due
 
-    def remove(self, attempt: core.Attempt) -> None:
-        self.active.pop(attempt.claim.owner, None)
+    def remove(self, owner: str) -> None:
+        self.active.pop(owner, None)
 
-    def take_due(self, now: float) -> list[core.Attempt]:
-        """The claims due now; each is rescheduled one interval on."""
-        due_now = [attempt for attempt, due in self.active.values() if due <= now]
-        for attempt in due_now:
-            self.add(attempt, now)
+    def take_due(self, now: float) -> list[StartLease]:
+        """The leases due at ``now``; each is rescheduled one interval after ``now`` (the
+        renewal about to be sent grants a lease from ``now``)."""
+        due_now = [lease for lease, due in self.active.values() if due <= now]
+        for lease in due_now:
+            self.active[lease.owner] = (lease, now + lease.renewal_interval)
         return due_now
 
     def next_due(self) -> float | None:
         return min((due for _, due in self.active.values()), default=None)
 
 
-def _new_deadline(attempt: core.Attempt) -> float:
-    return time.time() + attempt.claim.lock_timeout_seconds
+def _renewed_deadline(lease: StartLease, now: float) -> float:
+    return now + lease.attempt.claim.lock_timeout_seconds
 
 
 class LoopRenewals:
-    """Renews the claims of one ASGI middleware from a timer on the app's event loop."""
+    """Renews the claims of one ASGI door from a timer on the app's event loop."""
 
-    def __init__(self, store: AsyncStore, reporter: Reporter) -> None:
+    def __init__(self, store: AsyncStore, reporter: Reporter, clock: Clock) -> None:
         self._store = store
         self._reporter = reporter
-        self._leases = _Leases()
+        self._clock = clock
+        self._leases = Leases()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_due: float | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def start(self, attempt: core.Attempt) -> None:
+    def start(self, lease: StartLease) -> None:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
-            # A middleware served from a new loop (tests, app reloads): start afresh there.
-            self._loop, self._timer = loop, None
-            self._leases = _Leases()
-        due = self._leases.add(attempt, loop.time())
-        if self._timer is None:
-            self._timer = loop.call_at(due, self._tick)
+            # A door served from a new loop (tests, app reloads): start afresh there.
+            self._loop, self._timer, self._timer_due = loop, None, None
+            self._leases = Leases()
+        due = self._leases.add(lease)
+        if self._timer_due is None or due < self._timer_due:
+            self._schedule(loop, due)
 
-    def stop(self, attempt: core.Attempt) -> None:
+    def stop(self, owner: str) -> None:
         # The timer stays: it finds nothing due and stops rescheduling once idle. A renewal
         # already in flight is harmless: renew is conditional on an in-progress claim.
-        self._leases.remove(attempt)
+        self._leases.remove(owner)
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop, due: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_due = due
+        self._timer = loop.call_later(max(due - self._clock.now(), 0.0), self._tick)
 
     def _tick(self) -> None:
         loop = self._loop
         assert loop is not None
-        self._timer = None
-        for attempt in self._leases.take_due(loop.time()):
-            task = loop.create_task(self._renew(attempt))
+        self._timer = self._timer_due = None
+        now = self._clock.now()
+        for lease in self._leases.take_due(now):
+            task = loop.create_task(self._renew(lease, now))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         next_due = self._leases.next_due()
         if next_due is not None:
-            self._timer = loop.call_at(next_due, self._tick)
+            self._schedule(loop, next_due)
 
-    async def _renew(self, attempt: core.Attempt) -> None:
-        claim = attempt.claim
+    async def _renew(self, lease: StartLease, now: float) -> None:
         try:
-            if not await self._store.arenew(claim.key_hash, claim.owner, _new_deadline(attempt)):
-                self._leases.remove(attempt)  # taken over or finished: nothing to renew
+            claim = lease.attempt.claim
+            renewed = await self._store.arenew(
+                claim.key_hash, claim.owner, _renewed_deadline(lease, now)
+            )
         except StoreUnavailable as error:
             # Keep trying at the next interval: the lock may hold until then.
-            self._reporter.report(attempt, "store_error", operation="renew", error=repr(error))
+            self._reporter.report(
+                lease.attempt, "store_error", operation="renew", error=repr(error)
+            )
+            return
+        if not renewed:
+            self._leases.remove(lease.owner)  # taken over or finished: nothing to renew
 
 
 class ThreadRenewals:
-    """Renews the claims of one WSGI middleware from one daemon thread, started lazily.
+    """Renews the claims of one WSGI door from one daemon thread, started lazily.
 
     The thread ticks every half renewal interval and renews what is due, so registering a
     claim never wakes it (a wake-up per request would cost a thread switch): a claim is
@@ -110,13 +132,11 @@ class ThreadRenewals:
     that hangs forever keeps its claim renewed; give such handlers their own timeouts.
     """
 
-    def __init__(
-        self, store: SyncStore, reporter: Reporter, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, store: SyncStore, reporter: Reporter, clock: Clock) -> None:
         self._store = store
         self._reporter = reporter
         self._clock = clock
-        self._leases = _Leases()
+        self._leases = Leases()
         # Requests take the plain lock (a C-level context manager); the condition shares it
         # and is only waited on by the renewal thread.
         self._lock = threading.Lock()
@@ -125,10 +145,10 @@ class ThreadRenewals:
         self._tick: float | None = None
         self._closed = False
 
-    def start(self, attempt: core.Attempt) -> None:
-        tick = attempt.policy.renewal_interval / 2
+    def start(self, lease: StartLease) -> None:
+        tick = lease.renewal_interval / 2
         with self._lock:
-            self._leases.add(attempt, self._clock())
+            self._leases.add(lease)
             if self._tick is None or tick < self._tick:
                 self._tick = tick  # the first claim, or a shorter lock: tick faster
                 self._condition.notify()
@@ -139,15 +159,15 @@ class ThreadRenewals:
                 )
                 self._thread.start()
 
-    def stop(self, attempt: core.Attempt) -> None:
+    def stop(self, owner: str) -> None:
         with self._lock:
-            self._leases.remove(attempt)
+            self._leases.remove(owner)
 
     def close(self) -> None:
         """Stop the thread; claims still running are no longer renewed."""
         with self._condition:
             self._closed = True
-            self._leases = _Leases()
+            self._leases = Leases()
             self._condition.notify()
             thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
@@ -159,14 +179,19 @@ class ThreadRenewals:
                 self._condition.wait(self._tick)
                 if self._closed:
                     return
-                due_now = self._leases.take_due(self._clock())
-            for attempt in due_now:
-                self._renew(attempt)
+                now = self._clock.now()
+                due_now = self._leases.take_due(now)
+            self.renew_due(due_now, now)
 
-    def _renew(self, attempt: core.Attempt) -> None:
-        claim = attempt.claim
-        try:
-            if not self._store.renew(claim.key_hash, claim.owner, _new_deadline(attempt)):
-                self.stop(attempt)
-        except StoreUnavailable as error:
-            self._reporter.report(attempt, "store_error", operation="renew", error=repr(error))
+    def renew_due(self, leases: list[StartLease], now: float) -> None:
+        for lease in leases:
+            try:
+                claim = lease.attempt.claim
+                if not self._store.renew(
+                    claim.key_hash, claim.owner, _renewed_deadline(lease, now)
+                ):
+                    self.stop(lease.owner)
+            except StoreUnavailable as error:
+                self._reporter.report(
+                    lease.attempt, "store_error", operation="renew", error=repr(error)
+                )

@@ -1,33 +1,30 @@
-"""``IdempotencyWSGIMiddleware``: the WSGI adapter (Flask, any WSGI app), same core."""
+"""``IdempotencyWSGIMiddleware``: the WSGI door (Flask, Django, any WSGI app).
+
+A translation only: read the key and the body from the environ, run the app with its
+response captured, send the answer. The attempt itself is ``engine.flow.attempt``.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import io
-import threading
-import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import core, problems
-from .cache import ReplayCache
-from .events import EventHook, EventKind, Reporter
-from .options import (
-    DEFAULT_HEADER_NAME,
-    DEFAULT_LOCK_TIMEOUT_SECONDS,
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_METHODS,
-    DEFAULT_TTL_SECONDS,
-    Options,
-)
+from .engine import flow
+from .engine.drivers import Suspended, SyncDriver
+from .engine.effects import Ran, StreamEnd
+from .options import MiddlewareOptions, Options
 from .problems import Problem
 from .records import BodyBuffer, Headers, StoredResponse, declared_length, is_streaming
 from .renewal import ThreadRenewals
 from .request_view import HeaderView, RequestView
-from .rules import IdempotencyRule, ScopeFunction
-from .stores.base import Claimed, StoreUnavailable, SyncStore
+from .stores.base import SyncStore
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 Environ = dict[str, Any]
 ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
@@ -45,50 +42,24 @@ class IdempotencyWSGIMiddleware:
     """Make covered requests (POST and PATCH by default) safe to retry.
 
     Flask: ``app.wsgi_app = IdempotencyWSGIMiddleware(app.wsgi_app, store=DynamoDBStore(...))``.
-    The store must be sync (``DynamoDBStore`` or ``MemoryStore``).
+    The store must be sync (``DynamoDBStore``, ``SQLiteStore`` or ``MemoryStore``).
     """
 
     def __init__(
-        self,
-        wsgi_app: WSGIApp,
-        *,
-        store: SyncStore,
-        header_name: str = DEFAULT_HEADER_NAME,
-        methods: Iterable[str] = DEFAULT_METHODS,
-        required: bool = False,
-        ttl_seconds: float = DEFAULT_TTL_SECONDS,
-        lock_timeout_seconds: float = DEFAULT_LOCK_TIMEOUT_SECONDS,
-        rules: Sequence[IdempotencyRule] = (),
-        scope: ScopeFunction | None = None,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-        on_store_error: str = "fail",
-        replay_cache_size: int = 0,
-        on_event: EventHook | None = None,
+        self, wsgi_app: WSGIApp, *, store: SyncStore, **options: Unpack[MiddlewareOptions]
     ) -> None:
         if not isinstance(store, SyncStore):
             raise TypeError(
-                f"IdempotencyWSGIMiddleware needs a sync store (DynamoDBStore, MemoryStore); "
-                f"{type(store).__name__} has no claim/complete/release/renew. "
+                f"IdempotencyWSGIMiddleware needs a sync store (DynamoDBStore, SQLiteStore, "
+                f"MemoryStore); {type(store).__name__} has no claim/complete/release/renew. "
                 "For an async store use IdempotencyMiddleware."
             )
         self.app = wsgi_app
         self.store = store
-        self.options = Options.build(
-            header_name=header_name,
-            methods=methods,
-            required=required,
-            ttl_seconds=ttl_seconds,
-            lock_timeout_seconds=lock_timeout_seconds,
-            rules=rules,
-            scope=scope,
-            max_body_bytes=max_body_bytes,
-            on_store_error=on_store_error,
-            replay_cache_size=replay_cache_size,
-            on_event=on_event,
-        )
-        self._reporter = Reporter(on_event)
-        self._cache = ReplayCache(replay_cache_size) if replay_cache_size else None
-        self._renewals = ThreadRenewals(store, self._reporter)
+        self.options = Options.build(**options)
+        self._context = flow.Context.for_options(self.options)
+        self._renewals = ThreadRenewals(store, self._context.reporter, self.options.clock)
+        self._driver = SyncDriver(store, self.options.clock, self._renewals)
 
     def close(self) -> None:
         """Stop the lease-renewal thread (it is a daemon thread; this is for tidy shutdowns
@@ -134,171 +105,33 @@ class IdempotencyWSGIMiddleware:
             content_type=environ.get("CONTENT_TYPE") or None,
             body=body,
             request_view=lambda route: _request_view(environ, method, path, route),
-            now=time.time(),
+            now=self.options.clock.now(),
         )
-        cached = self._cache.get(attempt.key_hash, attempt.claim.now) if self._cache else None
-        if cached is not None:
-            return self._answer_held(
-                attempt, core.answer_held(cached, attempt.claim.fingerprint), start_response
-            )
-        started = time.perf_counter()
-        try:
-            result = self.store.claim(attempt.claim)
-        except StoreUnavailable as error:
-            self._reporter.report(attempt, "store_error", operation="claim", error=repr(error))
-            # The put may have landed with its answer lost: undo our own claim (fenced by our
-            # owner token) off the request thread, so the retry is not held off for a whole
-            # lock timeout and this answer is not delayed by a second timeout.
-            threading.Thread(target=self._undo_lost_claim, args=(attempt,), daemon=True).start()
-            if self.options.on_store_error == "run":
-                self._reporter.report(attempt, "fail_open")
-                return self.app(environ, start_response)
-            return _problem(start_response, core.store_unavailable())
-        latency_ms = (time.perf_counter() - started) * 1000
-        if isinstance(result, Claimed):
-            kind: EventKind = "taken_over" if result.taken_over else "claimed"
-            self._reporter.report(attempt, kind, store_latency_ms=latency_ms)
-            return self._run_and_store(attempt, environ, start_response)
-        if self._cache is not None:
-            self._cache.put(result.record)
-        answer = core.answer_held(result.record, attempt.claim.fingerprint)
-        return self._answer_held(attempt, answer, start_response, latency_ms)
-
-    def _undo_lost_claim(self, attempt: core.Attempt) -> None:
-        for delay in core.LOST_CLAIM_RELEASE_DELAYS:
-            time.sleep(delay)
-            with contextlib.suppress(StoreUnavailable):
-                if self.store.release(attempt.claim.key_hash, attempt.claim.owner):
-                    return
-
-    def _answer_held(
-        self,
-        attempt: core.Attempt,
-        answer: StoredResponse | Problem,
-        start_response: StartResponse,
-        latency_ms: float | None = None,
-    ) -> list[bytes]:
-        self._reporter.report(
-            attempt, core.held_event_kind(answer), status=answer.status, store_latency_ms=latency_ms
-        )
-        if isinstance(answer, Problem):
-            return _problem(start_response, answer)
-        return _replay(start_response, answer)
-
-    def _run_and_store(
-        self, attempt: core.Attempt, environ: Environ, start_response: StartResponse
-    ) -> Iterable[bytes]:
         captured = _CapturedResponse()
-        self._renewals.start(attempt)
+        running = flow.attempt(self._context, attempt)
         try:
-            iterable = self.app(environ, captured.start_response)
-            if captured.status_line is not None and is_streaming(captured.encoded_headers):
-                return self._stream_live(attempt, captured, iterable, start_response)
-            try:
-                for chunk in iterable:
-                    captured.buffer.add(chunk)
-            finally:
-                close = getattr(iterable, "close", None)
-                if close is not None:
-                    close()
-        except BaseException:
-            # Raised: nothing is kept, so a retry runs the handler again.
-            self._renewals.stop(attempt)
-            self._release(attempt)
-            raise
-        self._renewals.stop(attempt)
-        if captured.status_line is None:
-            self._release(attempt)
-            raise RuntimeError("the WSGI application returned without calling start_response")
-        status = _status_code(captured.status_line)
-        body = captured.buffer.take()
-        if core.keeps_response(status):
-            self._complete(attempt, status, captured.encoded_headers, body)
-        else:
-            self._release(attempt)
-        start_response(captured.status_line, captured.headers, captured.exc_info)
-        return [body]
+            outcome = self._driver.drive(running, lambda: captured.run(self.app, environ))
+        except Suspended:
+            # A live stream: it goes out as it comes; the attempt finishes when it ends.
+            assert captured.status_line is not None and captured.live is not None
+            start_response(captured.status_line, captured.headers, captured.exc_info)
 
-    def _stream_live(
-        self,
-        attempt: core.Attempt,
-        captured: _CapturedResponse,
-        iterable: Iterable[bytes],
-        start_response: StartResponse,
-    ) -> Iterable[bytes]:
-        """Send a streaming response as it comes; finish the key when the stream ends.
+            def finish(size: int, failed: bool) -> None:
+                self._driver.resume(running, StreamEnd(size, failed))
 
-        Needs ``start_response`` called before the first chunk (Flask/Werkzeug do so).
-        """
-        assert captured.status_line is not None
-        status_line = captured.status_line
-        headers = captured.encoded_headers
-        start_response(status_line, captured.headers, captured.exc_info)
-
-        def finish(size: int, failed: bool) -> None:
-            self._renewals.stop(attempt)
-            status = _status_code(status_line)
-            if failed or not core.keeps_response(status):
-                self._release(attempt)
-            else:
-                self._complete(attempt, status, headers, b"", streamed_size=size)
-
-        return _LiveBody(captured.buffer.take(), iterable, finish)
-
-    def _complete(
-        self,
-        attempt: core.Attempt,
-        status: int,
-        headers: Headers,
-        body: bytes,
-        *,
-        streamed_size: int | None = None,
-    ) -> None:
-        completion = core.completion_for(
-            attempt, status, headers, body, time.time(), streamed_size=streamed_size
-        )
-        try:
-            stored: bool | None = self.store.complete(completion)
-        except StoreUnavailable as error:
-            stored = self._retry_finish(
-                attempt, "complete", error, lambda: self.store.complete(completion)
-            )
-        if stored is not None:
-            self._reporter.report(attempt, "completed" if stored else "lost", status=status)
-
-    def _release(self, attempt: core.Attempt) -> None:
-        key, owner = attempt.claim.key_hash, attempt.claim.owner
-        try:
-            released: bool | None = self.store.release(key, owner)
-        except StoreUnavailable as error:
-            released = self._retry_finish(
-                attempt, "release", error, lambda: self.store.release(key, owner)
-            )
-        if released is not None:
-            self._reporter.report(attempt, "released")
-
-    def _retry_finish(
-        self,
-        attempt: core.Attempt,
-        operation: str,
-        error: StoreUnavailable,
-        call: Callable[[], bool],
-    ) -> bool | None:
-        """Retry a failed finishing write with backoff; ``None`` (and an ERROR event) if it
-        never lands."""
-        for number in range(1, core.FINISH_ATTEMPTS):
-            time.sleep(core.finish_delay(number))
-            try:
-                return call()
-            except StoreUnavailable as next_error:
-                error = next_error
-        self._reporter.report(
-            attempt,
-            "store_error",
-            operation=operation,
-            error=core.gave_up(error, core.FINISH_ATTEMPTS),
-        )
-        return None
+            return _LiveBody(captured.buffer.take(), captured.live, finish)
+        if type(outcome) is flow.Sent:
+            if outcome.ran is None:
+                raise RuntimeError("the WSGI application returned without calling start_response")
+            assert captured.status_line is not None
+            start_response(captured.status_line, captured.headers, captured.exc_info)
+            return [outcome.ran.body]
+        if type(outcome) is flow.Answer:
+            answer = outcome.response
+            if isinstance(answer, Problem):
+                return _problem(start_response, answer)
+            return _replay(start_response, answer)
+        return self.app(environ, start_response)  # the store failed; on_store_error="run"
 
 
 class _LiveBody:
@@ -349,6 +182,24 @@ class _CapturedResponse:
         self.encoded_headers: Headers = []  # as the core and the stores take them
         self.exc_info: ExcInfo | None = None
         self.buffer = BodyBuffer()
+        self.live: Iterable[bytes] | None = None  # a streaming response's iterable
+
+    def run(self, app: WSGIApp, environ: Environ) -> Ran | None:
+        """Run the app, buffering its body unless it streams (``records.is_streaming``)."""
+        iterable = app(environ, self.start_response)
+        if self.status_line is not None and is_streaming(self.encoded_headers):
+            self.live = iterable
+            return Ran(_status_code(self.status_line), self.encoded_headers, b"", True, False)
+        try:
+            for chunk in iterable:
+                self.buffer.add(chunk)
+        finally:
+            close = getattr(iterable, "close", None)
+            if close is not None:
+                close()
+        if self.status_line is None:
+            return None
+        return Ran(_status_code(self.status_line), self.encoded_headers, self.buffer.take())
 
     def start_response(
         self,

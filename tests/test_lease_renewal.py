@@ -315,6 +315,7 @@ def test_an_asgi_owner_whose_loop_is_blocked_is_taken_over_by_another_server(
         pending = server_a.post_in_background(pool, target, key)
         workload.wait_for_runs(path, 1)
         blocked_at = time.monotonic()
+        blocked_wall = time.time()
         # B gets 409 while A's lock holds, then takes the key over and runs the handler.
         conflicts = 0
         while True:
@@ -334,7 +335,8 @@ def test_an_asgi_owner_whose_loop_is_blocked_is_taken_over_by_another_server(
         first = pending.result(timeout=CLIENT_TIMEOUT_SECONDS)
         assert first.status_code == 201
         assert first.json() == {"path": path, "run": 1}
-        assert renewals() == [], "a blocked loop renewed its claim"
+        # (A claim that landed late is renewed once before its handler runs; none after.)
+        assert [at for at in renewals() if at >= blocked_wall] == [], "a blocked loop renewed"
         assert len(server_a.events.of("lost")) == 1
 
         # The stored record is B's run, on either server.

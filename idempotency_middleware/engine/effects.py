@@ -1,0 +1,121 @@
+"""The effects an attempt yields, and what its drivers answer.
+
+An attempt (``flow.attempt``) never does I/O: it yields one of these and receives the
+result (or has the store's exception thrown into it). The sync and the async driver
+(``drivers.py``) are the only places that touch a store, a clock's sleep, or the inner app.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any, NamedTuple
+
+from ..core import Attempt
+from ..stores.base import ClaimRequest, Completion
+
+
+class Claim(NamedTuple):
+    """``store.claim(request)`` -> ``Claimed | Held``."""
+
+    request: ClaimRequest
+
+
+class Complete(NamedTuple):
+    """``store.complete(completion)`` -> ``bool`` (``False``: fenced out)."""
+
+    completion: Completion
+
+
+class Release(NamedTuple):
+    """``store.release(key_hash, owner)`` -> ``bool`` (``False``: fenced out)."""
+
+    key_hash: str
+    owner: str
+
+
+class Renew(NamedTuple):
+    """``store.renew(key_hash, owner, lock_expires_at)`` -> ``bool``."""
+
+    key_hash: str
+    owner: str
+    lock_expires_at: float
+
+
+class Sleep(NamedTuple):
+    """Wait on the driver's clock -> ``None``."""
+
+    seconds: float
+
+
+class Run(NamedTuple):
+    """Run the door's inner thing (app, function) -> ``Ran | None`` (``None``: it answered
+    nothing). Its exceptions are thrown into the attempt."""
+
+
+class StartLease(NamedTuple):
+    """Keep renewing the attempt's claim while it runs; the lease was granted at
+    ``granted_at`` (the time its deadline counts from) -> ``None``."""
+
+    attempt: Attempt
+    granted_at: float
+
+    @property
+    def owner(self) -> str:
+        return self.attempt.claim.owner
+
+    @property
+    def renewal_interval(self) -> float:
+        return self.attempt.policy.renewal_interval
+
+
+class EndLease(NamedTuple):
+    """Stop renewing the claim -> ``None``."""
+
+    owner: str
+
+
+class AwaitStreamEnd(NamedTuple):
+    """Wait until a live response has been sent to its end -> ``StreamEnd``. The sync
+    driver suspends the attempt here (a WSGI stream ends after the call returned)."""
+
+
+class Spawn(NamedTuple):
+    """Run another flow in the background (a task, or a daemon thread) -> ``None``."""
+
+    flow: Generator[Effect, Any, Any]
+
+
+Effect = (
+    Claim
+    | Complete
+    | Release
+    | Renew
+    | Sleep
+    | Run
+    | StartLease
+    | EndLease
+    | AwaitStreamEnd
+    | Spawn
+)
+
+
+class Ran(NamedTuple):
+    """What the inner thing answered, as the attempt needs it to decide what to keep.
+
+    ``live`` when the response went (or goes) to its client as it came; ``ended`` when such
+    a stream is already over (ASGI sends it within the app call), with ``size`` bytes.
+    """
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+    live: bool = False
+    ended: bool = True
+    size: int = 0
+
+
+class StreamEnd(NamedTuple):
+    """How a live stream ended: bytes sent, and whether the app failed midway."""
+
+    size: int
+    failed: bool
