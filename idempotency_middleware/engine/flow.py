@@ -143,10 +143,11 @@ def _run_claimed(context: Context, attempt: core.Attempt) -> Flow:
     policy = attempt.policy
     granted_at = claim.now
     now = context.clock.now()
-    if now - granted_at >= policy.renewal_interval:
-        # The claim took long to land: its lease (counted from before it was sent) is
-        # already due for renewal. Renew before running, so a live owner is never run with
-        # a lease another request may take over mid-run.
+    if granted_at + claim.lock_timeout_seconds - now < policy.renewal_interval:
+        # The claim took so long to land that less than one renewal interval is left of its
+        # lease (counted from before it was sent): renew before running, or do not run, so
+        # a live owner never runs on a lease another request may take over mid-run. (A
+        # lease merely due for renewal is renewed by the lease scheduler at once.)
         try:
             renewed = yield Renew(claim.key_hash, claim.owner, now + claim.lock_timeout_seconds)
         except StoreUnavailable as error:

@@ -1,0 +1,165 @@
+"""The ASGI side of the ASGI door: reading a request's messages, capturing the app's
+response, and sending answers. No idempotency decisions here (those are the engine's)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import Any
+
+from .engine.effects import Ran
+from .problems import Problem
+from .records import BodyBuffer, StoredResponse, declared_length, is_streaming
+from .request_view import HeaderView, RequestView
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# Extensions that let an app send a file outside http.response.body; hidden from the app on
+# covered requests so every byte of the response passes through the buffer.
+_BYPASS_EXTENSIONS = ("http.response.pathsend", "http.response.zerocopy")
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class ClientGone(Exception):
+    pass
+
+
+class ResponseCapture:
+    """Buffers the app's response instead of sending it, except a streaming one (see
+    ``records.STREAMING_MEDIA_TYPES``), which goes to the client live as it comes."""
+
+    __slots__ = ("_send", "buffer", "live", "size", "start")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.start: Message | None = None
+        self.buffer = BodyBuffer()
+        self.live = False
+        self.size = 0
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            self.start = message
+            headers = message.get("headers", [])
+            if is_streaming(headers):
+                self.live = True
+                await self._send(message)
+            else:
+                self.buffer.expected_size = declared_length(headers)
+        elif kind == "http.response.body":
+            if self.live:
+                self.size += len(message.get("body", b""))
+                await self._send(message)
+                return
+            self.buffer.add(message.get("body", b""))
+        elif self.live:
+            await self._send(message)
+
+    def ran(self) -> Ran | None:
+        """The app's answer once it returned (``None``: it sent nothing)."""
+        start = self.start
+        if start is None:
+            return None
+        headers = start.get("headers", [])
+        if self.live:
+            return Ran(start["status"], headers, b"", live=True, ended=True, size=self.size)
+        return Ran(start["status"], headers, self.buffer.take())
+
+
+def read_headers(
+    headers: Iterable[tuple[bytes, bytes]], key_name: bytes
+) -> tuple[list[bytes], bytes | None, bytes | None]:
+    """The key header's lines, Content-Length and Content-Type, in one pass over the headers
+    (ASGI gives names lower-cased)."""
+    key_lines: list[bytes] = []
+    length = content_type = None
+    for name, value in headers:
+        if name == key_name:
+            key_lines.append(value)
+        elif name == b"content-length":
+            length = value
+        elif name == b"content-type":
+            content_type = value
+    return key_lines, length, content_type
+
+
+async def read_body(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        if chunk:
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def replaying_receive(body: bytes, receive: Receive) -> Receive:
+    """Give the app the body already read, then whatever the server sends next."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+def without_bypass(scope: Scope) -> Scope:
+    extensions = scope.get("extensions")
+    if not extensions or not any(name in extensions for name in _BYPASS_EXTENSIONS):
+        return scope
+    trimmed = dict(scope)
+    trimmed["extensions"] = {
+        name: value for name, value in extensions.items() if name not in _BYPASS_EXTENSIONS
+    }
+    return trimmed
+
+
+def request_view(scope: Scope, route: str) -> RequestView:
+    client = scope.get("client")
+    return RequestView(
+        method=scope["method"],
+        path=scope["path"],
+        route=route,
+        query=scope.get("query_string", b"").decode("latin-1"),
+        headers=HeaderView(
+            (name.decode("latin-1"), value.decode("latin-1")) for name, value in scope["headers"]
+        ),
+        client=(str(client[0]), int(client[1])) if client else None,
+    )
+
+
+async def send_problem(send: Send, problem: Problem) -> None:
+    body = problem.body()
+    await send(
+        {"type": "http.response.start", "status": problem.status, "headers": problem.headers(body)}
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def send_replay(send: Send, response: StoredResponse) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": response.status,
+            "headers": response.replay_headers(),
+        }
+    )
+    await send({"type": "http.response.body", "body": response.body, "more_body": False})

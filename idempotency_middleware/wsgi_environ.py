@@ -1,0 +1,226 @@
+"""The WSGI side of the WSGI door: reading a request from the environ, capturing the
+app's response (buffered or live), and answering. No idempotency decisions here (those are
+the engine's)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from http import HTTPStatus
+from types import TracebackType
+from typing import Any
+
+from .engine.effects import Ran
+from .options import Options
+from .problems import Problem
+from .records import BodyBuffer, Headers, StoredResponse, declared_length, is_streaming
+from .request_view import HeaderView, RequestView
+
+Environ = dict[str, Any]
+ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
+StartResponse = Callable[..., Callable[[bytes], object]]
+WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
+
+_READ_CHUNK = 64 * 1024
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class LiveBody:
+    """The WSGI iterable of a live stream: passes chunks through, counts them, and calls
+    ``finish(size, failed)`` exactly once, when the stream ends, fails or is closed."""
+
+    def __init__(
+        self, prefix: bytes, iterable: Iterable[bytes], finish: Callable[[int, bool], None]
+    ) -> None:
+        self._prefix = prefix
+        self._iterable = iterable
+        self._finish: Callable[[int, bool], None] | None = finish
+        self._size = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            if self._prefix:
+                self._size += len(self._prefix)
+                yield self._prefix
+            for chunk in self._iterable:
+                self._size += len(chunk)
+                yield chunk
+        except Exception:
+            self._end(failed=True)
+            raise
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._iterable, "close", None)
+            if close is not None:
+                close()
+        finally:
+            # Closed early (client gone) counts as done: the handler started a success.
+            self._end(failed=False)
+
+    def _end(self, *, failed: bool) -> None:
+        finish, self._finish = self._finish, None
+        if finish is not None:
+            finish(self._size, failed)
+
+
+class CapturedResponse:
+    """Collects ``start_response`` and the body instead of sending them."""
+
+    def __init__(self) -> None:
+        self.status_line: str | None = None
+        self.headers: list[tuple[str, str]] = []
+        self.encoded_headers: Headers = []  # as the core and the stores take them
+        self.exc_info: ExcInfo | None = None
+        self.buffer = BodyBuffer()
+        self.live: Iterable[bytes] | None = None  # a streaming response's iterable
+
+    def run(self, app: WSGIApp, environ: Environ) -> Ran | None:
+        """Run the app, buffering its body unless it streams (``records.is_streaming``)."""
+        iterable = app(environ, self.start_response)
+        if self.status_line is not None and is_streaming(self.encoded_headers):
+            self.live = iterable
+            return Ran(status_code(self.status_line), self.encoded_headers, b"", True, False)
+        try:
+            for chunk in iterable:
+                self.buffer.add(chunk)
+        finally:
+            close = getattr(iterable, "close", None)
+            if close is not None:
+                close()
+        if self.status_line is None:
+            return None
+        return Ran(status_code(self.status_line), self.encoded_headers, self.buffer.take())
+
+    def start_response(
+        self,
+        status: str,
+        headers: list[tuple[str, str]],
+        exc_info: ExcInfo | None = None,
+    ) -> Callable[[bytes], object]:
+        if exc_info is not None and self.status_line is not None:
+            if not self.buffer.empty:
+                # PEP 3333: a server sends the headers with the first body bytes, so past
+                # them the headers count as sent and the error is re-raised.
+                raise exc_info[1].with_traceback(exc_info[2])
+            # Replacing headers is allowed until they are sent; we have sent none.
+            exc_info = None
+        elif self.status_line is not None:
+            raise AssertionError("start_response called twice without exc_info")
+        self.status_line = status
+        self.headers = list(headers)
+        self.encoded_headers = _encode_headers(self.headers)
+        self.exc_info = exc_info
+        self.buffer.expected_size = declared_length(self.encoded_headers)
+        return self.buffer.add  # the legacy write() callable
+
+
+def key_lines(environ: Environ, options: Options) -> list[bytes]:
+    # WSGI servers fold repeated header lines into one, joined with commas; the key parser
+    # treats a comma outside a quoted string as a second value.
+    raw = environ.get(options.environ_key)
+    return [] if raw is None else [str(raw).encode("latin-1")]
+
+
+def request_path(environ: Environ) -> str:
+    # PEP 3333 strings are latin-1 decoded bytes; re-decode as UTF-8 to match ASGI's path.
+    raw = str(environ.get("SCRIPT_NAME", "")) + str(environ.get("PATH_INFO", ""))
+    try:
+        return raw.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return raw
+
+
+def read_body(environ: Environ, limit: int) -> bytes:
+    stream = environ.get("wsgi.input")
+    if stream is None:
+        return b""
+    length_text = environ.get("CONTENT_LENGTH") or ""
+    if length_text.strip():
+        try:
+            remaining = int(length_text)
+        except ValueError:
+            remaining = 0
+        chunks: list[bytes] = []
+        while remaining > 0:
+            chunk = stream.read(min(remaining, _READ_CHUNK))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        return b"".join(chunks)
+    # No Content-Length: read to the end only where the server says the stream ends there
+    # (chunked input); otherwise reading could block on the open connection.
+    if (
+        not environ.get("wsgi.input_terminated")
+        and "chunked" not in str(environ.get("HTTP_TRANSFER_ENCODING", "")).lower()
+    ):
+        return b""
+    chunks = []
+    size = 0
+    while True:
+        chunk = stream.read(_READ_CHUNK)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+
+
+def status_code(status_line: str) -> int:
+    return int(status_line.split(" ", 1)[0])
+
+
+def _encode_headers(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    return [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers]
+
+
+def _decode_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    return [(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers]
+
+
+def request_view(environ: Environ, method: str, path: str, route: str) -> RequestView:
+    raw_headers = [
+        (name[5:].replace("_", "-"), str(value))
+        for name, value in environ.items()
+        if name.startswith("HTTP_")
+    ]
+    if environ.get("CONTENT_TYPE"):
+        raw_headers.append(("Content-Type", str(environ["CONTENT_TYPE"])))
+    if environ.get("CONTENT_LENGTH"):
+        raw_headers.append(("Content-Length", str(environ["CONTENT_LENGTH"])))
+    address = environ.get("REMOTE_ADDR")
+    port = environ.get("REMOTE_PORT")
+    return RequestView(
+        method=method,
+        path=path,
+        route=route,
+        query=str(environ.get("QUERY_STRING", "")),
+        headers=HeaderView(raw_headers),
+        client=(str(address), int(port)) if address and port else None,
+    )
+
+
+_REASONS = {status.value: status.phrase for status in HTTPStatus}
+
+
+def _reason(status: int) -> str:
+    return _REASONS.get(status, "")
+
+
+def send_problem(start_response: StartResponse, problem: Problem) -> list[bytes]:
+    body = problem.body()
+    start_response(
+        f"{problem.status} {_reason(problem.status)}", _decode_headers(problem.headers(body))
+    )
+    return [body]
+
+
+def send_replay(start_response: StartResponse, response: StoredResponse) -> list[bytes]:
+    start_response(
+        f"{response.status} {_reason(response.status)}", _decode_headers(response.replay_headers())
+    )
+    return [response.body]
