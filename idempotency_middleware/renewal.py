@@ -176,7 +176,8 @@ class ThreadRenewals:
     def _run(self) -> None:
         while True:
             with self._condition:
-                self._condition.wait(self._tick)
+                if not self._closed:  # (a close() before the first wait must not be missed)
+                    self._condition.wait(self._tick)
                 if self._closed:
                     return
                 now = self._clock.now()

@@ -341,10 +341,16 @@ def test_claim_is_renewed_several_times_per_lock_timeout() -> None:
     assert 0 < policy.renewal_interval <= 30 / 2
 
 
-def test_finish_backoff_is_short_enough_to_answer_the_client() -> None:
-    worst = 0.0
+def test_finish_backoff_is_full_jitter_under_a_doubling_cap() -> None:
     for attempt_number in range(1, core.FINISH_ATTEMPTS + 1):
-        delays = [core.finish_delay(attempt_number) for _ in range(50)]
-        assert all(delay >= 0 for delay in delays)
-        worst += max(delays)
+        cap = 0.05 * 2 ** (attempt_number - 1)
+        delays = [core.finish_delay(attempt_number) for _ in range(200)]
+        assert all(0 <= delay <= cap for delay in delays)
+        assert len(set(delays)) > 100  # jittered, not a fixed delay
+        assert max(delays) > cap / 2
+
+
+def test_finish_backoff_is_short_enough_to_answer_the_client() -> None:
+    # The worst case of every retry's cap: the client waits at most this long for its answer.
+    worst = sum(0.05 * 2 ** (number - 1) for number in range(1, core.FINISH_ATTEMPTS))
     assert worst < 2.0

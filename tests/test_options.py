@@ -289,3 +289,26 @@ def test_rule_beside_a_prefix_catch_all_is_fine() -> None:
 def test_catch_all_last_is_fine() -> None:
     options = Options.build(rules=[IdempotencyRule("/orders"), IdempotencyRule("/{rest:path}")])
     assert len(options.rules) == 2
+
+
+def test_the_middlewares_typed_options_are_exactly_what_options_build_takes() -> None:
+    import inspect
+
+    from idempotency_middleware.options import MiddlewareOptions
+
+    build = inspect.signature(Options.build).parameters
+    assert set(MiddlewareOptions.__annotations__) == set(build)
+
+
+@pytest.mark.parametrize("door", ["asgi", "wsgi"])
+def test_an_unknown_option_is_refused_at_construction_by_name(door: str) -> None:
+    from idempotency_middleware import IdempotencyMiddleware, IdempotencyWSGIMiddleware, MemoryStore
+
+    make = IdempotencyMiddleware if door == "asgi" else IdempotencyWSGIMiddleware
+    with pytest.raises(TypeError, match="ttl"):
+        make(lambda *args: None, store=MemoryStore(), ttl=5)  # type: ignore[call-arg, arg-type]
+
+
+def test_a_clock_without_the_clock_methods_is_refused() -> None:
+    with pytest.raises(ValueError, match="clock"):
+        Options.build(clock=object())  # type: ignore[arg-type]

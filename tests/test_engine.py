@@ -1,0 +1,560 @@
+"""The attempt sequence (``engine.flow``), stepped effect by effect: no servers, no store,
+no sleeps. Each test scripts what the store answers (or raises) at each effect and checks
+the effects the attempt yields, its outcome and its events. Time is a ``FakeClock``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Generator
+from typing import Any
+
+import pytest
+
+from idempotency_middleware import core
+from idempotency_middleware.engine import flow
+from idempotency_middleware.engine.drivers import AsyncDriver, Suspended, SyncDriver
+from idempotency_middleware.engine.effects import (
+    AwaitStreamEnd,
+    Claim,
+    Complete,
+    Effect,
+    Ran,
+    Renew,
+    Sleep,
+    StartLease,
+    StreamEnd,
+)
+from idempotency_middleware.events import IdempotencyEvent
+from idempotency_middleware.options import Options
+from idempotency_middleware.problems import Problem
+from idempotency_middleware.records import Record, Status, StoredResponse
+from idempotency_middleware.renewal import Leases, LoopRenewals, ThreadRenewals
+from idempotency_middleware.request_view import HeaderView, RequestView
+from idempotency_middleware.stores.base import CLAIMED, TAKEN_OVER, Held, StoreUnavailable
+from idempotency_middleware.stores.memory import MemoryStore
+from idempotency_middleware.testing import FakeClock
+
+LOCK = 30.0
+INTERVAL = LOCK / 3
+CREATED = Ran(201, [(b"content-type", b"application/json")], b'{"id": 1}')
+
+Answerer = Callable[[Effect], Any]
+
+
+class Scripted:
+    """Runs one attempt by hand: ``answer(effect)`` returns the effect's result or raises
+    what the store would raise; every effect and event is recorded."""
+
+    def __init__(self, *, cache_size: int = 0, on_store_error: str = "fail") -> None:
+        self.clock = FakeClock()
+        self.events: list[IdempotencyEvent] = []
+        self.options = Options.build(
+            lock_timeout_seconds=LOCK,
+            replay_cache_size=cache_size,
+            on_store_error=on_store_error,
+            on_event=self.events.append,
+            clock=self.clock,
+        )
+        self.context = flow.Context.for_options(self.options)
+        self.effects: list[Effect] = []
+        self.attempt = self.new_attempt()
+
+    def new_attempt(self, body: bytes = b'{"a": 1}') -> core.Attempt:
+        policy = self.options.policy_for("POST", "/orders")
+        assert policy is not None
+        admitted = core.admit(self.options, policy, "/orders", [b"key-1"])
+        assert isinstance(admitted, core.Admitted)
+        return core.begin_attempt(
+            admitted,
+            method="POST",
+            path="/orders",
+            query_string=b"",
+            content_type=b"application/json",
+            body=body,
+            request_view=lambda route: RequestView("POST", "/orders", route, "", HeaderView(())),
+            now=self.clock.now(),
+        )
+
+    def run(self, answer: Answerer) -> flow.Outcome:
+        running = flow.attempt(self.context, self.attempt)
+        outcome: flow.Outcome = self.step(running, answer)
+        return outcome
+
+    def step(self, running: Generator[Effect, Any, Any], answer: Answerer) -> Any:
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                effect = running.send(value) if error is None else running.throw(error)
+            except StopIteration as stop:
+                return stop.value
+            self.effects.append(effect)
+            value, error = None, None
+            try:
+                value = answer(effect)
+            except BaseException as raised:
+                error = raised
+
+    def kinds(self) -> list[str]:
+        return [type(effect).__name__ for effect in self.effects]
+
+    def event_kinds(self) -> list[str]:
+        return [event.kind for event in self.events]
+
+    def record(
+        self, status: Status, *, fingerprint: str | None = None, owner: str = "other"
+    ) -> Record:
+        claim = self.attempt.claim
+        response = StoredResponse(201, [], b'{"id": 1}') if status is Status.COMPLETED else None
+        return Record(
+            claim.key_hash,
+            status,
+            claim.fingerprint if fingerprint is None else fingerprint,
+            owner,
+            claim.now + LOCK,
+            claim.now + 1000,
+            response,
+        )
+
+
+def store_that(**results: Any) -> Answerer:
+    """An answerer: the result (or exception, raised) for each effect type by name; a list
+    is consumed one item per call. Effects not named answer ``None``."""
+
+    def answer(effect: Effect) -> Any:
+        result = results.get(type(effect).__name__)
+        if isinstance(result, list):
+            result = result.pop(0)
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    return answer
+
+
+def unavailable() -> StoreUnavailable:
+    return StoreUnavailable("connection refused")
+
+
+# --- a new key ---
+
+
+def test_a_new_key_is_claimed_run_under_a_lease_and_completed() -> None:
+    script = Scripted()
+    outcome = script.run(store_that(Claim=CLAIMED, Run=CREATED, Complete=True))
+    assert outcome == flow.Sent(CREATED)
+    assert script.kinds() == ["Claim", "StartLease", "Run", "EndLease", "Complete"]
+    assert script.event_kinds() == ["claimed", "completed"]
+    start = script.effects[1]
+    assert isinstance(start, StartLease) and start.granted_at == script.attempt.claim.now
+    complete = script.effects[4]
+    assert isinstance(complete, Complete)
+    assert complete.completion.response.body == CREATED.body
+    assert complete.completion.owner == script.attempt.claim.owner
+
+
+def test_a_taken_over_claim_is_reported_as_such() -> None:
+    script = Scripted()
+    script.run(store_that(Claim=TAKEN_OVER, Run=CREATED, Complete=True))
+    assert script.event_kinds() == ["taken_over", "completed"]
+
+
+def test_a_5xx_answer_releases_the_key() -> None:
+    script = Scripted()
+    outcome = script.run(store_that(Claim=CLAIMED, Run=Ran(503, [], b"busy"), Release=True))
+    assert isinstance(outcome, flow.Sent)
+    assert script.kinds() == ["Claim", "StartLease", "Run", "EndLease", "Release"]
+    assert script.event_kinds() == ["claimed", "released"]
+
+
+def test_an_app_that_answered_nothing_releases_the_key() -> None:
+    script = Scripted()
+    outcome = script.run(store_that(Claim=CLAIMED, Run=None, Release=True))
+    assert outcome == flow.Sent(None)
+    assert script.kinds()[-1] == "Release"
+
+
+def test_a_raising_app_releases_the_key_and_the_error_propagates() -> None:
+    script = Scripted()
+    with pytest.raises(ZeroDivisionError):
+        script.run(store_that(Claim=CLAIMED, Run=ZeroDivisionError(), Release=True))
+    assert script.kinds() == ["Claim", "StartLease", "Run", "EndLease", "Release"]
+    assert script.event_kinds() == ["claimed", "released"]
+
+
+def test_a_fenced_out_release_is_reported_lost_not_released() -> None:
+    script = Scripted()
+    with pytest.raises(ZeroDivisionError):
+        script.run(store_that(Claim=CLAIMED, Run=ZeroDivisionError(), Release=False))
+    assert script.event_kinds() == ["claimed", "lost"]
+
+
+def test_a_fenced_out_completion_is_reported_lost() -> None:
+    script = Scripted()
+    script.run(store_that(Claim=CLAIMED, Run=CREATED, Complete=False))
+    assert script.event_kinds() == ["claimed", "lost"]
+
+
+# --- finishing retries ---
+
+
+def test_a_failing_completion_is_retried_with_backoff_until_it_lands() -> None:
+    script = Scripted()
+    script.run(
+        store_that(Claim=CLAIMED, Run=CREATED, Complete=[unavailable(), unavailable(), True])
+    )
+    assert script.kinds()[3:] == ["EndLease", "Complete", "Sleep", "Complete", "Sleep", "Complete"]
+    sleeps = [effect.seconds for effect in script.effects if isinstance(effect, Sleep)]
+    assert all(0 <= seconds <= 0.05 * 2 ** (number) for number, seconds in enumerate(sleeps))
+    assert script.event_kinds() == ["claimed", "completed"]
+
+
+def test_a_completion_that_never_lands_is_given_up_with_an_error_event() -> None:
+    script = Scripted()
+    script.run(store_that(Claim=CLAIMED, Run=CREATED, Complete=[unavailable()] * 4))
+    assert script.kinds().count("Complete") == core.FINISH_ATTEMPTS
+    assert script.event_kinds() == ["claimed", "store_error"]
+    error = script.events[-1]
+    assert error.operation == "complete"
+    assert error.error is not None and "gave up after 4 attempts" in error.error
+
+
+# --- a held key ---
+
+
+def test_a_completed_key_with_the_same_fingerprint_is_replayed_without_running() -> None:
+    script = Scripted()
+    record = script.record(Status.COMPLETED)
+    outcome = script.run(store_that(Claim=Held(record)))
+    assert outcome == flow.Answer(record.response)  # type: ignore[arg-type]
+    assert script.kinds() == ["Claim"]
+    assert script.event_kinds() == ["replayed"]
+
+
+def test_a_key_in_progress_answers_409() -> None:
+    script = Scripted()
+    outcome = script.run(store_that(Claim=Held(script.record(Status.IN_PROGRESS))))
+    assert isinstance(outcome, flow.Answer) and isinstance(outcome.response, Problem)
+    assert outcome.response.status == 409
+    assert script.event_kinds() == ["conflict"]
+
+
+def test_a_key_reused_with_another_request_answers_422() -> None:
+    script = Scripted()
+    record = script.record(Status.COMPLETED, fingerprint="another request")
+    outcome = script.run(store_that(Claim=Held(record)))
+    assert isinstance(outcome, flow.Answer) and outcome.response.status == 422
+    assert script.event_kinds() == ["mismatch"]
+
+
+def test_our_own_claim_re_sent_after_its_answer_was_lost_is_ours_and_runs() -> None:
+    """botocore re-sends a PutItem whose answer was cut; the re-sent claim fails against the
+    claim that landed, which carries our owner token: it is our claim, not a 409."""
+    script = Scripted()
+    own = script.record(Status.IN_PROGRESS, owner=script.attempt.claim.owner)
+    outcome = script.run(store_that(Claim=Held(own), Run=CREATED, Complete=True))
+    assert outcome == flow.Sent(CREATED)
+    assert script.kinds() == ["Claim", "StartLease", "Run", "EndLease", "Complete"]
+    assert script.event_kinds() == ["claimed", "completed"]
+
+
+def test_a_completed_record_with_our_owner_token_is_not_run_again() -> None:
+    script = Scripted()
+    own = script.record(Status.COMPLETED, owner=script.attempt.claim.owner)
+    outcome = script.run(store_that(Claim=Held(own)))
+    assert isinstance(outcome, flow.Answer) and outcome.response == own.response
+    assert "Run" not in script.kinds()
+
+
+# --- the replay cache ---
+
+
+def test_a_cached_replay_costs_no_store_call() -> None:
+    script = Scripted(cache_size=8)
+    record = script.record(Status.COMPLETED)
+    script.run(store_that(Claim=Held(record)))
+    script.effects.clear()
+    outcome = script.run(store_that())
+    assert outcome == flow.Answer(record.response)  # type: ignore[arg-type]
+    assert script.effects == []
+    assert script.event_kinds() == ["replayed", "replayed"]
+
+
+def test_the_replay_cache_keeps_no_in_progress_record() -> None:
+    script = Scripted(cache_size=8)
+    script.run(store_that(Claim=Held(script.record(Status.IN_PROGRESS))))
+    script.effects.clear()
+    script.run(store_that(Claim=Held(script.record(Status.IN_PROGRESS))))
+    assert script.kinds() == ["Claim"]
+
+
+def test_a_cached_record_past_its_ttl_is_not_served() -> None:
+    script = Scripted(cache_size=8)
+    script.run(store_that(Claim=Held(script.record(Status.COMPLETED))))
+    script.clock.advance(1001)
+    script.attempt = script.new_attempt()
+    script.effects.clear()
+    script.run(store_that(Claim=CLAIMED, Run=CREATED, Complete=True))
+    assert script.kinds()[0] == "Claim"
+
+
+# --- a failing claim ---
+
+
+def test_a_failed_claim_answers_503_and_releases_the_lost_claim_in_the_background() -> None:
+    script = Scripted()
+    outcome = script.run(store_that(Claim=unavailable()))
+    assert isinstance(outcome, flow.Answer) and outcome.response.status == 503
+    assert script.kinds() == ["Claim", "Spawn"]
+    assert script.event_kinds() == ["store_error"]
+    assert script.events[0].operation == "claim"
+
+
+def test_a_failed_claim_runs_unprotected_when_asked_to() -> None:
+    script = Scripted(on_store_error="run")
+    outcome = script.run(store_that(Claim=unavailable()))
+    assert outcome is flow.RUN_UNPROTECTED
+    assert script.event_kinds() == ["store_error", "fail_open"]
+
+
+def test_a_claim_cancelled_in_flight_releases_it_in_the_background_and_stays_cancelled() -> None:
+    script = Scripted()
+    with pytest.raises(asyncio.CancelledError):
+        script.run(store_that(Claim=asyncio.CancelledError()))
+    assert script.kinds() == ["Claim", "Spawn"]
+
+
+def test_the_lost_claim_release_retries_on_its_schedule_and_stops_once_it_finds_the_claim() -> None:
+    script = Scripted()
+    background = flow.release_lost_claim(script.attempt)
+    script.step(background, store_that(Release=[unavailable(), False, True]))
+    assert script.kinds() == ["Sleep", "Release", "Sleep", "Release", "Sleep", "Release"]
+    sleeps = [effect.seconds for effect in script.effects if isinstance(effect, Sleep)]
+    assert sleeps == list(core.LOST_CLAIM_RELEASE_DELAYS[:3])
+
+
+def test_the_lost_claim_release_gives_up_after_its_last_delay() -> None:
+    script = Scripted()
+    script.step(flow.release_lost_claim(script.attempt), store_that(Release=False))
+    assert script.kinds().count("Release") == len(core.LOST_CLAIM_RELEASE_DELAYS)
+
+
+# --- a slow claim: the lease counts from before the claim was sent ---
+
+
+def slow_claim(script: Scripted, seconds: float, result: Any = CLAIMED) -> Answerer:
+    """The claim takes ``seconds`` to land (the fake clock moves while it is in flight)."""
+
+    def answer(effect: Effect) -> Any:
+        if isinstance(effect, Claim):
+            script.clock.advance(seconds)
+            return result
+        return store_that(Run=CREATED, Complete=True, Renew=True, Release=True)(effect)
+
+    return answer
+
+
+def test_a_claim_that_lands_with_its_lease_nearly_spent_renews_before_running() -> None:
+    script = Scripted()
+    script.run(slow_claim(script, LOCK - INTERVAL / 2))
+    assert script.kinds() == ["Claim", "Renew", "StartLease", "Run", "EndLease", "Complete"]
+    renew, start = script.effects[1], script.effects[2]
+    assert isinstance(renew, Renew) and isinstance(start, StartLease)
+    assert renew.lock_expires_at == script.clock.now() + LOCK
+    assert start.granted_at == script.clock.now()
+
+
+def test_a_claim_taken_over_while_it_was_in_flight_does_not_run() -> None:
+    script = Scripted()
+
+    def answer(effect: Effect) -> Any:
+        if isinstance(effect, Renew):
+            return False
+        return slow_claim(script, LOCK)(effect)
+
+    outcome = script.run(answer)
+    assert isinstance(outcome, flow.Answer) and outcome.response.status == 409
+    assert "Run" not in script.kinds()
+    assert script.event_kinds() == ["claimed", "lost"]
+
+
+def test_a_nearly_spent_claim_whose_renewal_fails_is_released_and_answers_503() -> None:
+    script = Scripted()
+
+    def answer(effect: Effect) -> Any:
+        if isinstance(effect, Renew):
+            raise unavailable()
+        return slow_claim(script, LOCK - 1)(effect)
+
+    outcome = script.run(answer)
+    assert isinstance(outcome, flow.Answer) and outcome.response.status == 503
+    assert script.kinds() == ["Claim", "Renew", "Release"]
+
+
+def test_a_claim_merely_due_for_renewal_runs_and_its_lease_counts_from_before_the_claim() -> None:
+    script = Scripted()
+    script.run(slow_claim(script, INTERVAL + 1))
+    assert script.kinds() == ["Claim", "StartLease", "Run", "EndLease", "Complete"]
+    start = script.effects[1]
+    assert isinstance(start, StartLease) and start.granted_at == script.attempt.claim.now
+    leases = Leases()
+    # Due at once: one interval after the lease was granted, not after the claim returned.
+    assert leases.add(start) == script.attempt.claim.now + INTERVAL < script.clock.now()
+    assert leases.take_due(script.clock.now()) == [start]
+
+
+# --- live streams ---
+
+LIVE = Ran(200, [(b"content-type", b"text/event-stream")], b"", live=True, ended=False)
+
+
+def test_a_live_stream_is_completed_without_its_body_when_it_ends() -> None:
+    script = Scripted()
+    outcome = script.run(
+        store_that(Claim=CLAIMED, Run=LIVE, AwaitStreamEnd=StreamEnd(42, False), Complete=True)
+    )
+    assert outcome == flow.Sent(LIVE)
+    assert script.kinds() == [
+        "Claim",
+        "StartLease",
+        "Run",
+        "AwaitStreamEnd",
+        "EndLease",
+        "Complete",
+    ]
+    complete = script.effects[-1]
+    assert isinstance(complete, Complete)
+    assert complete.completion.streamed and complete.completion.body_size == 42
+
+
+def test_a_live_stream_that_failed_midway_releases_the_key() -> None:
+    script = Scripted()
+    script.run(store_that(Claim=CLAIMED, Run=LIVE, AwaitStreamEnd=StreamEnd(7, True), Release=True))
+    assert script.kinds()[-2:] == ["EndLease", "Release"]
+
+
+def test_a_stream_already_ended_when_the_app_returned_is_not_awaited() -> None:
+    script = Scripted()
+    ended = LIVE._replace(ended=True, size=9)
+    script.run(store_that(Claim=CLAIMED, Run=ended, Complete=True))
+    assert "AwaitStreamEnd" not in script.kinds()
+    complete = script.effects[-1]
+    assert isinstance(complete, Complete) and complete.completion.body_size == 9
+
+
+# --- the drivers, on a real MemoryStore and a fake clock ------------------------------------------
+
+
+def test_the_sync_driver_runs_an_attempt_against_a_store() -> None:
+    script = Scripted()
+    store = MemoryStore()
+    renewals = ThreadRenewals(store, script.context.reporter, script.clock)
+    driver = SyncDriver(store, script.clock, renewals)
+    outcome = driver.drive(flow.attempt(script.context, script.attempt), lambda: CREATED)
+    assert outcome == flow.Sent(CREATED)
+    record = store.get(script.attempt.claim.key_hash)
+    assert record is not None and record.status is Status.COMPLETED
+    renewals.close()
+
+
+def test_the_sync_driver_suspends_at_a_live_stream_and_resumes_when_it_ends() -> None:
+    script = Scripted()
+    store = MemoryStore()
+    driver = SyncDriver(
+        store, script.clock, ThreadRenewals(store, script.context.reporter, script.clock)
+    )
+    running = flow.attempt(script.context, script.attempt)
+    with pytest.raises(Suspended):
+        driver.drive(running, lambda: LIVE)
+    record = store.get(script.attempt.claim.key_hash)
+    assert record is not None and record.status is Status.IN_PROGRESS
+    assert driver.resume(running, StreamEnd(5, False)) == flow.Sent(LIVE)
+    record = store.get(script.attempt.claim.key_hash)
+    assert record is not None and record.status is Status.COMPLETED
+    assert record.response_not_stored and record.response_size == 5
+
+
+def test_a_dead_owner_is_taken_over_once_the_fake_clock_crosses_its_lock() -> None:
+    script = Scripted()
+    store = MemoryStore()
+    first = script.attempt
+    assert isinstance(store.claim(first.claim), type(CLAIMED))
+    script.clock.advance(LOCK + 0.001)
+    script.attempt = script.new_attempt()
+    driver = SyncDriver(
+        store, script.clock, ThreadRenewals(store, script.context.reporter, script.clock)
+    )
+    driver.drive(flow.attempt(script.context, script.attempt), lambda: CREATED)
+    assert script.event_kinds() == ["taken_over", "completed"]
+    # The dead owner is fenced out.
+    assert store.release(first.claim.key_hash, first.claim.owner) is False
+
+
+def test_the_thread_renewer_extends_a_running_lease_from_the_clock_time_it_renews_at() -> None:
+    script = Scripted()
+    store = MemoryStore()
+    assert store.claim(script.attempt.claim) == CLAIMED
+    renewals = ThreadRenewals(store, script.context.reporter, script.clock)
+    lease = StartLease(script.attempt, script.attempt.claim.now)
+    leases = Leases()
+    leases.add(lease)
+    now = script.clock.advance(INTERVAL)
+    due = leases.take_due(now)
+    assert due == [lease]
+    renewals.renew_due(due, now)
+    record = store.get(script.attempt.claim.key_hash)
+    assert record is not None and record.lock_expires_at == now + LOCK
+    assert leases.next_due() == now + INTERVAL
+
+
+async def test_the_async_driver_runs_an_attempt_against_a_store() -> None:
+    script = Scripted()
+    store = MemoryStore()
+    driver = AsyncDriver(
+        store, script.clock, LoopRenewals(store, script.context.reporter, script.clock)
+    )
+
+    async def run() -> Ran:
+        return CREATED
+
+    outcome = await driver.drive(flow.attempt(script.context, script.attempt), run)
+    assert outcome == flow.Sent(CREATED)
+    record = store.get(script.attempt.claim.key_hash)
+    assert record is not None and record.status is Status.COMPLETED
+
+
+async def test_the_async_driver_refuses_to_wait_for_a_stream() -> None:
+    script = Scripted()
+    store = MemoryStore()
+    driver = AsyncDriver(
+        store, script.clock, LoopRenewals(store, script.context.reporter, script.clock)
+    )
+
+    def waits() -> Generator[Effect, Any, None]:
+        yield AwaitStreamEnd()
+
+    with pytest.raises(TypeError, match="cannot interpret"):
+        await driver.drive(waits())
+
+
+class RefusingClaims(MemoryStore):
+    """A MemoryStore whose first claim lands but answers as if the connection was cut."""
+
+    async def aclaim(self, request: Any) -> Any:
+        self.claim(request)
+        raise StoreUnavailable("answer lost")
+
+
+async def test_the_async_driver_releases_a_lost_claim_in_a_background_task() -> None:
+    script = Scripted()
+    store = RefusingClaims()
+    driver = AsyncDriver(
+        store, script.clock, LoopRenewals(store, script.context.reporter, script.clock)
+    )
+    outcome = await driver.drive(flow.attempt(script.context, script.attempt))
+    assert isinstance(outcome, flow.Answer) and outcome.response.status == 503
+    assert store.get(script.attempt.claim.key_hash) is not None  # it landed
+    for _ in range(10):  # the background task runs on this loop; the fake clock never waits
+        await asyncio.sleep(0)
+    assert store.get(script.attempt.claim.key_hash) is None
