@@ -16,6 +16,7 @@ from .engine.drivers import AsyncDriver
 from .engine.effects import Ran
 from .options import MiddlewareOptions, Options
 from .problems import Problem
+from .records import StoredResponse
 from .renewal import LoopRenewals
 from .stores.base import AsyncStore
 
@@ -102,29 +103,26 @@ class IdempotencyMiddleware:
             request_view=lambda route: messages.request_view(scope, route),
             now=self.options.clock.now(),
         )
-        capture = messages.ResponseCapture(send)
+        start: Message | None = None
 
         async def run() -> Ran | None:
-            await self.app(
-                messages.without_bypass(scope),
-                messages.replaying_receive(body, receive),
-                capture.send,
-            )
+            nonlocal start
+            capture = messages.ResponseCapture(send)  # (built only when the app runs)
+            inner_receive = messages.replaying_receive(body, receive)
+            await self.app(messages.without_bypass(scope), inner_receive, capture.send)
+            start = capture.start
             return capture.ran()
 
         outcome = await self._driver.drive(flow.attempt(self._context, attempt), run)
-        if type(outcome) is flow.Sent:
-            if outcome.ran is not None and not outcome.ran.live:
-                assert capture.start is not None
-                await send(capture.start)
-                await send(
-                    {"type": "http.response.body", "body": outcome.ran.body, "more_body": False}
-                )
-        elif type(outcome) is flow.Answer:
-            answer = outcome.response
-            if isinstance(answer, Problem):
-                await messages.send_problem(send, answer)
-            else:
-                await messages.send_replay(send, answer)
-        else:  # the store failed and on_store_error="run"
+        if type(outcome) is Ran:
+            if not outcome.live:
+                assert start is not None
+                await send(start)
+                await send({"type": "http.response.body", "body": outcome.body, "more_body": False})
+        elif type(outcome) is StoredResponse:
+            await messages.send_replay(send, outcome)
+        elif type(outcome) is Problem:
+            await messages.send_problem(send, outcome)
+        elif outcome is flow.RUN_UNPROTECTED:  # the store failed and on_store_error="run"
             await self.app(scope, messages.replaying_receive(body, receive), send)
+        # else None: the app sent nothing; the server answers 500 itself

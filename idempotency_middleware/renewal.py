@@ -22,7 +22,7 @@ import asyncio
 import threading
 
 from .clock import Clock
-from .engine.effects import StartLease
+from .engine.effects import Run
 from .events import Reporter
 from .stores.base import AsyncStore, StoreUnavailable, SyncStore
 
@@ -34,29 +34,31 @@ class Leases:
     __slots__ = ("active",)
 
     def __init__(self) -> None:
-        self.active: dict[str, tuple[StartLease, float]] = {}
+        self.active: dict[str, tuple[Run, float]] = {}
 
-    def add(self, lease: StartLease) -> float:
-        due = lease.granted_at + lease.renewal_interval
-        self.active[lease.owner] = (lease, due)
+    def add(self, lease: Run) -> float:
+        attempt = lease.attempt
+        due = lease.granted_at + attempt.policy.renewal_interval
+        self.active[attempt.claim.owner] = (lease, due)
         return due
 
     def remove(self, owner: str) -> None:
         self.active.pop(owner, None)
 
-    def take_due(self, now: float) -> list[StartLease]:
+    def take_due(self, now: float) -> list[Run]:
         """The leases due at ``now``; each is rescheduled one interval after ``now`` (the
         renewal about to be sent grants a lease from ``now``)."""
         due_now = [lease for lease, due in self.active.values() if due <= now]
         for lease in due_now:
-            self.active[lease.owner] = (lease, now + lease.renewal_interval)
+            attempt = lease.attempt
+            self.active[attempt.claim.owner] = (lease, now + attempt.policy.renewal_interval)
         return due_now
 
     def next_due(self) -> float | None:
         return min((due for _, due in self.active.values()), default=None)
 
 
-def _renewed_deadline(lease: StartLease, now: float) -> float:
+def _renewed_deadline(lease: Run, now: float) -> float:
     return now + lease.attempt.claim.lock_timeout_seconds
 
 
@@ -73,7 +75,7 @@ class LoopRenewals:
         self._timer_due: float | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def start(self, lease: StartLease) -> None:
+    def start(self, lease: Run) -> None:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             # A door served from a new loop (tests, app reloads): start afresh there.
@@ -107,7 +109,7 @@ class LoopRenewals:
         if next_due is not None:
             self._schedule(loop, next_due)
 
-    async def _renew(self, lease: StartLease, now: float) -> None:
+    async def _renew(self, lease: Run, now: float) -> None:
         try:
             claim = lease.attempt.claim
             renewed = await self._store.arenew(
@@ -120,7 +122,9 @@ class LoopRenewals:
             )
             return
         if not renewed:
-            self._leases.remove(lease.owner)  # taken over or finished: nothing to renew
+            self._leases.remove(
+                lease.attempt.claim.owner
+            )  # taken over or finished: nothing to renew
 
 
 class ThreadRenewals:
@@ -145,8 +149,8 @@ class ThreadRenewals:
         self._tick: float | None = None
         self._closed = False
 
-    def start(self, lease: StartLease) -> None:
-        tick = lease.renewal_interval / 2
+    def start(self, lease: Run) -> None:
+        tick = lease.attempt.policy.renewal_interval / 2
         with self._lock:
             self._leases.add(lease)
             if self._tick is None or tick < self._tick:
@@ -184,14 +188,14 @@ class ThreadRenewals:
                 due_now = self._leases.take_due(now)
             self.renew_due(due_now, now)
 
-    def renew_due(self, leases: list[StartLease], now: float) -> None:
+    def renew_due(self, leases: list[Run], now: float) -> None:
         for lease in leases:
             try:
                 claim = lease.attempt.claim
                 if not self._store.renew(
                     claim.key_hash, claim.owner, _renewed_deadline(lease, now)
                 ):
-                    self.stop(lease.owner)
+                    self.stop(lease.attempt.claim.owner)
             except StoreUnavailable as error:
                 self._reporter.report(
                     lease.attempt, "store_error", operation="renew", error=repr(error)

@@ -14,9 +14,10 @@ from . import core, problems
 from . import wsgi_environ as wsgi_io
 from .engine import flow
 from .engine.drivers import Suspended, SyncDriver
-from .engine.effects import StreamEnd
+from .engine.effects import Ran, StreamEnd
 from .options import MiddlewareOptions, Options
 from .problems import Problem
+from .records import StoredResponse
 from .renewal import ThreadRenewals
 from .stores.base import SyncStore
 from .wsgi_environ import Environ, StartResponse, WSGIApp
@@ -111,15 +112,14 @@ class IdempotencyWSGIMiddleware:
                 self._driver.resume(running, StreamEnd(size, failed))
 
             return wsgi_io.LiveBody(captured.buffer.take(), captured.live, finish)
-        if type(outcome) is flow.Sent:
-            if outcome.ran is None:
-                raise RuntimeError("the WSGI application returned without calling start_response")
+        if type(outcome) is Ran:
             assert captured.status_line is not None
             start_response(captured.status_line, captured.headers, captured.exc_info)
-            return [outcome.ran.body]
-        if type(outcome) is flow.Answer:
-            answer = outcome.response
-            if isinstance(answer, Problem):
-                return wsgi_io.send_problem(start_response, answer)
-            return wsgi_io.send_replay(start_response, answer)
+            return [outcome.body]
+        if type(outcome) is StoredResponse:
+            return wsgi_io.send_replay(start_response, outcome)
+        if type(outcome) is Problem:
+            return wsgi_io.send_problem(start_response, outcome)
+        if outcome is None:
+            raise RuntimeError("the WSGI application returned without calling start_response")
         return self.app(environ, start_response)  # the store failed; on_store_error="run"

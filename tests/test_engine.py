@@ -16,13 +16,11 @@ from idempotency_middleware.engine import flow
 from idempotency_middleware.engine.drivers import AsyncDriver, Suspended, SyncDriver
 from idempotency_middleware.engine.effects import (
     AwaitStreamEnd,
-    Claim,
-    Complete,
     Effect,
     Ran,
     Renew,
+    Run,
     Sleep,
-    StartLease,
     StreamEnd,
 )
 from idempotency_middleware.events import IdempotencyEvent
@@ -31,7 +29,14 @@ from idempotency_middleware.problems import Problem
 from idempotency_middleware.records import Record, Status, StoredResponse
 from idempotency_middleware.renewal import Leases, LoopRenewals, ThreadRenewals
 from idempotency_middleware.request_view import HeaderView, RequestView
-from idempotency_middleware.stores.base import CLAIMED, TAKEN_OVER, Held, StoreUnavailable
+from idempotency_middleware.stores.base import (
+    CLAIMED,
+    TAKEN_OVER,
+    ClaimRequest,
+    Completion,
+    Held,
+    StoreUnavailable,
+)
 from idempotency_middleware.stores.memory import MemoryStore
 from idempotency_middleware.testing import FakeClock
 
@@ -142,57 +147,57 @@ def unavailable() -> StoreUnavailable:
 
 def test_a_new_key_is_claimed_run_under_a_lease_and_completed() -> None:
     script = Scripted()
-    outcome = script.run(store_that(Claim=CLAIMED, Run=CREATED, Complete=True))
-    assert outcome == flow.Sent(CREATED)
-    assert script.kinds() == ["Claim", "StartLease", "Run", "EndLease", "Complete"]
+    outcome = script.run(store_that(ClaimRequest=CLAIMED, Run=CREATED, Completion=True))
+    assert outcome == CREATED
+    assert script.kinds() == ["ClaimRequest", "Run", "Completion"]
     assert script.event_kinds() == ["claimed", "completed"]
     start = script.effects[1]
-    assert isinstance(start, StartLease) and start.granted_at == script.attempt.claim.now
-    complete = script.effects[4]
-    assert isinstance(complete, Complete)
-    assert complete.completion.response.body == CREATED.body
-    assert complete.completion.owner == script.attempt.claim.owner
+    assert isinstance(start, Run) and start.granted_at == script.attempt.claim.now
+    complete = script.effects[2]
+    assert isinstance(complete, Completion)
+    assert complete.response.body == CREATED.body
+    assert complete.owner == script.attempt.claim.owner
 
 
 def test_a_taken_over_claim_is_reported_as_such() -> None:
     script = Scripted()
-    script.run(store_that(Claim=TAKEN_OVER, Run=CREATED, Complete=True))
+    script.run(store_that(ClaimRequest=TAKEN_OVER, Run=CREATED, Completion=True))
     assert script.event_kinds() == ["taken_over", "completed"]
 
 
 def test_a_5xx_answer_releases_the_key() -> None:
     script = Scripted()
-    outcome = script.run(store_that(Claim=CLAIMED, Run=Ran(503, [], b"busy"), Release=True))
-    assert isinstance(outcome, flow.Sent)
-    assert script.kinds() == ["Claim", "StartLease", "Run", "EndLease", "Release"]
+    outcome = script.run(store_that(ClaimRequest=CLAIMED, Run=Ran(503, [], b"busy"), Release=True))
+    assert isinstance(outcome, Ran) and outcome.status == 503
+    assert script.kinds() == ["ClaimRequest", "Run", "Release"]
     assert script.event_kinds() == ["claimed", "released"]
 
 
 def test_an_app_that_answered_nothing_releases_the_key() -> None:
     script = Scripted()
-    outcome = script.run(store_that(Claim=CLAIMED, Run=None, Release=True))
-    assert outcome == flow.Sent(None)
+    outcome = script.run(store_that(ClaimRequest=CLAIMED, Run=None, Release=True))
+    assert outcome is None
     assert script.kinds()[-1] == "Release"
 
 
 def test_a_raising_app_releases_the_key_and_the_error_propagates() -> None:
     script = Scripted()
     with pytest.raises(ZeroDivisionError):
-        script.run(store_that(Claim=CLAIMED, Run=ZeroDivisionError(), Release=True))
-    assert script.kinds() == ["Claim", "StartLease", "Run", "EndLease", "Release"]
+        script.run(store_that(ClaimRequest=CLAIMED, Run=ZeroDivisionError(), Release=True))
+    assert script.kinds() == ["ClaimRequest", "Run", "Release"]
     assert script.event_kinds() == ["claimed", "released"]
 
 
 def test_a_fenced_out_release_is_reported_lost_not_released() -> None:
     script = Scripted()
     with pytest.raises(ZeroDivisionError):
-        script.run(store_that(Claim=CLAIMED, Run=ZeroDivisionError(), Release=False))
+        script.run(store_that(ClaimRequest=CLAIMED, Run=ZeroDivisionError(), Release=False))
     assert script.event_kinds() == ["claimed", "lost"]
 
 
 def test_a_fenced_out_completion_is_reported_lost() -> None:
     script = Scripted()
-    script.run(store_that(Claim=CLAIMED, Run=CREATED, Complete=False))
+    script.run(store_that(ClaimRequest=CLAIMED, Run=CREATED, Completion=False))
     assert script.event_kinds() == ["claimed", "lost"]
 
 
@@ -202,9 +207,17 @@ def test_a_fenced_out_completion_is_reported_lost() -> None:
 def test_a_failing_completion_is_retried_with_backoff_until_it_lands() -> None:
     script = Scripted()
     script.run(
-        store_that(Claim=CLAIMED, Run=CREATED, Complete=[unavailable(), unavailable(), True])
+        store_that(
+            ClaimRequest=CLAIMED, Run=CREATED, Completion=[unavailable(), unavailable(), True]
+        )
     )
-    assert script.kinds()[3:] == ["EndLease", "Complete", "Sleep", "Complete", "Sleep", "Complete"]
+    assert script.kinds()[2:] == [
+        "Completion",
+        "Sleep",
+        "Completion",
+        "Sleep",
+        "Completion",
+    ]
     sleeps = [effect.seconds for effect in script.effects if isinstance(effect, Sleep)]
     assert all(0 <= seconds <= 0.05 * 2 ** (number) for number, seconds in enumerate(sleeps))
     assert script.event_kinds() == ["claimed", "completed"]
@@ -212,8 +225,8 @@ def test_a_failing_completion_is_retried_with_backoff_until_it_lands() -> None:
 
 def test_a_completion_that_never_lands_is_given_up_with_an_error_event() -> None:
     script = Scripted()
-    script.run(store_that(Claim=CLAIMED, Run=CREATED, Complete=[unavailable()] * 4))
-    assert script.kinds().count("Complete") == core.FINISH_ATTEMPTS
+    script.run(store_that(ClaimRequest=CLAIMED, Run=CREATED, Completion=[unavailable()] * 4))
+    assert script.kinds().count("Completion") == core.FINISH_ATTEMPTS
     assert script.event_kinds() == ["claimed", "store_error"]
     error = script.events[-1]
     assert error.operation == "complete"
@@ -226,25 +239,24 @@ def test_a_completion_that_never_lands_is_given_up_with_an_error_event() -> None
 def test_a_completed_key_with_the_same_fingerprint_is_replayed_without_running() -> None:
     script = Scripted()
     record = script.record(Status.COMPLETED)
-    outcome = script.run(store_that(Claim=Held(record)))
-    assert outcome == flow.Answer(record.response)  # type: ignore[arg-type]
-    assert script.kinds() == ["Claim"]
+    outcome = script.run(store_that(ClaimRequest=Held(record)))
+    assert outcome == record.response
+    assert script.kinds() == ["ClaimRequest"]
     assert script.event_kinds() == ["replayed"]
 
 
 def test_a_key_in_progress_answers_409() -> None:
     script = Scripted()
-    outcome = script.run(store_that(Claim=Held(script.record(Status.IN_PROGRESS))))
-    assert isinstance(outcome, flow.Answer) and isinstance(outcome.response, Problem)
-    assert outcome.response.status == 409
+    outcome = script.run(store_that(ClaimRequest=Held(script.record(Status.IN_PROGRESS))))
+    assert isinstance(outcome, Problem) and outcome.status == 409
     assert script.event_kinds() == ["conflict"]
 
 
 def test_a_key_reused_with_another_request_answers_422() -> None:
     script = Scripted()
     record = script.record(Status.COMPLETED, fingerprint="another request")
-    outcome = script.run(store_that(Claim=Held(record)))
-    assert isinstance(outcome, flow.Answer) and outcome.response.status == 422
+    outcome = script.run(store_that(ClaimRequest=Held(record)))
+    assert isinstance(outcome, Problem) and outcome.status == 422
     assert script.event_kinds() == ["mismatch"]
 
 
@@ -253,17 +265,17 @@ def test_our_own_claim_re_sent_after_its_answer_was_lost_is_ours_and_runs() -> N
     claim that landed, which carries our owner token: it is our claim, not a 409."""
     script = Scripted()
     own = script.record(Status.IN_PROGRESS, owner=script.attempt.claim.owner)
-    outcome = script.run(store_that(Claim=Held(own), Run=CREATED, Complete=True))
-    assert outcome == flow.Sent(CREATED)
-    assert script.kinds() == ["Claim", "StartLease", "Run", "EndLease", "Complete"]
+    outcome = script.run(store_that(ClaimRequest=Held(own), Run=CREATED, Completion=True))
+    assert outcome == CREATED
+    assert script.kinds() == ["ClaimRequest", "Run", "Completion"]
     assert script.event_kinds() == ["claimed", "completed"]
 
 
 def test_a_completed_record_with_our_owner_token_is_not_run_again() -> None:
     script = Scripted()
     own = script.record(Status.COMPLETED, owner=script.attempt.claim.owner)
-    outcome = script.run(store_that(Claim=Held(own)))
-    assert isinstance(outcome, flow.Answer) and outcome.response == own.response
+    outcome = script.run(store_that(ClaimRequest=Held(own)))
+    assert outcome == own.response
     assert "Run" not in script.kinds()
 
 
@@ -273,30 +285,30 @@ def test_a_completed_record_with_our_owner_token_is_not_run_again() -> None:
 def test_a_cached_replay_costs_no_store_call() -> None:
     script = Scripted(cache_size=8)
     record = script.record(Status.COMPLETED)
-    script.run(store_that(Claim=Held(record)))
+    script.run(store_that(ClaimRequest=Held(record)))
     script.effects.clear()
     outcome = script.run(store_that())
-    assert outcome == flow.Answer(record.response)  # type: ignore[arg-type]
+    assert outcome == record.response
     assert script.effects == []
     assert script.event_kinds() == ["replayed", "replayed"]
 
 
 def test_the_replay_cache_keeps_no_in_progress_record() -> None:
     script = Scripted(cache_size=8)
-    script.run(store_that(Claim=Held(script.record(Status.IN_PROGRESS))))
+    script.run(store_that(ClaimRequest=Held(script.record(Status.IN_PROGRESS))))
     script.effects.clear()
-    script.run(store_that(Claim=Held(script.record(Status.IN_PROGRESS))))
-    assert script.kinds() == ["Claim"]
+    script.run(store_that(ClaimRequest=Held(script.record(Status.IN_PROGRESS))))
+    assert script.kinds() == ["ClaimRequest"]
 
 
 def test_a_cached_record_past_its_ttl_is_not_served() -> None:
     script = Scripted(cache_size=8)
-    script.run(store_that(Claim=Held(script.record(Status.COMPLETED))))
+    script.run(store_that(ClaimRequest=Held(script.record(Status.COMPLETED))))
     script.clock.advance(1001)
     script.attempt = script.new_attempt()
     script.effects.clear()
-    script.run(store_that(Claim=CLAIMED, Run=CREATED, Complete=True))
-    assert script.kinds()[0] == "Claim"
+    script.run(store_that(ClaimRequest=CLAIMED, Run=CREATED, Completion=True))
+    assert script.kinds()[0] == "ClaimRequest"
 
 
 # --- a failing claim ---
@@ -304,16 +316,16 @@ def test_a_cached_record_past_its_ttl_is_not_served() -> None:
 
 def test_a_failed_claim_answers_503_and_releases_the_lost_claim_in_the_background() -> None:
     script = Scripted()
-    outcome = script.run(store_that(Claim=unavailable()))
-    assert isinstance(outcome, flow.Answer) and outcome.response.status == 503
-    assert script.kinds() == ["Claim", "Spawn"]
+    outcome = script.run(store_that(ClaimRequest=unavailable()))
+    assert isinstance(outcome, Problem) and outcome.status == 503
+    assert script.kinds() == ["ClaimRequest", "Spawn"]
     assert script.event_kinds() == ["store_error"]
     assert script.events[0].operation == "claim"
 
 
 def test_a_failed_claim_runs_unprotected_when_asked_to() -> None:
     script = Scripted(on_store_error="run")
-    outcome = script.run(store_that(Claim=unavailable()))
+    outcome = script.run(store_that(ClaimRequest=unavailable()))
     assert outcome is flow.RUN_UNPROTECTED
     assert script.event_kinds() == ["store_error", "fail_open"]
 
@@ -321,8 +333,8 @@ def test_a_failed_claim_runs_unprotected_when_asked_to() -> None:
 def test_a_claim_cancelled_in_flight_releases_it_in_the_background_and_stays_cancelled() -> None:
     script = Scripted()
     with pytest.raises(asyncio.CancelledError):
-        script.run(store_that(Claim=asyncio.CancelledError()))
-    assert script.kinds() == ["Claim", "Spawn"]
+        script.run(store_that(ClaimRequest=asyncio.CancelledError()))
+    assert script.kinds() == ["ClaimRequest", "Spawn"]
 
 
 def test_the_lost_claim_release_retries_on_its_schedule_and_stops_once_it_finds_the_claim() -> None:
@@ -347,10 +359,10 @@ def slow_claim(script: Scripted, seconds: float, result: Any = CLAIMED) -> Answe
     """The claim takes ``seconds`` to land (the fake clock moves while it is in flight)."""
 
     def answer(effect: Effect) -> Any:
-        if isinstance(effect, Claim):
+        if isinstance(effect, ClaimRequest):
             script.clock.advance(seconds)
             return result
-        return store_that(Run=CREATED, Complete=True, Renew=True, Release=True)(effect)
+        return store_that(Run=CREATED, Completion=True, Renew=True, Release=True)(effect)
 
     return answer
 
@@ -358,9 +370,9 @@ def slow_claim(script: Scripted, seconds: float, result: Any = CLAIMED) -> Answe
 def test_a_claim_that_lands_with_its_lease_nearly_spent_renews_before_running() -> None:
     script = Scripted()
     script.run(slow_claim(script, LOCK - INTERVAL / 2))
-    assert script.kinds() == ["Claim", "Renew", "StartLease", "Run", "EndLease", "Complete"]
+    assert script.kinds() == ["ClaimRequest", "Renew", "Run", "Completion"]
     renew, start = script.effects[1], script.effects[2]
-    assert isinstance(renew, Renew) and isinstance(start, StartLease)
+    assert isinstance(renew, Renew) and isinstance(start, Run)
     assert renew.lock_expires_at == script.clock.now() + LOCK
     assert start.granted_at == script.clock.now()
 
@@ -374,7 +386,7 @@ def test_a_claim_taken_over_while_it_was_in_flight_does_not_run() -> None:
         return slow_claim(script, LOCK)(effect)
 
     outcome = script.run(answer)
-    assert isinstance(outcome, flow.Answer) and outcome.response.status == 409
+    assert isinstance(outcome, Problem) and outcome.status == 409
     assert "Run" not in script.kinds()
     assert script.event_kinds() == ["claimed", "lost"]
 
@@ -388,16 +400,16 @@ def test_a_nearly_spent_claim_whose_renewal_fails_is_released_and_answers_503() 
         return slow_claim(script, LOCK - 1)(effect)
 
     outcome = script.run(answer)
-    assert isinstance(outcome, flow.Answer) and outcome.response.status == 503
-    assert script.kinds() == ["Claim", "Renew", "Release"]
+    assert isinstance(outcome, Problem) and outcome.status == 503
+    assert script.kinds() == ["ClaimRequest", "Renew", "Release"]
 
 
 def test_a_claim_merely_due_for_renewal_runs_and_its_lease_counts_from_before_the_claim() -> None:
     script = Scripted()
     script.run(slow_claim(script, INTERVAL + 1))
-    assert script.kinds() == ["Claim", "StartLease", "Run", "EndLease", "Complete"]
+    assert script.kinds() == ["ClaimRequest", "Run", "Completion"]
     start = script.effects[1]
-    assert isinstance(start, StartLease) and start.granted_at == script.attempt.claim.now
+    assert isinstance(start, Run) and start.granted_at == script.attempt.claim.now
     leases = Leases()
     # Due at once: one interval after the lease was granted, not after the claim returned.
     assert leases.add(start) == script.attempt.claim.now + INTERVAL < script.clock.now()
@@ -412,35 +424,38 @@ LIVE = Ran(200, [(b"content-type", b"text/event-stream")], b"", live=True, ended
 def test_a_live_stream_is_completed_without_its_body_when_it_ends() -> None:
     script = Scripted()
     outcome = script.run(
-        store_that(Claim=CLAIMED, Run=LIVE, AwaitStreamEnd=StreamEnd(42, False), Complete=True)
+        store_that(
+            ClaimRequest=CLAIMED, Run=LIVE, AwaitStreamEnd=StreamEnd(42, False), Completion=True
+        )
     )
-    assert outcome == flow.Sent(LIVE)
+    assert outcome == LIVE
     assert script.kinds() == [
-        "Claim",
-        "StartLease",
+        "ClaimRequest",
         "Run",
         "AwaitStreamEnd",
         "EndLease",
-        "Complete",
+        "Completion",
     ]
     complete = script.effects[-1]
-    assert isinstance(complete, Complete)
-    assert complete.completion.streamed and complete.completion.body_size == 42
+    assert isinstance(complete, Completion)
+    assert complete.streamed and complete.body_size == 42
 
 
 def test_a_live_stream_that_failed_midway_releases_the_key() -> None:
     script = Scripted()
-    script.run(store_that(Claim=CLAIMED, Run=LIVE, AwaitStreamEnd=StreamEnd(7, True), Release=True))
+    script.run(
+        store_that(ClaimRequest=CLAIMED, Run=LIVE, AwaitStreamEnd=StreamEnd(7, True), Release=True)
+    )
     assert script.kinds()[-2:] == ["EndLease", "Release"]
 
 
 def test_a_stream_already_ended_when_the_app_returned_is_not_awaited() -> None:
     script = Scripted()
     ended = LIVE._replace(ended=True, size=9)
-    script.run(store_that(Claim=CLAIMED, Run=ended, Complete=True))
+    script.run(store_that(ClaimRequest=CLAIMED, Run=ended, Completion=True))
     assert "AwaitStreamEnd" not in script.kinds()
     complete = script.effects[-1]
-    assert isinstance(complete, Complete) and complete.completion.body_size == 9
+    assert isinstance(complete, Completion) and complete.body_size == 9
 
 
 # --- the drivers, on a real MemoryStore and a fake clock ------------------------------------------
@@ -452,7 +467,7 @@ def test_the_sync_driver_runs_an_attempt_against_a_store() -> None:
     renewals = ThreadRenewals(store, script.context.reporter, script.clock)
     driver = SyncDriver(store, script.clock, renewals)
     outcome = driver.drive(flow.attempt(script.context, script.attempt), lambda: CREATED)
-    assert outcome == flow.Sent(CREATED)
+    assert outcome == CREATED
     record = store.get(script.attempt.claim.key_hash)
     assert record is not None and record.status is Status.COMPLETED
     renewals.close()
@@ -469,7 +484,7 @@ def test_the_sync_driver_suspends_at_a_live_stream_and_resumes_when_it_ends() ->
         driver.drive(running, lambda: LIVE)
     record = store.get(script.attempt.claim.key_hash)
     assert record is not None and record.status is Status.IN_PROGRESS
-    assert driver.resume(running, StreamEnd(5, False)) == flow.Sent(LIVE)
+    assert driver.resume(running, StreamEnd(5, False)) == LIVE
     record = store.get(script.attempt.claim.key_hash)
     assert record is not None and record.status is Status.COMPLETED
     assert record.response_not_stored and record.response_size == 5
@@ -496,7 +511,7 @@ def test_the_thread_renewer_extends_a_running_lease_from_the_clock_time_it_renew
     store = MemoryStore()
     assert store.claim(script.attempt.claim) == CLAIMED
     renewals = ThreadRenewals(store, script.context.reporter, script.clock)
-    lease = StartLease(script.attempt, script.attempt.claim.now)
+    lease = Run(script.attempt, script.attempt.claim.now)
     leases = Leases()
     leases.add(lease)
     now = script.clock.advance(INTERVAL)
@@ -519,7 +534,7 @@ async def test_the_async_driver_runs_an_attempt_against_a_store() -> None:
         return CREATED
 
     outcome = await driver.drive(flow.attempt(script.context, script.attempt), run)
-    assert outcome == flow.Sent(CREATED)
+    assert outcome == CREATED
     record = store.get(script.attempt.claim.key_hash)
     assert record is not None and record.status is Status.COMPLETED
 
@@ -553,7 +568,7 @@ async def test_the_async_driver_releases_a_lost_claim_in_a_background_task() -> 
         store, script.clock, LoopRenewals(store, script.context.reporter, script.clock)
     )
     outcome = await driver.drive(flow.attempt(script.context, script.attempt))
-    assert isinstance(outcome, flow.Answer) and outcome.response.status == 503
+    assert isinstance(outcome, Problem) and outcome.status == 503
     assert store.get(script.attempt.claim.key_hash) is not None  # it landed
     for _ in range(10):  # the background task runs on this loop; the fake clock never waits
         await asyncio.sleep(0)

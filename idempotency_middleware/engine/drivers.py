@@ -15,11 +15,9 @@ from typing import Any, TypeVar
 
 from ..clock import Clock
 from ..renewal import LoopRenewals, ThreadRenewals
-from ..stores.base import AsyncStore, SyncStore
+from ..stores.base import AsyncStore, ClaimRequest, Completion, SyncStore
 from .effects import (
     AwaitStreamEnd,
-    Claim,
-    Complete,
     Effect,
     EndLease,
     Ran,
@@ -28,12 +26,27 @@ from .effects import (
     Run,
     Sleep,
     Spawn,
-    StartLease,
 )
 
 T = TypeVar("T")
 SyncRun = Callable[[], "Ran | None"]
 AsyncRun = Callable[[], Awaitable["Ran | None"]]
+
+# Which method of a driver performs each of the rarer effects (``_release`` ...): one table
+# for both drivers. The three of every call (claim, run, complete) are dispatched inline.
+_PERFORM = {
+    Release: "_release",
+    Renew: "_renew",
+    Sleep: "_sleep",
+    EndLease: "_end_lease",
+    AwaitStreamEnd: "_await_stream_end",
+    Spawn: "_spawn",
+}
+
+
+def _lease_ends_with_run(ran: Ran | None) -> bool:
+    """A live stream still going out keeps its lease until the flow yields ``EndLease``."""
+    return ran is None or ran.ended
 
 
 class Suspended(Exception):
@@ -68,40 +81,52 @@ class SyncDriver:
             except StopIteration as stop:
                 result: T = stop.value
                 return result
-            error = value = None
+            value = error = None
             try:
-                if type(effect) is Claim:
-                    value = store.claim(effect.request)
-                elif type(effect) is Complete:
-                    value = store.complete(effect.completion)
-                elif type(effect) is Release:
-                    value = store.release(effect.key_hash, effect.owner)
+                if type(effect) is ClaimRequest:
+                    value = store.claim(effect)
                 elif type(effect) is Run:
-                    assert run is not None, "a flow yielded Run with nothing to run"
-                    value = run()
-                elif type(effect) is StartLease:
-                    self.renewals.start(effect)
-                elif type(effect) is EndLease:
-                    self.renewals.stop(effect.owner)
-                elif type(effect) is Renew:
-                    value = store.renew(effect.key_hash, effect.owner, effect.lock_expires_at)
-                elif type(effect) is Sleep:
-                    self.clock.sleep(effect.seconds)
-                elif type(effect) is Spawn:
-                    threading.Thread(
-                        target=self.drive,
-                        args=(effect.flow,),
-                        name="idempotency-background",
-                        daemon=True,
-                    ).start()
-                elif type(effect) is AwaitStreamEnd:
-                    raise Suspended
-                else:  # pragma: no cover - the Effect union is closed
-                    raise TypeError(f"unknown effect {effect!r}")
+                    value = self._run(effect, run)
+                elif type(effect) is Completion:
+                    value = store.complete(effect)
+                else:
+                    value = getattr(self, _PERFORM[type(effect)])(effect)
             except Suspended:
                 raise
             except BaseException as raised:
                 error = raised
+
+    def _run(self, effect: Run, run: SyncRun | None) -> Ran | None:
+        assert run is not None, "a flow yielded Run with nothing to run"
+        self.renewals.start(effect)
+        try:
+            ran = run()
+        except BaseException:
+            self.renewals.stop(effect.attempt.claim.owner)
+            raise
+        if _lease_ends_with_run(ran):
+            self.renewals.stop(effect.attempt.claim.owner)
+        return ran
+
+    def _release(self, effect: Release) -> bool:
+        return self.store.release(effect.key_hash, effect.owner)
+
+    def _renew(self, effect: Renew) -> bool:
+        return self.store.renew(effect.key_hash, effect.owner, effect.lock_expires_at)
+
+    def _sleep(self, effect: Sleep) -> None:
+        self.clock.sleep(effect.seconds)
+
+    def _end_lease(self, effect: EndLease) -> None:
+        self.renewals.stop(effect.owner)
+
+    def _await_stream_end(self, effect: AwaitStreamEnd) -> None:
+        raise Suspended
+
+    def _spawn(self, effect: Spawn) -> None:
+        threading.Thread(
+            target=self.drive, args=(effect.flow,), name="idempotency-background", daemon=True
+        ).start()
 
 
 class AsyncDriver:
@@ -117,7 +142,7 @@ class AsyncDriver:
 
     async def drive(self, flow: Generator[Effect, Any, T], run: AsyncRun | None = None) -> T:
         """Run ``flow`` to its end and return its outcome (or raise what it raised)."""
-        store = self.store
+        store, renewals = self.store, self.renewals
         value: object = None
         error: BaseException | None = None
         while True:
@@ -126,32 +151,41 @@ class AsyncDriver:
             except StopIteration as stop:
                 result: T = stop.value
                 return result
-            error = value = None
+            value = error = None
             try:
-                if type(effect) is Claim:
-                    value = await store.aclaim(effect.request)
-                elif type(effect) is Complete:
-                    value = await store.acomplete(effect.completion)
-                elif type(effect) is Release:
-                    value = await store.arelease(effect.key_hash, effect.owner)
+                if type(effect) is ClaimRequest:
+                    value = await store.aclaim(effect)
                 elif type(effect) is Run:
                     assert run is not None, "a flow yielded Run with nothing to run"
-                    value = await run()
-                elif type(effect) is StartLease:
-                    self.renewals.start(effect)
-                elif type(effect) is EndLease:
-                    self.renewals.stop(effect.owner)
-                elif type(effect) is Renew:
-                    value = await store.arenew(
-                        effect.key_hash, effect.owner, effect.lock_expires_at
-                    )
-                elif type(effect) is Sleep:
-                    await self.clock.asleep(effect.seconds)
-                elif type(effect) is Spawn:
-                    task = asyncio.get_running_loop().create_task(self.drive(effect.flow))
-                    self._background.add(task)
-                    task.add_done_callback(self._background.discard)
-                else:  # AwaitStreamEnd: an ASGI stream has ended when the app returns
-                    raise TypeError(f"the async driver cannot interpret {effect!r}")
+                    renewals.start(effect)
+                    try:
+                        value = await run()
+                    finally:
+                        # An ASGI response, live or not, has been sent when the app returns.
+                        renewals.stop(effect.attempt.claim.owner)
+                elif type(effect) is Completion:
+                    value = await store.acomplete(effect)
+                else:
+                    value = await getattr(self, _PERFORM[type(effect)])(effect)
             except BaseException as raised:
                 error = raised
+
+    async def _release(self, effect: Release) -> bool:
+        return await self.store.arelease(effect.key_hash, effect.owner)
+
+    async def _renew(self, effect: Renew) -> bool:
+        return await self.store.arenew(effect.key_hash, effect.owner, effect.lock_expires_at)
+
+    async def _sleep(self, effect: Sleep) -> None:
+        await self.clock.asleep(effect.seconds)
+
+    async def _end_lease(self, effect: EndLease) -> None:
+        self.renewals.stop(effect.owner)
+
+    async def _await_stream_end(self, effect: AwaitStreamEnd) -> None:
+        raise TypeError(f"the async driver cannot interpret {effect!r}")
+
+    async def _spawn(self, effect: Spawn) -> None:
+        task = asyncio.get_running_loop().create_task(self.drive(effect.flow))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)

@@ -13,17 +13,9 @@ from typing import Any, NamedTuple
 from ..core import Attempt
 from ..stores.base import ClaimRequest, Completion
 
-
-class Claim(NamedTuple):
-    """``store.claim(request)`` -> ``Claimed | Held``."""
-
-    request: ClaimRequest
-
-
-class Complete(NamedTuple):
-    """``store.complete(completion)`` -> ``bool`` (``False``: fenced out)."""
-
-    completion: Completion
+# A ``ClaimRequest`` is itself the claim effect: ``store.claim(request)`` -> ``Claimed | Held``;
+# a ``Completion`` the completion effect: ``store.complete(completion)`` -> ``bool``
+# (``False``: fenced out). Yielding them as they are saves building a wrapper per request.
 
 
 class Release(NamedTuple):
@@ -48,24 +40,14 @@ class Sleep(NamedTuple):
 
 
 class Run(NamedTuple):
-    """Run the door's inner thing (app, function) -> ``Ran | None`` (``None``: it answered
-    nothing). Its exceptions are thrown into the attempt."""
-
-
-class StartLease(NamedTuple):
-    """Keep renewing the attempt's claim while it runs; the lease was granted at
-    ``granted_at`` (the time its deadline counts from) -> ``None``."""
+    """Run the door's inner thing (app, function) under a lease -> ``Ran | None`` (``None``:
+    it answered nothing). The driver renews the claim while it runs, counting from
+    ``granted_at`` (the time the lease's deadline counts from), and stops renewing when it
+    returns or raises, except for a live stream that has not ended (``EndLease`` ends that
+    one). Its exceptions are thrown into the attempt."""
 
     attempt: Attempt
     granted_at: float
-
-    @property
-    def owner(self) -> str:
-        return self.attempt.claim.owner
-
-    @property
-    def renewal_interval(self) -> float:
-        return self.attempt.policy.renewal_interval
 
 
 class EndLease(NamedTuple):
@@ -79,6 +61,9 @@ class AwaitStreamEnd(NamedTuple):
     driver suspends the attempt here (a WSGI stream ends after the call returned)."""
 
 
+AWAIT_STREAM_END = AwaitStreamEnd()
+
+
 class Spawn(NamedTuple):
     """Run another flow in the background (a task, or a daemon thread) -> ``None``."""
 
@@ -86,16 +71,7 @@ class Spawn(NamedTuple):
 
 
 Effect = (
-    Claim
-    | Complete
-    | Release
-    | Renew
-    | Sleep
-    | Run
-    | StartLease
-    | EndLease
-    | AwaitStreamEnd
-    | Spawn
+    ClaimRequest | Completion | Release | Renew | Sleep | Run | EndLease | AwaitStreamEnd | Spawn
 )
 
 

@@ -27,11 +27,9 @@ from ..events import EventKind, Reporter
 from ..options import Options
 from ..problems import Problem
 from ..records import StoredResponse
-from ..stores.base import Held, StoreUnavailable
+from ..stores.base import Completion, Held, StoreUnavailable
 from .effects import (
-    AwaitStreamEnd,
-    Claim,
-    Complete,
+    AWAIT_STREAM_END,
     Effect,
     EndLease,
     Ran,
@@ -40,29 +38,18 @@ from .effects import (
     Run,
     Sleep,
     Spawn,
-    StartLease,
     StreamEnd,
 )
-
-
-class Answer(NamedTuple):
-    """The door sends this instead of running anything: a replay or a problem."""
-
-    response: StoredResponse | Problem
 
 
 class RunUnprotected(NamedTuple):
     """The claim failed and ``on_store_error="run"``: run the inner thing with no claim."""
 
 
-class Sent(NamedTuple):
-    """The inner thing ran under the claim; ``ran`` is its answer (``None``: it answered
-    nothing). The door sends it unless it went out live."""
-
-    ran: Ran | None
-
-
-Outcome = Answer | RunUnprotected | Sent
+# ``Ran``: the inner thing ran under the claim; the door sends its answer unless it went out
+# live. ``None``: it ran and answered nothing.
+# ``StoredResponse``: replay it. ``Problem``: answer it (409, 422, 410, 503).
+Outcome = StoredResponse | Problem | RunUnprotected | Ran | None
 Flow = Generator[Effect, Any, Outcome]
 
 RUN_UNPROTECTED = RunUnprotected()
@@ -94,52 +81,43 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
     if cache is not None:
         cached = cache.get(claim.key_hash, claim.now)
         if cached is not None:
-            return _answer(context, attempt, core.answer_held(cached, claim.fingerprint), None)
+            answer = core.answer_held(cached, claim.fingerprint)
+            context.reporter.report(attempt, core.held_event_kind(answer), status=answer.status)
+            return answer
     started = time.perf_counter()
     try:
-        result = yield Claim(claim)
+        result = yield claim
     except StoreUnavailable as error:
         context.reporter.report(attempt, "store_error", operation="claim", error=repr(error))
         yield Spawn(release_lost_claim(attempt))
         if context.on_store_error == "run":
             context.reporter.report(attempt, "fail_open")
             return RUN_UNPROTECTED
-        return Answer(core.store_unavailable())
+        return core.store_unavailable()
     except BaseException:
         # Cancelled (a deadline, a shutdown) with the claim possibly on the wire.
         yield Spawn(release_lost_claim(attempt))
         raise
     latency_ms = (time.perf_counter() - started) * 1000
     taken_over = False
-    if isinstance(result, Held):
+    if type(result) is Held:
         record = result.record
-        if not core.is_own_claim(record, claim):
+        if record.owner != claim.owner or not core.is_own_claim(record, claim):
             if cache is not None:
                 cache.put(record)
             answer = core.answer_held(record, claim.fingerprint)
-            return _answer(context, attempt, answer, latency_ms)
+            context.reporter.report(
+                attempt,
+                core.held_event_kind(answer),
+                status=answer.status,
+                store_latency_ms=latency_ms,
+            )
+            return answer
         # Our claim landed but its answer was lost, and the client re-sent it: it is ours.
     else:
         taken_over = result.taken_over
     kind: EventKind = "taken_over" if taken_over else "claimed"
     context.reporter.report(attempt, kind, store_latency_ms=latency_ms)
-    return (yield from _run_claimed(context, attempt))
-
-
-def _answer(
-    context: Context,
-    attempt: core.Attempt,
-    answer: StoredResponse | Problem,
-    latency_ms: float | None,
-) -> Answer:
-    context.reporter.report(
-        attempt, core.held_event_kind(answer), status=answer.status, store_latency_ms=latency_ms
-    )
-    return Answer(answer)
-
-
-def _run_claimed(context: Context, attempt: core.Attempt) -> Flow:
-    claim = attempt.claim
     policy = attempt.policy
     granted_at = claim.now
     now = context.clock.now()
@@ -153,65 +131,70 @@ def _run_claimed(context: Context, attempt: core.Attempt) -> Flow:
         except StoreUnavailable as error:
             context.reporter.report(attempt, "store_error", operation="renew", error=repr(error))
             yield from _release(context, attempt)
-            return Answer(core.store_unavailable())
+            return core.store_unavailable()
         if not renewed:
             # Taken over while the claim was in flight: the other request runs, not us.
             context.reporter.report(attempt, "lost", status=409)
-            return Answer(core.key_in_progress())
+            return core.key_in_progress()
         granted_at = now
-    yield StartLease(attempt, granted_at)
     try:
-        ran = yield Run()
-        end = (yield AwaitStreamEnd()) if ran is not None and not ran.ended else None
+        ran: Ran | None = yield Run(attempt, granted_at)
+        end = None
+        if ran is not None and not ran.ended:
+            # A live stream still going out: the door resumes us with how it ended (a
+            # ``StreamEnd``, never an exception), and its lease ends with it.
+            end = yield AWAIT_STREAM_END
+            yield EndLease(claim.owner)
     except BaseException:
         # Raised or cancelled: nothing is kept, so a retry runs the handler again.
-        yield EndLease(claim.owner)
         yield from _release(context, attempt)
         raise
-    yield EndLease(claim.owner)
     if ran is None or not core.keeps_response(ran.status) or (end is not None and end.failed):
         yield from _release(context, attempt)
-    else:
-        streamed_size = None if not ran.live else (ran.size if end is None else end.size)
-        completion = core.completion_for(
-            attempt,
-            ran.status,
-            ran.headers,
-            ran.body,
-            context.clock.now(),
-            streamed_size=streamed_size,
-        )
-        stored = yield from _finish(context, attempt, Complete(completion), "complete")
-        if stored is not None:
-            context.reporter.report(attempt, "completed" if stored else "lost", status=ran.status)
-    return Sent(ran)
+        return ran
+    streamed_size = None if not ran.live else (ran.size if end is None else end.size)
+    completion = core.completion_for(
+        attempt, ran.status, ran.headers, ran.body, context.clock.now(), streamed_size=streamed_size
+    )
+    try:
+        stored = yield completion
+    except StoreUnavailable as error:
+        stored = yield from _retry_finish(context, attempt, completion, "complete", error)
+    if stored is not None:
+        context.reporter.report(attempt, "completed" if stored else "lost", status=ran.status)
+    return ran
 
 
 def _release(context: Context, attempt: core.Attempt) -> Generator[Effect, Any, None]:
     claim = attempt.claim
-    released = yield from _finish(context, attempt, Release(claim.key_hash, claim.owner), "release")
+    release = Release(claim.key_hash, claim.owner)
+    try:
+        released = yield release
+    except StoreUnavailable as error:
+        released = yield from _retry_finish(context, attempt, release, "release", error)
     if released is not None:
         # Fenced out: another request took the key over while we ran; nothing was deleted.
         context.reporter.report(attempt, "released" if released else "lost")
 
 
-def _finish(
-    context: Context, attempt: core.Attempt, effect: Complete | Release, operation: str
+def _retry_finish(
+    context: Context,
+    attempt: core.Attempt,
+    effect: Completion | Release,
+    operation: str,
+    error: StoreUnavailable,
 ) -> Generator[Effect, Any, bool | None]:
-    """A finishing write, retried with backoff; ``None`` (and an ERROR event) if it never
+    """Retry a failed finishing write with backoff; ``None`` (and an ERROR event) if it never
     lands: losing it costs a second run after the lock timeout (complete) or a key locked
     until then (release)."""
-    error: StoreUnavailable | None = None
-    for number in range(core.FINISH_ATTEMPTS):
-        if number:
-            yield Sleep(core.finish_delay(number))
+    for number in range(1, core.FINISH_ATTEMPTS):
+        yield Sleep(core.finish_delay(number))
         try:
             done: bool = yield effect
         except StoreUnavailable as next_error:
             error = next_error
             continue
         return done
-    assert error is not None
     context.reporter.report(
         attempt,
         "store_error",
@@ -237,12 +220,10 @@ def release_lost_claim(attempt: core.Attempt) -> Generator[Effect, Any, None]:
 
 __all__ = [
     "RUN_UNPROTECTED",
-    "Answer",
     "Context",
     "Flow",
     "Outcome",
     "RunUnprotected",
-    "Sent",
     "StreamEnd",
     "attempt",
     "release_lost_claim",
