@@ -13,13 +13,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Protocol
 
 import orjson
 
 from .keys import InvalidKey, parse_idempotency_key, storage_key
 from .records import Record
-from .stores.base import StoreUnavailable
+from .stores.base import StoreUnavailable, SyncOperations
 from .stores.dynamodb_sync import DynamoDBStore
 
 EXIT_OK = 0
@@ -30,6 +30,12 @@ EXIT_STORE = 3
 
 class _UsageError(Exception):
     pass
+
+
+class OperatorStore(SyncOperations, Protocol):
+    """What the command line needs of a store: the operator interface, then ``close``."""
+
+    def close(self) -> None: ...
 
 
 def _store_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _open_store(arguments: argparse.Namespace) -> Any:
+def _open_store(arguments: argparse.Namespace) -> OperatorStore:
     if arguments.sqlite:
         from .stores.sqlite import SQLiteStore
 
@@ -101,9 +107,12 @@ def _storage_key(arguments: argparse.Namespace) -> str:
     return storage_key(arguments.method.upper(), arguments.route, arguments.scope, key)
 
 
-def record_as_json(record: Record) -> dict[str, Any]:
-    """A record as printable JSON: the body as text when it is UTF-8, else as hex."""
-    described: dict[str, Any] = {
+def record_as_json(record: Record) -> dict[str, object]:
+    """A record as printable JSON: the body as text when it is UTF-8, else as hex.
+
+    Deadlines are the stored epoch seconds, unconverted, as the store compares them.
+    """
+    described: dict[str, object] = {
         "key_hash": record.key_hash,
         "status": record.status.value,
         "fingerprint": record.fingerprint,
@@ -157,7 +166,10 @@ def _run(arguments: argparse.Namespace) -> int:
         if arguments.command == "show":
             print(orjson.dumps(record_as_json(record), option=orjson.OPT_INDENT_2).decode())
             return EXIT_OK
-        store.delete(key)
+        if not store.delete(key):
+            # Gone between our read and our delete (released, or another operator).
+            print(f"no record for key hash {key}", file=sys.stderr)
+            return EXIT_NOT_FOUND
         print(f"deleted record {key} ({record.status.value})")
         return EXIT_OK
     finally:

@@ -65,6 +65,24 @@ def test_show_prints_the_decoded_record_of_a_key(
     assert shown["key_hash"] == storage_key("POST", "/orders", None, "order-1")
 
 
+def test_show_prints_deadlines_as_the_stored_epoch_seconds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from idempotency_middleware import SQLiteStore
+
+    path = str(tmp_path / "idem.sqlite3")
+    hashed = storage_key("POST", "/orders", None, "k")
+    claimed_at, completed_at = 1_700_000_000.25, 1_700_000_001.5
+    with SQLiteStore(path) as store:
+        store.claim(ClaimRequest(hashed, "fp", "owner", claimed_at, lock_timeout_seconds=30))
+        response = StoredResponse(201, [], b"{}")
+        store.complete(Completion(hashed, "owner", completed_at, 60, response))
+    assert main(["show", "k", "--route", "/orders", "--sqlite", path]) == EXIT_OK
+    shown = orjson.loads(capsys.readouterr().out)
+    assert shown["lock_expires_at"] == claimed_at + 30
+    assert shown["expires_at"] == completed_at + 60
+
+
 def test_show_honours_the_scope(
     moto_endpoint: str, dynamodb_table: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -2,7 +2,8 @@
 TTL between our describe and our update is success, not a store failure.
 
 moto accepts a second UpdateTimeToLive, so only DynamoDB Local (and real DynamoDB) shows the
-race; the DynamoDB Local case runs when ``IDEMPOTENCY_DYNAMODB_LOCAL_URL`` is set.
+race; the DynamoDB Local case runs when ``IDEMPOTENCY_DYNAMODB_LOCAL_URL`` is set
+(scripts/dynamodb-local.sh) and is reported as skipped otherwise.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import pytest
 
 from idempotency_middleware import DynamoDBStore
 
-from .conftest import DYNAMODB_LOCAL_URL, REGION
+from .conftest import REGION
 
-BACKENDS = ["moto", *(["dynamodb-local"] if DYNAMODB_LOCAL_URL else [])]
+BACKENDS = ["moto", "dynamodb-local"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -31,6 +31,7 @@ from idempotency_middleware.stores.base import (
     SyncStore,
 )
 from idempotency_middleware.stores.sqlite import SQLiteStore
+from idempotency_middleware.testing import FakeClock
 from idempotency_middleware.wsgi import Environ, StartResponse, WSGIApp
 from tests.servers import HOST, free_port, serve_wsgi
 from tests.sqlite_worker_app import CLAIM_ROUNDS, claim_one_key_in_rounds
@@ -419,18 +420,31 @@ def test_purge_expired_deletes_expired_records_only(store: SQLiteStore) -> None:
 
 
 def test_writes_purge_expired_records_at_most_once_per_interval(tmp_path: Path) -> None:
-    now = time.time()
-    with SQLiteStore(tmp_path / "db.sqlite3", purge_interval_seconds=0.5) as store:
+    clock = FakeClock()
+    now = clock.now()
+    with SQLiteStore(tmp_path / "db.sqlite3", purge_interval_seconds=60, clock=clock) as store:
         # The first write of the process purges (nothing yet); the expired rows written
         # within the interval stay stored.
         _expired_rows(store, 3, now)
+        clock.advance(59.9)
         store.claim(claim_request("fresh-1", now=now))
         old = [f"old-{n}" for n in range(3)]
         assert _stored_keys(store, old) == set(old)
-        time.sleep(0.55)
+        clock.advance(0.2)
         store.claim(claim_request("fresh-2", now=now))  # this write purges
         assert _stored_keys(store, old) == set()
         assert _stored_keys(store, ["fresh-1", "fresh-2"]) == {"fresh-1", "fresh-2"}
+
+
+def test_purge_expired_defaults_to_the_stores_clock(tmp_path: Path) -> None:
+    clock = FakeClock()
+    with SQLiteStore(tmp_path / "db.sqlite3", purge_interval_seconds=None, clock=clock) as store:
+        store.claim(claim_request("done", now=clock.now()))
+        store.complete(completion("done", now=clock.now(), ttl=TTL))
+        assert store.purge_expired() == 0
+        clock.advance(TTL + 1)
+        assert store.purge_expired() == 1
+        assert store.get("done") is None
 
 
 def test_a_full_purge_batch_lets_the_next_write_continue(tmp_path: Path) -> None:
@@ -496,10 +510,17 @@ async def test_async_methods_follow_the_protocol(store: SQLiteStore) -> None:
     assert await store.adelete("k") is True
 
 
-async def test_async_context_manager_closes_the_store(tmp_path: Path) -> None:
+async def test_async_context_manager_stops_the_stores_threads(tmp_path: Path) -> None:
+    before = set(threading.enumerate())
     async with SQLiteStore(tmp_path / "db.sqlite3") as store:
         assert await store.aclaim(claim_request()) == Claimed()
-    assert store._executor is None
+        started = [
+            thread
+            for thread in set(threading.enumerate()) - before
+            if thread.name.startswith("idempotency-sqlite")
+        ]
+        assert started
+    assert not any(thread.is_alive() for thread in started)
 
 
 async def test_async_methods_do_not_block_the_event_loop(write_lock_held: Path) -> None:

@@ -1,10 +1,16 @@
-"""One contract for every store: MemoryStore, DynamoDBStore (boto3) and AsyncDynamoDBStore
-(aioboto3), the DynamoDB ones on moto's server over real HTTP, and also on Amazon's DynamoDB
-Local when ``IDEMPOTENCY_DYNAMODB_LOCAL_URL`` is set (scripts/dynamodb-local.sh does that).
+"""The store contract: what every store guarantees, run against every store.
 
-Time is the ``now`` each request carries, so lock timeouts and TTLs are crossed by asking
-with a later ``now`` rather than by sleeping. The async store is driven through an adapter
-that runs each call on one event loop kept for the test, so the same bodies test all three.
+Kinds: MemoryStore and SQLiteStore, each through its sync and its async methods;
+DynamoDBStore (boto3) and AsyncDynamoDBStore (aioboto3) on moto's server over real HTTP; and
+both DynamoDB stores on Amazon's DynamoDB Local. The DynamoDB Local cases are always
+generated and reported as skipped unless ``IDEMPOTENCY_DYNAMODB_LOCAL_URL`` is set, which
+``scripts/dynamodb-local.sh`` does (it selects them with ``-k dynamodb-local``).
+
+A store is done when it passes this module. Time is the ``now`` each request carries, so
+lock timeouts and TTLs are crossed by asking with a later ``now`` rather than by sleeping.
+Async stores are driven through an adapter that runs each call on one event loop kept for
+the test, so the same test bodies hold every store to the same contract, including the
+operator interface (``get``, ``delete``, ``create_table`` and their ``a``-prefixed forms).
 """
 
 from __future__ import annotations
@@ -15,23 +21,28 @@ import os
 import time
 import uuid
 from collections.abc import Coroutine, Iterator
+from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 import boto3
 import pytest
 
-from idempotency_middleware import AsyncDynamoDBStore, DynamoDBStore, MemoryStore
+from idempotency_middleware import AsyncDynamoDBStore, DynamoDBStore, MemoryStore, SQLiteStore
 from idempotency_middleware.records import Record, Status, StoredResponse
-from idempotency_middleware.stores.base import (
+from idempotency_middleware.stores import (
+    AsyncOperations,
+    AsyncStore,
     Claimed,
     ClaimRequest,
     ClaimResult,
     Completion,
     Held,
     StoreUnavailable,
+    SyncOperations,
+    SyncStore,
 )
 from idempotency_middleware.stores.dynamodb import MAX_ITEM_RESPONSE_BYTES
-from tests.conftest import DYNAMODB_LOCAL_URL, REGION
+from tests.conftest import REGION
 from tests.servers import free_port
 
 T = TypeVar("T")
@@ -49,21 +60,66 @@ TOO_LARGE_BODY_SIZE = 600 * 1024
 class Driver(Protocol):
     """The store operations the contract exercises, called synchronously."""
 
+    @property
+    def store(self) -> object:
+        """The store under test itself."""
+        ...
+
     def claim(self, request: ClaimRequest) -> ClaimResult: ...
 
     def complete(self, completion: Completion) -> bool: ...
 
-    def release(self, key: str, owner: str) -> bool: ...
+    def release(self, key_hash: str, owner: str) -> bool: ...
 
-    def renew(self, key: str, owner: str, lock_expires_at: float) -> bool: ...
+    def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool: ...
 
-    def get(self, key: str) -> Record | None: ...
+    def get(self, key_hash: str) -> Record | None: ...
+
+    def delete(self, key_hash: str) -> bool: ...
+
+    def create_table(self) -> None: ...
+
+
+class ContractSyncStore(SyncStore, SyncOperations, Protocol):
+    """A sync store: the store protocol and the operator interface."""
+
+
+class ContractAsyncStore(AsyncStore, AsyncOperations, Protocol):
+    """An async store: the store protocol and the operator interface."""
+
+
+class SyncDriver:
+    """Calls a sync store's methods as they are."""
+
+    def __init__(self, store: ContractSyncStore) -> None:
+        self.store = store
+
+    def claim(self, request: ClaimRequest) -> ClaimResult:
+        return self.store.claim(request)
+
+    def complete(self, completion: Completion) -> bool:
+        return self.store.complete(completion)
+
+    def release(self, key_hash: str, owner: str) -> bool:
+        return self.store.release(key_hash, owner)
+
+    def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
+        return self.store.renew(key_hash, owner, lock_expires_at)
+
+    def get(self, key_hash: str) -> Record | None:
+        return self.store.get(key_hash)
+
+    def delete(self, key_hash: str) -> bool:
+        return self.store.delete(key_hash)
+
+    def create_table(self) -> None:
+        return self.store.create_table()
 
 
 class AsyncDriver:
-    """Runs ``AsyncDynamoDBStore`` calls on one event loop, kept for the whole test."""
+    """Runs an async store's ``a``-prefixed methods on one event loop, kept for the test."""
 
-    def __init__(self, store: AsyncDynamoDBStore, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, store: ContractAsyncStore, loop: asyncio.AbstractEventLoop) -> None:
         self.store = store
         self.loop = loop
 
@@ -76,27 +132,31 @@ class AsyncDriver:
     def complete(self, completion: Completion) -> bool:
         return self.run(self.store.acomplete(completion))
 
-    def release(self, key: str, owner: str) -> bool:
-        return self.run(self.store.arelease(key, owner))
+    def release(self, key_hash: str, owner: str) -> bool:
+        return self.run(self.store.arelease(key_hash, owner))
 
-    def renew(self, key: str, owner: str, lock_expires_at: float) -> bool:
-        return self.run(self.store.arenew(key, owner, lock_expires_at))
+    def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
+        return self.run(self.store.arenew(key_hash, owner, lock_expires_at))
 
-    def get(self, key: str) -> Record | None:
-        return self.run(self.store.get(key))
+    def get(self, key_hash: str) -> Record | None:
+        return self.run(self.store.aget(key_hash))
 
-    def client(self) -> Any:
-        return self.run(self.store.client())
+    def delete(self, key_hash: str) -> bool:
+        return self.run(self.store.adelete(key_hash))
 
     def create_table(self) -> None:
-        self.run(self.store.create_table())
+        return self.run(self.store.acreate_table())
 
 
-# The DynamoDB Local kinds exist only when its URL is given: no case is generated otherwise.
-LOCAL_KINDS = ["dynamodb-local-sync", "dynamodb-local-async"] if DYNAMODB_LOCAL_URL else []
-ASYNC_KINDS = {"dynamodb-async", "dynamodb-local-async"}
-STORE_KINDS = ["memory", "dynamodb", "dynamodb-async", *LOCAL_KINDS]
+# Every kind is always generated: the DynamoDB Local ones skip (with the reason) when its URL
+# is not set, through the dynamodb_local_endpoint fixture.
+LOCAL_KINDS = ["dynamodb-local", "dynamodb-local-async"]
 DYNAMODB_KINDS = ["dynamodb", "dynamodb-async", *LOCAL_KINDS]
+STORE_KINDS = ["memory", "memory-async", "sqlite", "sqlite-async", *DYNAMODB_KINDS]
+
+
+def is_async(kind: str) -> bool:
+    return kind.endswith("-async")
 
 
 @pytest.fixture(scope="module")
@@ -145,35 +205,64 @@ def sessions() -> tuple[Any, Any]:
     return boto3.session.Session(), aioboto3.Session()
 
 
-def open_driver(request: pytest.FixtureRequest, kind: str) -> Iterator[Driver]:
-    if kind == "memory":
-        # Mimics DynamoDB's item limit, so "too large" means the same thing everywhere.
-        yield MemoryStore(max_response_bytes=MAX_ITEM_RESPONSE_BYTES)
-        return
-    endpoint, table = target_of(request, kind)
-    sync_session, async_session = request.getfixturevalue("sessions")
-    if kind not in ASYNC_KINDS:
-        with DynamoDBStore(
-            table, endpoint_url=endpoint, region_name=REGION, session=sync_session
-        ) as store:
-            yield store
-        return
+def drive_async(store: ContractAsyncStore) -> Iterator[AsyncDriver]:
+    """An ``AsyncDriver`` on a fresh event loop; the store is closed on that loop after."""
     loop = asyncio.new_event_loop()
     try:
-        async_store = AsyncDynamoDBStore(
-            table, endpoint_url=endpoint, region_name=REGION, session=async_session
-        )
         try:
-            yield AsyncDriver(async_store, loop)
+            yield AsyncDriver(store, loop)
         finally:
-            loop.run_until_complete(async_store.aclose())
+            aclose = getattr(store, "aclose", None)
+            if aclose is not None:
+                loop.run_until_complete(aclose())
     finally:
         loop.close()
 
 
+def open_driver(request: pytest.FixtureRequest, kind: str) -> Iterator[Driver]:
+    if kind in ("memory", "memory-async"):
+        # Mimics DynamoDB's item limit, so "too large" means the same thing everywhere.
+        memory = MemoryStore(max_response_bytes=MAX_ITEM_RESPONSE_BYTES)
+        if is_async(kind):
+            yield from drive_async(memory)
+        else:
+            yield SyncDriver(memory)
+        return
+    if kind in ("sqlite", "sqlite-async"):
+        tmp_path: Path = request.getfixturevalue("tmp_path")
+        sqlite = SQLiteStore(
+            tmp_path / "contract.sqlite3", max_response_bytes=MAX_ITEM_RESPONSE_BYTES
+        )
+        if is_async(kind):
+            yield from drive_async(sqlite)
+        else:
+            with sqlite:
+                yield SyncDriver(sqlite)
+        return
+    endpoint, table = target_of(request, kind)
+    sync_session, async_session = request.getfixturevalue("sessions")
+    if is_async(kind):
+        yield from drive_async(
+            AsyncDynamoDBStore(
+                table, endpoint_url=endpoint, region_name=REGION, session=async_session
+            )
+        )
+        return
+    with DynamoDBStore(
+        table, endpoint_url=endpoint, region_name=REGION, session=sync_session
+    ) as store:
+        yield SyncDriver(store)
+
+
 @pytest.fixture(params=STORE_KINDS)
-def store(request: pytest.FixtureRequest) -> Iterator[Driver]:
-    yield from open_driver(request, request.param)
+def store_kind(request: pytest.FixtureRequest) -> str:
+    kind: str = request.param
+    return kind
+
+
+@pytest.fixture
+def store(request: pytest.FixtureRequest, store_kind: str) -> Iterator[Driver]:
+    yield from open_driver(request, store_kind)
 
 
 @pytest.fixture(params=DYNAMODB_KINDS)
@@ -183,12 +272,8 @@ def dynamodb_kind(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def dynamodb_store(
-    request: pytest.FixtureRequest, dynamodb_kind: str
-) -> Iterator[DynamoDBStore | AsyncDriver]:
-    for opened in open_driver(request, dynamodb_kind):
-        assert isinstance(opened, (DynamoDBStore, AsyncDriver))
-        yield opened
+def dynamodb_store(request: pytest.FixtureRequest, dynamodb_kind: str) -> Iterator[Driver]:
+    yield from open_driver(request, dynamodb_kind)
 
 
 @pytest.fixture
@@ -233,6 +318,51 @@ def completion(
 def held_record(result: ClaimResult) -> Record:
     assert isinstance(result, Held), result
     return result.record
+
+
+# --- the protocols ----------------------------------------------------------------------
+
+
+def test_store_implements_the_protocol_and_operator_interface_of_its_flavour(
+    store: Driver, store_kind: str
+) -> None:
+    if is_async(store_kind):
+        assert isinstance(store.store, AsyncStore)
+        assert isinstance(store.store, AsyncOperations)
+    else:
+        assert isinstance(store.store, SyncStore)
+        assert isinstance(store.store, SyncOperations)
+
+
+# --- operators --------------------------------------------------------------------------
+
+
+def test_get_of_an_absent_key_is_none(store: Driver, key: str) -> None:
+    assert store.get(key) is None
+
+
+def test_delete_removes_a_record_whoever_owns_it_and_says_so(
+    store: Driver, key: str, now: float
+) -> None:
+    store.claim(claim_request(key, now))
+    assert store.delete(key) is True
+    assert store.get(key) is None
+    assert store.claim(claim_request(key, now + 0.1)) == Claimed(taken_over=False)
+
+
+def test_delete_of_an_absent_key_returns_false(store: Driver, key: str) -> None:
+    assert store.delete(key) is False
+
+
+def test_create_table_on_a_ready_store_keeps_its_records(
+    store: Driver, key: str, now: float
+) -> None:
+    claim = claim_request(key, now)
+    store.claim(claim)
+    store.create_table()
+    record = store.get(key)
+    assert record is not None
+    assert record.owner == claim.owner
 
 
 # --- claim ------------------------------------------------------------------------------
@@ -477,7 +607,7 @@ def test_response_just_under_the_item_limit_is_kept(store: Driver, key: str, now
 
 
 def test_large_compressible_response_fits_in_one_item(
-    dynamodb_store: DynamoDBStore | AsyncDriver, key: str, now: float
+    dynamodb_store: Driver, key: str, now: float
 ) -> None:
     claim = claim_request(key, now)
     dynamodb_store.claim(claim)
@@ -539,25 +669,25 @@ def boto3_client(endpoint: str) -> Any:
 
 
 @pytest.mark.parametrize("kind", DYNAMODB_KINDS)
-def test_create_table_twice_is_fine_and_enables_ttl(
+def test_create_table_twice_makes_an_on_demand_table_with_ttl(
     request: pytest.FixtureRequest, kind: str
 ) -> None:
     endpoint = endpoint_of(request, kind)
     name = f"idem-create-{uuid.uuid4().hex[:10]}"
-    if kind not in ASYNC_KINDS:
-        with DynamoDBStore(name, endpoint_url=endpoint, region_name=REGION) as sync_store:
-            sync_store.create_table()
-            sync_store.create_table()
-    else:
+    if is_async(kind):
 
         async def create_twice() -> None:
             async with AsyncDynamoDBStore(
                 name, endpoint_url=endpoint, region_name=REGION
             ) as async_store:
-                await async_store.create_table()
-                await async_store.create_table()
+                await async_store.acreate_table()
+                await async_store.acreate_table()
 
         asyncio.run(create_twice())
+    else:
+        with DynamoDBStore(name, endpoint_url=endpoint, region_name=REGION) as sync_store:
+            sync_store.create_table()
+            sync_store.create_table()
 
     client = boto3_client(endpoint)
     ttl = client.describe_time_to_live(TableName=name)["TimeToLiveDescription"]
@@ -568,8 +698,22 @@ def test_create_table_twice_is_fine_and_enables_ttl(
     assert table["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
 
 
+def test_async_store_create_table_keeps_its_awaitable_name(moto_endpoint: str) -> None:
+    name = f"idem-create-{uuid.uuid4().hex[:10]}"
+
+    async def create() -> None:
+        async with AsyncDynamoDBStore(
+            name, endpoint_url=moto_endpoint, region_name=REGION
+        ) as async_store:
+            await async_store.create_table()
+
+    asyncio.run(create())
+    status = boto3_client(moto_endpoint).describe_table(TableName=name)["Table"]["TableStatus"]
+    assert status == "ACTIVE"
+
+
 def test_ttl_attribute_is_whole_epoch_seconds_covering_the_deadline(
-    dynamodb_store: DynamoDBStore | AsyncDriver,
+    dynamodb_store: Driver,
     dynamodb_kind: str,
     request: pytest.FixtureRequest,
     key: str,
@@ -639,14 +783,16 @@ class CallCounter:
 
 
 @pytest.fixture
-def counter(dynamodb_store: DynamoDBStore | AsyncDriver) -> CallCounter:
+def counter(dynamodb_store: Driver) -> CallCounter:
     if isinstance(dynamodb_store, AsyncDriver):
-        return CallCounter(dynamodb_store.client())
-    return CallCounter(dynamodb_store.client)
+        assert isinstance(dynamodb_store.store, AsyncDynamoDBStore)
+        return CallCounter(dynamodb_store.run(dynamodb_store.store.client()))
+    assert isinstance(dynamodb_store.store, DynamoDBStore)
+    return CallCounter(dynamodb_store.store.client)
 
 
 def test_new_key_costs_one_claim_and_one_complete(
-    dynamodb_store: DynamoDBStore | AsyncDriver, counter: CallCounter, key: str, now: float
+    dynamodb_store: Driver, counter: CallCounter, key: str, now: float
 ) -> None:
     claim = claim_request(key, now)
     assert isinstance(dynamodb_store.claim(claim), Claimed)
@@ -655,7 +801,7 @@ def test_new_key_costs_one_claim_and_one_complete(
 
 
 def test_duplicate_of_an_in_progress_key_costs_one_call(
-    dynamodb_store: DynamoDBStore | AsyncDriver, counter: CallCounter, key: str, now: float
+    dynamodb_store: Driver, counter: CallCounter, key: str, now: float
 ) -> None:
     dynamodb_store.claim(claim_request(key, now))
     counter.take()
@@ -664,7 +810,7 @@ def test_duplicate_of_an_in_progress_key_costs_one_call(
 
 
 def test_duplicate_of_a_completed_key_costs_one_call(
-    dynamodb_store: DynamoDBStore | AsyncDriver, counter: CallCounter, key: str, now: float
+    dynamodb_store: Driver, counter: CallCounter, key: str, now: float
 ) -> None:
     claim = claim_request(key, now)
     dynamodb_store.claim(claim)
@@ -675,7 +821,7 @@ def test_duplicate_of_a_completed_key_costs_one_call(
 
 
 def test_take_over_and_release_cost_one_call_each(
-    dynamodb_store: DynamoDBStore | AsyncDriver, counter: CallCounter, key: str, now: float
+    dynamodb_store: Driver, counter: CallCounter, key: str, now: float
 ) -> None:
     dynamodb_store.claim(claim_request(key, now))
     counter.take()
@@ -684,6 +830,16 @@ def test_take_over_and_release_cost_one_call_each(
     assert counter.take() == ["PutItem"]
     assert dynamodb_store.release(key, heir.owner)
     assert counter.take() == ["DeleteItem"]
+
+
+def test_operator_delete_costs_one_call_whether_or_not_there_was_a_record(
+    dynamodb_store: Driver, counter: CallCounter, key: str, now: float
+) -> None:
+    dynamodb_store.claim(claim_request(key, now))
+    counter.take()
+    assert dynamodb_store.delete(key) is True
+    assert dynamodb_store.delete(key) is False
+    assert counter.take() == ["DeleteItem", "DeleteItem"]
 
 
 def test_memory_store_drops_expired_records_so_memory_stays_bounded() -> None:

@@ -1,8 +1,17 @@
 """The store protocol shared by every backend, in a sync and an async flavour.
 
-A store does three things, each one atomic: *claim* a key (or report the record that holds
-it), *complete* a claim with its response, and *release* a claim. Finishing is fenced by the
-claim's owner token, so an owner whose claim was taken over cannot touch the new record.
+A store does four things, each one atomic: *claim* a key (or report the record that holds
+it), *complete* a claim with its response, *release* a claim, and *renew* a running claim's
+lock. Finishing and renewing are fenced by the claim's owner token, so an owner whose claim
+was taken over cannot touch the new record. Operators also get a record, delete one, and
+create the table (:class:`SyncOperations`, :class:`AsyncOperations`).
+
+Writing a store: implement :class:`SyncStore` and :class:`SyncOperations` (or their async
+twins), take ``clock: Clock = SYSTEM_CLOCK`` for any time the store reads itself (claims and
+completions carry their own ``now``), and raise :class:`StoreUnavailable` when the backend
+cannot answer. A store doing blocking I/O gets its async half from
+:class:`~idempotency_middleware.stores.threaded.ThreadedStore`. A store is done when it passes
+the contract suite (``tests/test_store_contract.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +31,12 @@ class StoreUnavailable(Exception):
 
 
 class ClaimRequest(NamedTuple):
+    """Claim ``key_hash`` for ``owner`` at ``now``, holding it for ``lock_timeout_seconds``.
+
+    The claim succeeds when the key is absent, its record expired, or it is an in-progress
+    claim whose lock expired (a dead owner's: the claim takes it over).
+    """
+
     key_hash: str
     fingerprint: str
     owner: str
@@ -57,9 +72,13 @@ class Held(NamedTuple):
 
 
 ClaimResult = Claimed | Held
+"""What a claim answers: the caller owns the key, or someone else holds it."""
 
 
 class Completion(NamedTuple):
+    """``owner``'s claim on ``key_hash`` finished at ``now`` with ``response``, kept for
+    ``ttl_seconds``."""
+
     key_hash: str
     owner: str
     now: float
@@ -109,3 +128,32 @@ class AsyncStore(Protocol):
     async def arelease(self, key_hash: str, owner: str) -> bool: ...
 
     async def arenew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool: ...
+
+
+@runtime_checkable
+class SyncOperations(Protocol):
+    """What an operator (the command line, a runbook script) does with a sync store."""
+
+    def get(self, key_hash: str) -> Record | None:
+        """The record under ``key_hash`` as stored (expired or not)."""
+        ...
+
+    def delete(self, key_hash: str) -> bool:
+        """Remove a record whoever owns it (to re-drive failed work); ``True`` when there
+        was one."""
+        ...
+
+    def create_table(self) -> None:
+        """Create the store's table or schema; safe to call when it already exists."""
+        ...
+
+
+@runtime_checkable
+class AsyncOperations(Protocol):
+    """:class:`SyncOperations` for an async store."""
+
+    async def aget(self, key_hash: str) -> Record | None: ...
+
+    async def adelete(self, key_hash: str) -> bool: ...
+
+    async def acreate_table(self) -> None: ...

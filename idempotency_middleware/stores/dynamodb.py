@@ -24,14 +24,24 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ..clock import SYSTEM_CLOCK, Clock
 from ..records import Record, Status, decode_response, encode_response
 from .base import ClaimRequest, Completion, StoreUnavailable
 
 # DynamoDB items are capped at 400 KB including attribute names; leave room for the rest.
 MAX_ITEM_RESPONSE_BYTES = 350 * 1024
 
-# Error codes that mean "try again later": the store is unavailable, not the request bad.
+# The error code of a conditional write that lost (the request was fine, the item not).
 CONDITION_FAILED = "ConditionalCheckFailedException"
+
+# A claim whose conditional put fails without the holding item (a backend that ignores
+# ReturnValuesOnConditionCheckFailure) reads the holder instead; when that read finds the key
+# claimable again (the holder released or expired in between), it tries the put again, this
+# many times in all before answering that the store is unavailable.
+CLAIM_ATTEMPTS = 3
+
+# How often create_table() asks whether a new table is ACTIVE yet.
+TABLE_POLL_SECONDS = 0.5
 
 Item = dict[str, dict[str, Any]]
 
@@ -178,8 +188,9 @@ class OverflowSettings:
     prefix: str = "idempotency/"
     endpoint_url: str | None = None
 
-    def object_key(self, key: str, owner: str) -> str:
-        return f"{self.prefix}{key}/{owner}"
+    def object_key(self, key_hash: str, owner: str) -> str:
+        """The S3 object key of ``owner``'s response for ``key_hash``."""
+        return f"{self.prefix}{key_hash}/{owner}"
 
 
 def overflow_reference(item: Item) -> str | None:
@@ -187,22 +198,32 @@ def overflow_reference(item: Item) -> str | None:
     return str(ref) if ref else None
 
 
-def release_request(layout: TableLayout, key: str, owner: str) -> dict[str, Any]:
+def release_request(layout: TableLayout, key_hash: str, owner: str) -> dict[str, Any]:
+    """DeleteItem conditional on the owner token. On failure DynamoDB returns the item that
+    holds the key, if any (see ``released_by_an_earlier_attempt``)."""
     return {
         "TableName": layout.table_name,
-        "Key": {layout.key_attribute: {"S": key}},
+        "Key": {layout.key_attribute: {"S": key_hash}},
         "ConditionExpression": "#owner = :owner",
         "ExpressionAttributeNames": _names(layout, "#owner"),
         "ExpressionAttributeValues": {":owner": {"S": owner}},
+        "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
     }
 
 
+def released_by_an_earlier_attempt(failed: ConditionFailed) -> bool:
+    """A release that failed its condition on an item that is gone, after botocore re-sent
+    it: the first attempt landed (its answer was lost) and deleted our claim."""
+    return failed.item is None and failed.retried
+
+
 def renew_request(
-    layout: TableLayout, key: str, owner: str, lock_expires_at: float
+    layout: TableLayout, key_hash: str, owner: str, lock_expires_at: float
 ) -> dict[str, Any]:
+    """UpdateItem moving an in-progress claim's lock, conditional on the owner token."""
     return {
         "TableName": layout.table_name,
-        "Key": {layout.key_attribute: {"S": key}},
+        "Key": {layout.key_attribute: {"S": key_hash}},
         "UpdateExpression": "SET #lock = :lock, #exp = :lock, #ttl = :ttl",
         "ConditionExpression": "#owner = :owner AND #status = :in_progress",
         "ExpressionAttributeNames": _names(layout, "#lock", "#exp", "#ttl", "#owner", "#status"),
@@ -215,16 +236,28 @@ def renew_request(
     }
 
 
-def get_request(layout: TableLayout, key: str) -> dict[str, Any]:
+def get_request(layout: TableLayout, key_hash: str) -> dict[str, Any]:
+    """A strongly consistent GetItem (a claim's fallback read must see the latest write)."""
     return {
         "TableName": layout.table_name,
-        "Key": {layout.key_attribute: {"S": key}},
+        "Key": {layout.key_attribute: {"S": key_hash}},
         "ConsistentRead": True,
     }
 
 
-def delete_request(layout: TableLayout, key: str) -> dict[str, Any]:
-    return {"TableName": layout.table_name, "Key": {layout.key_attribute: {"S": key}}}
+def delete_request(layout: TableLayout, key_hash: str) -> dict[str, Any]:
+    """An unconditional DeleteItem returning the deleted item, so the caller knows whether
+    there was one (in the same call)."""
+    return {
+        "TableName": layout.table_name,
+        "Key": {layout.key_attribute: {"S": key_hash}},
+        "ReturnValues": "ALL_OLD",
+    }
+
+
+def deleted_something(response: dict[str, Any]) -> bool:
+    """Whether a :func:`delete_request` removed an item."""
+    return bool(response.get("Attributes"))
 
 
 def item_to_record(layout: TableLayout, item: Item, overflow_blob: bytes | None = None) -> Record:
@@ -252,6 +285,7 @@ def item_to_record(layout: TableLayout, item: Item, overflow_blob: bytes | None 
 
 
 def create_table_request(layout: TableLayout) -> dict[str, Any]:
+    """CreateTable: string partition key, on-demand billing."""
     return {
         "TableName": layout.table_name,
         "AttributeDefinitions": [{"AttributeName": layout.key_attribute, "AttributeType": "S"}],
@@ -260,7 +294,18 @@ def create_table_request(layout: TableLayout) -> dict[str, Any]:
     }
 
 
+def table_request(layout: TableLayout) -> dict[str, Any]:
+    """DescribeTable or DescribeTimeToLive: the table's name alone."""
+    return {"TableName": layout.table_name}
+
+
+def table_active(describe_table_response: dict[str, Any]) -> bool:
+    """Whether DescribeTable says the table takes reads and writes."""
+    return bool(describe_table_response["Table"]["TableStatus"] == "ACTIVE")
+
+
 def enable_ttl_request(layout: TableLayout) -> dict[str, Any]:
+    """UpdateTimeToLive enabling the sweeper on the TTL attribute."""
     return {
         "TableName": layout.table_name,
         "TimeToLiveSpecification": {"Enabled": True, "AttributeName": layout.ttl_attribute},
@@ -268,6 +313,7 @@ def enable_ttl_request(layout: TableLayout) -> dict[str, Any]:
 
 
 def ttl_enabled(describe_ttl_response: dict[str, Any], layout: TableLayout) -> bool:
+    """Whether DescribeTimeToLive says TTL is on (or turning on) for our attribute."""
     description = describe_ttl_response.get("TimeToLiveDescription", {})
     return description.get("TimeToLiveStatus") in ("ENABLED", "ENABLING") and (
         description.get("AttributeName") == layout.ttl_attribute
@@ -280,6 +326,14 @@ def error_code(error: BaseException) -> str:
     if not isinstance(response, dict):
         return ""
     return str(response.get("Error", {}).get("Code", ""))
+
+
+def retry_attempts(error: BaseException) -> int:
+    """How many times botocore re-sent the request that failed with ``error``."""
+    response = getattr(error, "response", None)
+    if not isinstance(response, dict):
+        return 0
+    return int(response.get("ResponseMetadata", {}).get("RetryAttempts", 0) or 0)
 
 
 def held_item(error: BaseException) -> Item | None:
@@ -349,15 +403,16 @@ class ClientSettings:
 class ConditionFailed(Exception):
     """A conditional write lost; ``item`` is the holding item when DynamoDB returned it."""
 
-    def __init__(self, item: Item | None) -> None:
+    def __init__(self, item: Item | None, retried: bool = False) -> None:
         super().__init__("conditional check failed")
         self.item = item
+        self.retried = retried  # botocore sent the request more than once
 
 
 def translate_error(operation: str, error: BaseException) -> Exception:
     """Map a botocore failure to ``ConditionFailed`` or ``StoreUnavailable``."""
     if error_code(error) == CONDITION_FAILED:
-        return ConditionFailed(held_item(error))
+        return ConditionFailed(held_item(error), retry_attempts(error) > 0)
     unavailable = StoreUnavailable(f"DynamoDB {operation} failed: {error!r}")
     unavailable.code = error_code(error)
     return unavailable
@@ -371,8 +426,12 @@ def store_errors() -> tuple[type[BaseException], ...]:
 
 
 class DynamoDBStoreBase:
-    """What both DynamoDB stores share: table layout, connection settings, S3 overflow (the
-    httpx ``Client``/``AsyncClient`` idea: everything but the transport)."""
+    """What both DynamoDB stores share: table layout, connection settings, S3 overflow, the
+    clock (the httpx ``Client``/``AsyncClient`` idea: everything but the transport).
+
+    ``clock`` times ``create_table()``'s wait for the table to become ACTIVE; claims and
+    completions carry their own ``now``.
+    """
 
     def __init__(
         self,
@@ -391,6 +450,7 @@ class DynamoDBStoreBase:
         s3_bucket: str | None = None,
         s3_prefix: str = "idempotency/",
         s3_endpoint_url: str | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.layout = TableLayout(table_name, key_attribute, ttl_attribute)
         self._settings = ClientSettings(
@@ -409,6 +469,7 @@ class DynamoDBStoreBase:
             OverflowSettings(s3_bucket, s3_prefix, s3_endpoint_url) if s3_bucket else None
         )
         self._errors = store_errors()
+        self._clock = clock
         self._init_transport()
 
     def _init_transport(self) -> None:

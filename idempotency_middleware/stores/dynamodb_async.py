@@ -1,75 +1,34 @@
-"""``AsyncDynamoDBStore``: the DynamoDB store on aioboto3, for the ASGI middleware."""
+"""``AsyncDynamoDBStore``: the DynamoDB store on aioboto3, for the ASGI middleware.
+
+Requests are built and responses parsed by the pure functions of ``dynamodb.py``; this module
+only sends them and strings them together. It is also the source of ``dynamodb_sync.py``,
+which ``scripts/unasync.py`` generates from it: edit here, then run ``scripts/unasync.py``.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import time
-from types import TracebackType
 from typing import Any
 
 from ..records import Record
 from . import dynamodb as ddb
 from .base import Claimed, ClaimRequest, ClaimResult, Completion, Held, StoreUnavailable
+from .dynamodb_clients import AsyncClients
 
 
-class AsyncDynamoDBStore(ddb.DynamoDBStoreBase):
-    """DynamoDB store on aioboto3.
+class AsyncDynamoDBStore(AsyncClients):
+    """DynamoDB store on aioboto3, for the ASGI middleware.
 
-    One client is created on first use and reused for the life of the store; its connection
-    pool is sized by ``max_pool_connections``. ``await store.aclose()`` or
-    ``async with store:`` releases it. The client belongs to the event loop that first used
-    it, as aiobotocore clients do.
+    ``await store.aclose()`` or ``async with store:`` releases its connections.
+    The operator interface: ``await store.acreate_table()``, ``aget``, ``adelete``.
     """
-
-    def _init_transport(self) -> None:
-        self._exit_stack: contextlib.AsyncExitStack | None = None
-        self._client_lock: asyncio.Lock | None = None
-
-    async def client(self) -> Any:
-        """The aioboto3 DynamoDB client, created once."""
-        if self._client is not None:
-            return self._client
-        if self._client_lock is None:
-            self._client_lock = asyncio.Lock()
-        async with self._client_lock:
-            if self._client is None:
-                import aioboto3
-
-                session = self._session or aioboto3.Session()
-                stack = contextlib.AsyncExitStack()
-                self._client = await stack.enter_async_context(
-                    session.client(
-                        "dynamodb", **self._settings.client_arguments(self._client_kwargs)
-                    )
-                )
-                self._exit_stack = stack
-        return self._client
-
-    async def _s3(self) -> Any:
-        """The aioboto3 S3 client for overflowing responses, created once."""
-        if self._s3_client is not None:
-            return self._s3_client
-        await self.client()  # creates the exit stack and the lock
-        assert self._client_lock is not None and self._exit_stack is not None
-        async with self._client_lock:
-            if self._s3_client is None:
-                import aioboto3
-
-                assert self._overflow is not None
-                session = self._session or aioboto3.Session()
-                self._s3_client = await self._exit_stack.enter_async_context(
-                    session.client("s3", **self._settings.s3_client_arguments(self._overflow))
-                )
-        return self._s3_client
 
     async def _s3_call(self, operation: str, **request: Any) -> dict[str, Any]:
         try:
             client = await self._s3()
             result: dict[str, Any] = await getattr(client, operation)(**request)
             if operation == "get_object":
-                async with result["Body"] as stream:
-                    result["Blob"] = await stream.read()
+                result["Blob"] = await self._read_body(result["Body"])
         except self._errors as error:
             raise ddb.translate_error(f"S3 {operation}", error) from error
         return result
@@ -89,7 +48,7 @@ class AsyncDynamoDBStore(ddb.DynamoDBStoreBase):
 
     async def _call(self, operation: str, request: dict[str, Any]) -> dict[str, Any]:
         try:
-            client = await self.client()
+            client = await self._dynamodb()
             result: dict[str, Any] = await getattr(client, operation)(**request)
         except self._errors as error:
             raise ddb.translate_error(operation, error) from error
@@ -102,15 +61,18 @@ class AsyncDynamoDBStore(ddb.DynamoDBStoreBase):
             return False
         return True
 
+    # -- the store protocol -----------------------------------------------------------
+
     async def aclaim(self, request: ClaimRequest) -> ClaimResult:
-        for _ in range(3):
+        """One conditional PutItem; on failure the holder comes back in the same call."""
+        for _ in range(ddb.CLAIM_ATTEMPTS):
             try:
                 response = await self._call("put_item", ddb.claim_request(self.layout, request))
             except ddb.ConditionFailed as failed:
                 if failed.item is not None:
                     return Held(await self._record(failed.item))
                 # A backend without ALL_OLD on failure: read the holder instead.
-                record = await self.get(request.key_hash)
+                record = await self.aget(request.key_hash)
                 if record is not None and not record.is_claimable(request.now):
                     return Held(record)
                 continue
@@ -118,6 +80,7 @@ class AsyncDynamoDBStore(ddb.DynamoDBStoreBase):
         raise StoreUnavailable("DynamoDB claim kept racing with other writers")
 
     async def acomplete(self, completion: Completion) -> bool:
+        """Store the response; ``False`` when the claim is no longer ``owner``'s."""
         overflow = self._overflow
         plan = ddb.plan_completion(self.layout, completion, overflow)
         if plan.overflow_key is not None and overflow is not None:
@@ -132,39 +95,52 @@ class AsyncDynamoDBStore(ddb.DynamoDBStoreBase):
                 await self._s3_call("delete_object", Bucket=overflow.bucket, Key=plan.overflow_key)
         return stored
 
-    async def arelease(self, key: str, owner: str) -> bool:
-        return await self._conditional("delete_item", ddb.release_request(self.layout, key, owner))
+    async def arelease(self, key_hash: str, owner: str) -> bool:
+        """Delete the claim; ``False`` when it is no longer ``owner``'s."""
+        try:
+            await self._call("delete_item", ddb.release_request(self.layout, key_hash, owner))
+        except ddb.ConditionFailed as failed:
+            return ddb.released_by_an_earlier_attempt(failed)
+        return True
 
-    async def arenew(self, key: str, owner: str, lock_expires_at: float) -> bool:
+    async def arenew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
+        """Extend an in-progress claim; ``False`` when it is no longer ``owner``'s."""
         return await self._conditional(
-            "update_item", ddb.renew_request(self.layout, key, owner, lock_expires_at)
+            "update_item", ddb.renew_request(self.layout, key_hash, owner, lock_expires_at)
         )
 
-    async def get(self, key: str) -> Record | None:
-        """The record under ``key`` as stored (expired or not), for operators and tests."""
-        item = (await self._call("get_item", ddb.get_request(self.layout, key))).get("Item")
+    # -- operators --------------------------------------------------------------------
+
+    async def aget(self, key_hash: str) -> Record | None:
+        """The record under ``key_hash`` as stored (expired or not), for operators and tests."""
+        response = await self._call("get_item", ddb.get_request(self.layout, key_hash))
+        item = response.get("Item")
         return await self._record(item) if item else None
 
-    async def delete(self, key: str) -> None:
-        """Remove a record unconditionally (operators re-driving failed work)."""
-        await self._call("delete_item", ddb.delete_request(self.layout, key))
+    async def adelete(self, key_hash: str) -> bool:
+        """Remove a record whoever owns it (operators re-driving failed work); ``True`` when
+        there was one."""
+        request = ddb.delete_request(self.layout, key_hash)
+        return ddb.deleted_something(await self._call("delete_item", request))
 
-    async def create_table(self, *, wait_seconds: float = 60.0) -> None:
-        """Create the table (on-demand) with TTL on its expiry attribute; safe to repeat."""
+    async def acreate_table(self, *, wait_seconds: float = 60.0) -> None:
+        """Create the table (on-demand) with TTL on its expiry attribute; safe to repeat.
+
+        Waits up to ``wait_seconds`` (by the store's clock) for a new table to become ACTIVE.
+        """
         try:
             await self._call("create_table", ddb.create_table_request(self.layout))
         except StoreUnavailable as error:
             if error.code != "ResourceInUseException":
                 raise
-        deadline = time.monotonic() + wait_seconds
-        while True:
-            table = await self._call("describe_table", {"TableName": self.layout.table_name})
-            if table["Table"]["TableStatus"] == "ACTIVE":
-                break
-            if time.monotonic() > deadline:
+        deadline = self._clock.now() + wait_seconds
+        while not ddb.table_active(
+            await self._call("describe_table", ddb.table_request(self.layout))
+        ):
+            if self._clock.now() > deadline:
                 raise StoreUnavailable(f"table {self.layout.table_name} did not become ACTIVE")
-            await asyncio.sleep(0.5)
-        described = await self._call("describe_time_to_live", {"TableName": self.layout.table_name})
+            await self._clock.asleep(ddb.TABLE_POLL_SECONDS)
+        described = await self._call("describe_time_to_live", ddb.table_request(self.layout))
         if not ddb.ttl_enabled(described, self.layout):
             try:
                 await self._call("update_time_to_live", ddb.enable_ttl_request(self.layout))
@@ -173,25 +149,14 @@ class AsyncDynamoDBStore(ddb.DynamoDBStoreBase):
                 if error.code != "ValidationException":
                     raise
                 described = await self._call(
-                    "describe_time_to_live", {"TableName": self.layout.table_name}
+                    "describe_time_to_live", ddb.table_request(self.layout)
                 )
                 if not ddb.ttl_enabled(described, self.layout):
                     raise
 
-    async def aclose(self) -> None:
-        """Release the client and its connections."""
-        stack, self._exit_stack = self._exit_stack, None
-        self._client = self._s3_client = None
-        if stack is not None:
-            await stack.aclose()
+    # unasync: begin async-only
+    async def create_table(self, *, wait_seconds: float = 60.0) -> None:
+        """:meth:`acreate_table`, under the name ``await store.create_table()`` has always had."""
+        await self.acreate_table(wait_seconds=wait_seconds)
 
-    async def __aenter__(self) -> AsyncDynamoDBStore:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.aclose()
+    # unasync: end async-only

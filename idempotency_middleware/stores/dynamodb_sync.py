@@ -1,57 +1,33 @@
-"""``DynamoDBStore``: the DynamoDB store on boto3, for the WSGI middleware."""
+"""``DynamoDBStore``: the DynamoDB store on boto3, for the WSGI middleware.
+
+Generated from ``dynamodb_async.py`` by ``scripts/unasync.py``: do not edit; edit the async
+store and run the script.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import threading
-import time
-from types import TracebackType
 from typing import Any
 
 from ..records import Record
 from . import dynamodb as ddb
 from .base import Claimed, ClaimRequest, ClaimResult, Completion, Held, StoreUnavailable
+from .dynamodb_clients import SyncClients
 
 
-class DynamoDBStore(ddb.DynamoDBStoreBase):
-    """DynamoDB store on boto3. One client, created on first use and reused (boto3 clients
-    are thread-safe); ``close()`` or ``with store:`` releases its connections.
+class DynamoDBStore(SyncClients):
+    """DynamoDB store on boto3, for the WSGI middleware.
+
+    ``store.close()`` or ``with store:`` releases its connections.
+    The operator interface: ``store.create_table()``, ``get``, ``delete``.
     """
-
-    def _init_transport(self) -> None:
-        self._client_lock = threading.Lock()
-
-    @property
-    def client(self) -> Any:
-        """The boto3 DynamoDB client, created once."""
-        if self._client is None:
-            with self._client_lock:
-                if self._client is None:
-                    import boto3
-
-                    session = self._session or boto3.session.Session()
-                    self._client = session.client(
-                        "dynamodb", **self._settings.client_arguments(self._client_kwargs)
-                    )
-        return self._client
-
-    def _s3(self) -> Any:
-        """The boto3 S3 client for overflowing responses, created once."""
-        if self._s3_client is None:
-            with self._client_lock:
-                if self._s3_client is None:
-                    import boto3
-
-                    assert self._overflow is not None
-                    session = self._session or boto3.session.Session()
-                    self._s3_client = session.client(
-                        "s3", **self._settings.s3_client_arguments(self._overflow)
-                    )
-        return self._s3_client
 
     def _s3_call(self, operation: str, **request: Any) -> dict[str, Any]:
         try:
-            result: dict[str, Any] = getattr(self._s3(), operation)(**request)
+            client = self._s3()
+            result: dict[str, Any] = getattr(client, operation)(**request)
+            if operation == "get_object":
+                result["Blob"] = self._read_body(result["Body"])
         except self._errors as error:
             raise ddb.translate_error(f"S3 {operation}", error) from error
         return result
@@ -61,7 +37,8 @@ class DynamoDBStore(ddb.DynamoDBStoreBase):
         if ref is None or self._overflow is None:
             return ddb.item_to_record(self.layout, item)
         try:
-            blob = self._s3_call("get_object", Bucket=self._overflow.bucket, Key=ref)["Body"].read()
+            response = self._s3_call("get_object", Bucket=self._overflow.bucket, Key=ref)
+            blob: bytes | None = response["Blob"]
         except StoreUnavailable as error:
             if error.code not in ("NoSuchKey", "404"):
                 raise
@@ -70,7 +47,8 @@ class DynamoDBStore(ddb.DynamoDBStoreBase):
 
     def _call(self, operation: str, request: dict[str, Any]) -> dict[str, Any]:
         try:
-            result: dict[str, Any] = getattr(self.client, operation)(**request)
+            client = self._dynamodb()
+            result: dict[str, Any] = getattr(client, operation)(**request)
         except self._errors as error:
             raise ddb.translate_error(operation, error) from error
         return result
@@ -82,8 +60,11 @@ class DynamoDBStore(ddb.DynamoDBStoreBase):
             return False
         return True
 
+    # -- the store protocol -----------------------------------------------------------
+
     def claim(self, request: ClaimRequest) -> ClaimResult:
-        for _ in range(3):
+        """One conditional PutItem; on failure the holder comes back in the same call."""
+        for _ in range(ddb.CLAIM_ATTEMPTS):
             try:
                 response = self._call("put_item", ddb.claim_request(self.layout, request))
             except ddb.ConditionFailed as failed:
@@ -98,6 +79,7 @@ class DynamoDBStore(ddb.DynamoDBStoreBase):
         raise StoreUnavailable("DynamoDB claim kept racing with other writers")
 
     def complete(self, completion: Completion) -> bool:
+        """Store the response; ``False`` when the claim is no longer ``owner``'s."""
         overflow = self._overflow
         plan = ddb.plan_completion(self.layout, completion, overflow)
         if plan.overflow_key is not None and overflow is not None:
@@ -112,39 +94,50 @@ class DynamoDBStore(ddb.DynamoDBStoreBase):
                 self._s3_call("delete_object", Bucket=overflow.bucket, Key=plan.overflow_key)
         return stored
 
-    def release(self, key: str, owner: str) -> bool:
-        return self._conditional("delete_item", ddb.release_request(self.layout, key, owner))
+    def release(self, key_hash: str, owner: str) -> bool:
+        """Delete the claim; ``False`` when it is no longer ``owner``'s."""
+        try:
+            self._call("delete_item", ddb.release_request(self.layout, key_hash, owner))
+        except ddb.ConditionFailed as failed:
+            return ddb.released_by_an_earlier_attempt(failed)
+        return True
 
-    def renew(self, key: str, owner: str, lock_expires_at: float) -> bool:
+    def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
+        """Extend an in-progress claim; ``False`` when it is no longer ``owner``'s."""
         return self._conditional(
-            "update_item", ddb.renew_request(self.layout, key, owner, lock_expires_at)
+            "update_item", ddb.renew_request(self.layout, key_hash, owner, lock_expires_at)
         )
 
-    def get(self, key: str) -> Record | None:
-        """The record under ``key`` as stored (expired or not), for operators and tests."""
-        item = self._call("get_item", ddb.get_request(self.layout, key)).get("Item")
+    # -- operators --------------------------------------------------------------------
+
+    def get(self, key_hash: str) -> Record | None:
+        """The record under ``key_hash`` as stored (expired or not), for operators and tests."""
+        response = self._call("get_item", ddb.get_request(self.layout, key_hash))
+        item = response.get("Item")
         return self._record(item) if item else None
 
-    def delete(self, key: str) -> None:
-        """Remove a record unconditionally (operators re-driving failed work)."""
-        self._call("delete_item", ddb.delete_request(self.layout, key))
+    def delete(self, key_hash: str) -> bool:
+        """Remove a record whoever owns it (operators re-driving failed work); ``True`` when
+        there was one."""
+        request = ddb.delete_request(self.layout, key_hash)
+        return ddb.deleted_something(self._call("delete_item", request))
 
     def create_table(self, *, wait_seconds: float = 60.0) -> None:
-        """Create the table (on-demand) with TTL on its expiry attribute; safe to repeat."""
+        """Create the table (on-demand) with TTL on its expiry attribute; safe to repeat.
+
+        Waits up to ``wait_seconds`` (by the store's clock) for a new table to become ACTIVE.
+        """
         try:
             self._call("create_table", ddb.create_table_request(self.layout))
         except StoreUnavailable as error:
             if error.code != "ResourceInUseException":
                 raise
-        deadline = time.monotonic() + wait_seconds
-        while True:
-            table = self._call("describe_table", {"TableName": self.layout.table_name})
-            if table["Table"]["TableStatus"] == "ACTIVE":
-                break
-            if time.monotonic() > deadline:
+        deadline = self._clock.now() + wait_seconds
+        while not ddb.table_active(self._call("describe_table", ddb.table_request(self.layout))):
+            if self._clock.now() > deadline:
                 raise StoreUnavailable(f"table {self.layout.table_name} did not become ACTIVE")
-            time.sleep(0.5)
-        described = self._call("describe_time_to_live", {"TableName": self.layout.table_name})
+            self._clock.sleep(ddb.TABLE_POLL_SECONDS)
+        described = self._call("describe_time_to_live", ddb.table_request(self.layout))
         if not ddb.ttl_enabled(described, self.layout):
             try:
                 self._call("update_time_to_live", ddb.enable_ttl_request(self.layout))
@@ -152,27 +145,6 @@ class DynamoDBStore(ddb.DynamoDBStoreBase):
                 # Another replica enabled TTL between our describe and update: done.
                 if error.code != "ValidationException":
                     raise
-                described = self._call(
-                    "describe_time_to_live", {"TableName": self.layout.table_name}
-                )
+                described = self._call("describe_time_to_live", ddb.table_request(self.layout))
                 if not ddb.ttl_enabled(described, self.layout):
                     raise
-
-    def close(self) -> None:
-        """Release the client's connections. The store cannot be used afterwards."""
-        with self._client_lock:
-            for client in (self._client, self._s3_client):
-                if client is not None:
-                    client.close()
-            self._client = self._s3_client = None
-
-    def __enter__(self) -> DynamoDBStore:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()

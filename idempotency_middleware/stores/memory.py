@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import threading
-import time
 
+from ..clock import SYSTEM_CLOCK, Clock
 from ..records import Record, Status
 from .base import CLAIMED, TAKEN_OVER, ClaimRequest, ClaimResult, Completion, Held
 
@@ -14,12 +14,19 @@ class MemoryStore:
 
     Every operation is a few dict operations under a ``threading.Lock``, never held across
     an ``await``, so the async methods call the sync ones directly.
+
+    ``max_response_bytes`` mimics a backend's item limit (``None``: keep every response);
+    expired records are dropped at most once per ``purge_interval_seconds``. ``clock`` says
+    when the first purge is due; later ones follow the claims' own ``now``.
     """
 
     def __init__(
-        self, *, max_response_bytes: int | None = None, purge_interval_seconds: float = 60.0
+        self,
+        *,
+        max_response_bytes: int | None = None,
+        purge_interval_seconds: float = 60.0,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        # max_response_bytes mimics a backend's item limit (None: keep every response).
         self._records: dict[str, Record] = {}
         self._lock = threading.Lock()
         self._max_response_bytes = max_response_bytes
@@ -27,20 +34,20 @@ class MemoryStore:
         # memory stays bounded by what the TTL keeps. (Timed by the claims' own clock: the
         # hot path reads no clock of its own.)
         self._purge_interval = purge_interval_seconds
-        self._next_purge = time.time() + purge_interval_seconds
+        self._next_purge = clock.now() + purge_interval_seconds
 
     def claim(self, request: ClaimRequest) -> ClaimResult:
-        key, now = request.key_hash, request.now
+        key_hash, now = request.key_hash, request.now
         with self._lock:
             if now >= self._next_purge:
                 self._purge(now)
-            existing = self._records.get(key)
+            existing = self._records.get(key_hash)
             if existing is not None and not existing.is_claimable(now):
                 return Held(existing)
             # Positional: a NamedTuple built by keyword costs noticeably more per request.
             lock_expires_at = request.lock_expires_at
-            self._records[key] = Record(
-                key,
+            self._records[key_hash] = Record(
+                key_hash,
                 Status.IN_PROGRESS,
                 request.fingerprint,
                 request.owner,
@@ -74,38 +81,48 @@ class MemoryStore:
             )
             return True
 
-    def release(self, key: str, owner: str) -> bool:
+    def release(self, key_hash: str, owner: str) -> bool:
         with self._lock:
-            existing = self._records.get(key)
+            existing = self._records.get(key_hash)
             if existing is None or existing.owner != owner:
                 return False
-            del self._records[key]
+            del self._records[key_hash]
             return True
 
-    def renew(self, key: str, owner: str, lock_expires_at: float) -> bool:
+    def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
         with self._lock:
-            existing = self._records.get(key)
+            existing = self._records.get(key_hash)
             if (
                 existing is None
                 or existing.owner != owner
                 or existing.status is not Status.IN_PROGRESS
             ):
                 return False
-            self._records[key] = existing._replace(
+            self._records[key_hash] = existing._replace(
                 lock_expires_at=lock_expires_at, expires_at=lock_expires_at
             )
             return True
 
     def _purge(self, now: float) -> None:
         self._next_purge = now + self._purge_interval
-        expired = [key for key, record in self._records.items() if record.is_claimable(now)]
-        for key in expired:
-            del self._records[key]
+        expired = [kh for kh, record in self._records.items() if record.is_claimable(now)]
+        for key_hash in expired:
+            del self._records[key_hash]
 
-    def get(self, key: str) -> Record | None:
-        """The record under ``key`` as stored (expired or not), for operators and tests."""
+    # -- operators --------------------------------------------------------------------
+
+    def get(self, key_hash: str) -> Record | None:
+        """The record under ``key_hash`` as stored (expired or not), for operators and tests."""
         with self._lock:
-            return self._records.get(key)
+            return self._records.get(key_hash)
+
+    def delete(self, key_hash: str) -> bool:
+        """Remove a record whoever owns it; ``True`` when there was one."""
+        with self._lock:
+            return self._records.pop(key_hash, None) is not None
+
+    def create_table(self) -> None:
+        """Nothing to create: here for the operator interface every store shares."""
 
     def __len__(self) -> int:
         with self._lock:
@@ -117,8 +134,19 @@ class MemoryStore:
     async def acomplete(self, completion: Completion) -> bool:
         return self.complete(completion)
 
-    async def arelease(self, key: str, owner: str) -> bool:
-        return self.release(key, owner)
+    async def arelease(self, key_hash: str, owner: str) -> bool:
+        return self.release(key_hash, owner)
 
-    async def arenew(self, key: str, owner: str, lock_expires_at: float) -> bool:
-        return self.renew(key, owner, lock_expires_at)
+    async def arenew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
+        return self.renew(key_hash, owner, lock_expires_at)
+
+    async def aget(self, key_hash: str) -> Record | None:
+        """:meth:`get` (no I/O: called directly)."""
+        return self.get(key_hash)
+
+    async def adelete(self, key_hash: str) -> bool:
+        """:meth:`delete` (no I/O: called directly)."""
+        return self.delete(key_hash)
+
+    async def acreate_table(self) -> None:
+        """:meth:`create_table`: nothing to create."""

@@ -20,9 +20,6 @@ Table layout (one row per namespaced key)::
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import functools
 import logging
 import os
 import re
@@ -31,15 +28,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
+from ..clock import SYSTEM_CLOCK, Clock
 from ..records import Record, Status, decode_response, encode_response
 from .base import Claimed, ClaimRequest, ClaimResult, Completion, Held, StoreUnavailable
+from .threaded import ThreadedStore
 
 logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 # ON CONFLICT ... DO UPDATE (upsert) arrived in SQLite 3.24, RETURNING in 3.35.
 _UPSERT_VERSION = (3, 24, 0)
@@ -127,9 +123,9 @@ class _Statements:
 
 
 def _row_to_record(row: tuple[Any, ...]) -> Record:
-    key, status, fingerprint, owner, lock_expires_at, expires_at, blob, size, too_large = row
+    key_hash, status, fingerprint, owner, lock_expires_at, expires_at, blob, size, too_large = row
     return Record(
-        key_hash=key,
+        key_hash=key_hash,
         status=Status(status),
         fingerprint=fingerprint,
         owner=owner,
@@ -238,19 +234,21 @@ class _ConnectionPool:
 _leaked_across_fork: list[sqlite3.Connection] = []
 
 
-class SQLiteStore:
+class SQLiteStore(ThreadedStore):
     """Idempotency store in one SQLite file, shared by the worker processes of one machine.
 
     ``SQLiteStore("/var/lib/myapp/idempotency.sqlite3")`` serves both middlewares: the sync
     methods (``claim``, ``complete``, ``release``, ``renew``) for WSGI, the async ones
     (``aclaim`` ...) for ASGI, which run the same calls on a small thread pool owned by the
-    store so the event loop never waits on the disk or on another process's lock.
+    store (``async_threads`` of them, see :class:`ThreadedStore`) so the event loop never
+    waits on the disk or on another process's lock.
 
     The claim is a single ``INSERT ... ON CONFLICT DO UPDATE ... WHERE`` statement: it wins
     when the key is absent, expired, or an in-progress claim past its lock timeout.
     Finishing is fenced by the claim's owner token. Expired rows are claimable at once and
     deleted by a bounded purge that piggybacks on writes at most once per
-    ``purge_interval_seconds`` (``None`` disables it; :meth:`purge_expired` runs it now).
+    ``purge_interval_seconds`` (``None`` disables it; :meth:`purge_expired` runs it now),
+    timed by ``clock``.
 
     A write that waits longer than ``busy_timeout_seconds`` for another process's lock, or
     any I/O error, raises :class:`StoreUnavailable` (the middleware answers 503).
@@ -276,6 +274,7 @@ class SQLiteStore:
         purge_batch_size: int = 1000,
         max_idle_connections: int = 16,
         async_threads: int = 4,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if sqlite3.sqlite_version_info < _UPSERT_VERSION:
             raise RuntimeError(
@@ -312,12 +311,10 @@ class SQLiteStore:
         self._pool = _ConnectionPool(self._open, max_idle_connections)
         self._schema_ready = False
         self._schema_lock = threading.Lock()
-        self._async_threads = async_threads
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._executor_pid = 0
-        self._executor_lock = threading.Lock()
+        self._clock = clock
         self._purge_lock = threading.Lock()
-        self._next_purge = 0.0  # monotonic; the first write of a process purges
+        self._next_purge = 0.0  # the first write of a process purges
+        super().__init__(async_threads=async_threads, thread_name_prefix="idempotency-sqlite")
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self.path!r}, table_name={self.table_name!r})"
@@ -341,6 +338,7 @@ class SQLiteStore:
     def _configure(self, connection: sqlite3.Connection) -> None:
         # Switching a new file to WAL takes an exclusive lock that the busy handler may not
         # wait for when several workers start at once, so retry within the busy timeout.
+        # Real time, not the injected clock: this waits on another process's file lock.
         deadline = time.monotonic() + self.busy_timeout_seconds
         while True:
             try:
@@ -455,15 +453,15 @@ class SQLiteStore:
             self._maybe_purge(connection, completion.now)
         return updated
 
-    def release(self, key: str, owner: str) -> bool:
+    def release(self, key_hash: str, owner: str) -> bool:
         """Delete the claim; ``False`` when it is no longer ``owner``'s."""
         with self._connection("release") as connection:
-            return connection.execute(self._sql.release, (key, owner)).rowcount == 1
+            return connection.execute(self._sql.release, (key_hash, owner)).rowcount == 1
 
-    def renew(self, key: str, owner: str, lock_expires_at: float) -> bool:
+    def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
         """Extend an in-progress claim; ``False`` when it is no longer ``owner``'s."""
         params = {
-            "key": key,
+            "key": key_hash,
             "owner": owner,
             "lock_expires_at": lock_expires_at,
             "in_progress": Status.IN_PROGRESS.value,
@@ -473,19 +471,19 @@ class SQLiteStore:
 
     # -- operators --------------------------------------------------------------------
 
-    def get(self, key: str) -> Record | None:
-        """The record under ``key`` as stored (expired or not), for operators and tests."""
+    def get(self, key_hash: str) -> Record | None:
+        """The record under ``key_hash`` as stored (expired or not), for operators and tests."""
         with self._connection("get") as connection:
-            row = connection.execute(self._sql.select, (key,)).fetchone()
+            row = connection.execute(self._sql.select, (key_hash,)).fetchone()
         return _row_to_record(row) if row is not None else None
 
-    def delete(self, key: str) -> bool:
+    def delete(self, key_hash: str) -> bool:
         """Remove a record unconditionally (operators re-driving failed work).
 
         ``True`` when there was one.
         """
         with self._connection("delete") as connection:
-            return connection.execute(self._sql.delete, (key,)).rowcount > 0
+            return connection.execute(self._sql.delete, (key_hash,)).rowcount > 0
 
     def create_table(self) -> None:
         """Create the table and its expiry index (and switch the file to WAL); safe to repeat.
@@ -496,12 +494,12 @@ class SQLiteStore:
             self._create_schema(connection)
 
     def purge_expired(self, now: float | None = None) -> int:
-        """Delete every record expired at ``now`` (default: the current time); the count.
+        """Delete every record expired at ``now`` (default: the clock's time); the count.
 
         Runs in batches of ``purge_batch_size`` rows, each its own short write
         transaction, so other workers are never locked out for long.
         """
-        now = time.time() if now is None else now
+        now = self._clock.now() if now is None else now
         total = 0
         with self._connection("purge") as connection:
             while True:
@@ -515,7 +513,7 @@ class SQLiteStore:
         if self.purge_interval_seconds is None:
             return
         with self._purge_lock:
-            tick = time.monotonic()
+            tick = self._clock.now()
             if tick < self._next_purge:
                 return
             self._next_purge = tick + self.purge_interval_seconds
@@ -535,79 +533,10 @@ class SQLiteStore:
         if deleted:
             logger.debug("purged %d expired idempotency records", deleted)
 
-    # -- the store protocol (async, for ASGI) -----------------------------------------
-
-    def _thread_pool(self) -> concurrent.futures.ThreadPoolExecutor:
-        with self._executor_lock:
-            # A pool inherited across fork() has no threads in the child: start a new one.
-            if self._executor is None or self._executor_pid != os.getpid():
-                self._executor = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=self._async_threads, thread_name_prefix="idempotency-sqlite"
-                )
-                self._executor_pid = os.getpid()
-            return self._executor
-
-    async def _in_thread(self, call: Callable[..., T], *args: Any) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._thread_pool(), functools.partial(call, *args))
-
-    async def aclaim(self, request: ClaimRequest) -> ClaimResult:
-        return await self._in_thread(self.claim, request)
-
-    async def acomplete(self, completion: Completion) -> bool:
-        return await self._in_thread(self.complete, completion)
-
-    async def arelease(self, key: str, owner: str) -> bool:
-        return await self._in_thread(self.release, key, owner)
-
-    async def arenew(self, key: str, owner: str, lock_expires_at: float) -> bool:
-        return await self._in_thread(self.renew, key, owner, lock_expires_at)
-
-    async def aget(self, key: str) -> Record | None:
-        """:meth:`get`, off the event loop."""
-        return await self._in_thread(self.get, key)
-
-    async def adelete(self, key: str) -> bool:
-        """:meth:`delete`, off the event loop."""
-        return await self._in_thread(self.delete, key)
-
-    async def acreate_table(self) -> None:
-        """:meth:`create_table`, off the event loop."""
-        await self._in_thread(self.create_table)
-
     # -- lifecycle --------------------------------------------------------------------
 
     def close(self) -> None:
         """Close the connections and stop the async worker threads (after their current
         call). Using the store again reopens them."""
-        with self._executor_lock:
-            executor, self._executor = self._executor, None
-        if executor is not None and self._executor_pid == os.getpid():
-            executor.shutdown(wait=True)
+        super().close()
         self._pool.close()
-
-    async def aclose(self) -> None:
-        """:meth:`close` without blocking the event loop."""
-        await asyncio.to_thread(self.close)
-
-    def __enter__(self) -> SQLiteStore:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    async def __aenter__(self) -> SQLiteStore:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.aclose()

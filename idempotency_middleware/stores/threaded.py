@@ -1,0 +1,160 @@
+"""``ThreadedStore``: the async half of a store whose sync half does blocking I/O.
+
+A store on a blocking client (a file, a database driver without asyncio) writes its sync
+methods once and subclasses :class:`ThreadedStore`; the ``a``-prefixed methods the ASGI
+middleware awaits are derived here, each running its sync twin on a small thread pool owned
+by the store, so the event loop never waits on the disk, the network or another process's
+lock. (A store without I/O, such as ``MemoryStore``, calls its sync methods directly
+instead: a thread hop would cost more than the work.)
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import concurrent.futures
+import os
+import threading
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, TypeVar
+
+from ..records import Record
+from .base import ClaimRequest, ClaimResult, Completion
+
+T = TypeVar("T")
+Self = TypeVar("Self", bound="ThreadedStore")
+
+
+class ThreadedStore(abc.ABC):
+    """Implement the sync store protocol and operator interface (``claim``, ``complete``,
+    ``release``, ``renew``, ``get``, ``delete``, ``create_table``); get their async forms
+    (``aclaim`` ... ``acreate_table``), ``close``/``aclose`` and both context managers.
+
+    ``async_threads`` bounds the threads running async calls (and so the store's concurrent
+    blocking calls from one event loop). The pool starts on first use, again in a forked
+    child (a pool's threads do not survive ``fork()``), and after :meth:`close`.
+    A subclass with resources of its own extends :meth:`close`, calling ``super().close()``.
+    """
+
+    def __init__(self, *, async_threads: int = 4, thread_name_prefix: str = "idempotency") -> None:
+        if async_threads < 1:
+            raise ValueError("async_threads must be positive")
+        self._async_threads = async_threads
+        self._thread_name_prefix = thread_name_prefix
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._executor_pid = 0
+        self._executor_lock = threading.Lock()
+
+    # -- the sync half: what a subclass writes ----------------------------------------
+
+    @abc.abstractmethod
+    def claim(self, request: ClaimRequest) -> ClaimResult:
+        """Claim ``request.key_hash`` (see ``SyncStore``)."""
+
+    @abc.abstractmethod
+    def complete(self, completion: Completion) -> bool:
+        """Store the response; ``False`` when the claim is no longer ``owner``'s."""
+
+    @abc.abstractmethod
+    def release(self, key_hash: str, owner: str) -> bool:
+        """Delete the claim; ``False`` when it is no longer ``owner``'s."""
+
+    @abc.abstractmethod
+    def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
+        """Extend an in-progress claim; ``False`` when it is no longer ``owner``'s."""
+
+    @abc.abstractmethod
+    def get(self, key_hash: str) -> Record | None:
+        """The record under ``key_hash`` as stored (expired or not)."""
+
+    @abc.abstractmethod
+    def delete(self, key_hash: str) -> bool:
+        """Remove a record whoever owns it; ``True`` when there was one."""
+
+    @abc.abstractmethod
+    def create_table(self) -> None:
+        """Create the table or schema; safe to repeat."""
+
+    # -- the async half, derived --------------------------------------------------------
+
+    def _thread_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        executor = self._executor
+        if executor is not None and self._executor_pid == os.getpid():
+            return executor
+        with self._executor_lock:
+            # A pool inherited across fork() has no threads in the child: start a new one.
+            if self._executor is None or self._executor_pid != os.getpid():
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=self._async_threads, thread_name_prefix=self._thread_name_prefix
+                )
+                self._executor_pid = os.getpid()
+            return self._executor
+
+    async def _in_thread(self, call: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread_pool(), call, *args)
+
+    async def aclaim(self, request: ClaimRequest) -> ClaimResult:
+        """:meth:`claim`, off the event loop."""
+        return await self._in_thread(self.claim, request)
+
+    async def acomplete(self, completion: Completion) -> bool:
+        """:meth:`complete`, off the event loop."""
+        return await self._in_thread(self.complete, completion)
+
+    async def arelease(self, key_hash: str, owner: str) -> bool:
+        """:meth:`release`, off the event loop."""
+        return await self._in_thread(self.release, key_hash, owner)
+
+    async def arenew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
+        """:meth:`renew`, off the event loop."""
+        return await self._in_thread(self.renew, key_hash, owner, lock_expires_at)
+
+    async def aget(self, key_hash: str) -> Record | None:
+        """:meth:`get`, off the event loop."""
+        return await self._in_thread(self.get, key_hash)
+
+    async def adelete(self, key_hash: str) -> bool:
+        """:meth:`delete`, off the event loop."""
+        return await self._in_thread(self.delete, key_hash)
+
+    async def acreate_table(self) -> None:
+        """:meth:`create_table`, off the event loop."""
+        await self._in_thread(self.create_table)
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the async worker threads after their current call; using the store again
+        starts them again."""
+        with self._executor_lock:
+            executor, self._executor = self._executor, None
+        if executor is not None and self._executor_pid == os.getpid():
+            executor.shutdown(wait=True)
+
+    async def aclose(self) -> None:
+        """:meth:`close` without blocking the event loop."""
+        # Not on the store's own pool: close() waits for that pool to shut down.
+        await asyncio.to_thread(self.close)
+
+    def __enter__(self: Self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    async def __aenter__(self: Self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
