@@ -16,6 +16,12 @@ Endpoints (a call counter per endpoint, named ``"METHOD /template"``):
 - ``POST /sleep``: sleeps ``SLEEP_SECONDS``
 - ``POST /big?n=N``: N random (incompressible) bytes
 - ``POST /status/{code}``: answers that status
+- ``POST /stream?status=S&fail=first``: a live ``text/event-stream`` (status S, default 200):
+  ``STREAM_FIRST_CHUNK``, then it waits at the next armed gate, then ``STREAM_LAST_CHUNK``
+  (``STREAM_GATE_TIMED_OUT`` if the gate was never opened); with ``fail=first`` the first
+  call's stream raises after the gate instead of sending its last chunk
+- ``POST /ticker``: an endless ``text/event-stream`` of ``data: tick N`` events, one every
+  ``TICK_SECONDS``, until the client goes away (at most ``MAX_TICKS``)
 """
 
 from __future__ import annotations
@@ -25,13 +31,13 @@ import collections
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 from flask import Flask
 from flask import Response as FlaskResponse
 from flask import request as flask_request
@@ -39,6 +45,14 @@ from flask import request as flask_request
 # How long a gated /slow handler waits at most for the test to open its gate.
 GATE_TIMEOUT_SECONDS = 10.0
 SLEEP_SECONDS = 0.3
+# The pace of the endless /ticker stream, and its length if nobody ever stops it.
+TICK_SECONDS = 0.01
+MAX_TICKS = 3000
+
+EVENT_STREAM = "text/event-stream"
+STREAM_FIRST_CHUNK = b"data: first\n\n"
+STREAM_LAST_CHUNK = b"data: last\n\n"
+STREAM_GATE_TIMED_OUT = b"data: gate timed out\n\n"
 
 POST_ORDERS = "POST /orders"
 PATCH_ORDERS = "PATCH /orders"
@@ -53,6 +67,8 @@ POST_BLOCK = "POST /block"
 POST_SLEEP = "POST /sleep"
 POST_BIG = "POST /big"
 POST_STATUS = "POST /status/{code}"
+POST_STREAM = "POST /stream"
+POST_TICKER = "POST /ticker"
 
 FLASK_ERRORHANDLER_BODY = {"error": "handled by errorhandler(500)"}
 
@@ -88,11 +104,13 @@ class AppState:
             self._gates.append(gate)
         return gate
 
-    def wait_at_next_gate(self) -> None:
+    def wait_at_next_gate(self) -> bool:
+        """Wait at the next armed gate, if any; ``False`` when it timed out unopened."""
         with self._condition:
             gate = self._gates.popleft() if self._gates else None
-        if gate is not None:
-            gate.wait(GATE_TIMEOUT_SECONDS)
+        if gate is None:
+            return True
+        return gate.wait(GATE_TIMEOUT_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -147,6 +165,26 @@ def status_reply(state: AppState, code: int) -> Reply:
 def boom(state: AppState) -> None:
     state.record_call(POST_BOOM)
     raise RuntimeError("boom: the handler raised")
+
+
+def event_stream(state: AppState, *, fail: bool) -> Iterator[bytes]:
+    """The /stream body (a sync generator: both frameworks iterate it off the event loop)."""
+    yield STREAM_FIRST_CHUNK
+    opened = state.wait_at_next_gate()
+    if fail:
+        raise RuntimeError("the stream failed midway")
+    yield STREAM_LAST_CHUNK if opened else STREAM_GATE_TIMED_OUT
+
+
+def ticker() -> Iterator[bytes]:
+    """The /ticker body: endless until the server stops iterating (the client went away)."""
+    for number in range(MAX_TICKS):
+        yield f"data: tick {number}\n\n".encode()
+        time.sleep(TICK_SECONDS)  # the stream's pace, not a wait for a deadline
+
+
+def stream_fails(fail: str, call: int) -> bool:
+    return fail == "first" and call == 1
 
 
 # --- ASGI (FastAPI) ------------------------------------------------------------------------
@@ -235,6 +273,20 @@ def build_asgi_app(state: AppState) -> FastAPI:
     @app.post("/status/{code}")
     async def post_status(code: int) -> Response:
         return _to_starlette(status_reply(state, code))
+
+    @app.post("/stream")
+    async def post_stream(status: int = 200, fail: str = "") -> StreamingResponse:
+        call = state.record_call(POST_STREAM)
+        return StreamingResponse(
+            event_stream(state, fail=stream_fails(fail, call)),
+            status_code=status,
+            media_type=EVENT_STREAM,
+        )
+
+    @app.post("/ticker")
+    async def post_ticker() -> StreamingResponse:
+        state.record_call(POST_TICKER)
+        return StreamingResponse(ticker(), media_type=EVENT_STREAM)
 
     return app
 
@@ -328,6 +380,18 @@ def build_wsgi_app(state: AppState, *, propagate_exceptions: bool = True) -> Fla
     @route("/status/<int:code>", "POST")
     def post_status(code: int) -> FlaskResponse:
         return _to_flask(status_reply(state, code))
+
+    @route("/stream", "POST")
+    def post_stream() -> FlaskResponse:
+        call = state.record_call(POST_STREAM)
+        fail = stream_fails(flask_request.args.get("fail", ""), call)
+        status = int(flask_request.args.get("status", "200"))
+        return FlaskResponse(event_stream(state, fail=fail), status=status, mimetype=EVENT_STREAM)
+
+    @route("/ticker", "POST")
+    def post_ticker() -> FlaskResponse:
+        state.record_call(POST_TICKER)
+        return FlaskResponse(ticker(), mimetype=EVENT_STREAM)
 
     @app.errorhandler(500)
     def internal_error(error: Exception) -> FlaskResponse:
