@@ -27,7 +27,8 @@ count what reached the wire, e.g. lease renewals (``UpdateItem`` setting ``lock_
 ``Workload`` is the handler under test, written once and served as a raw ASGI app and a raw
 WSGI app, with per-path run counters and gates the test opens; ``serve_workload`` serves it
 behind either middleware (uvicorn or waitress, from ``tests/servers.py``) with an ``Events``
-hook recording every ``IdempotencyEvent``.
+hook recording every ``IdempotencyEvent``; ``serve_through_proxy`` does that with a DynamoDB
+store (``AsyncDynamoDBStore`` on ASGI, ``DynamoDBStore`` on WSGI) whose endpoint is the proxy.
 """
 
 from __future__ import annotations
@@ -48,7 +49,12 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import orjson
 
-from idempotency_middleware import IdempotencyMiddleware, IdempotencyWSGIMiddleware
+from idempotency_middleware import (
+    AsyncDynamoDBStore,
+    DynamoDBStore,
+    IdempotencyMiddleware,
+    IdempotencyWSGIMiddleware,
+)
 from idempotency_middleware.events import IdempotencyEvent
 from idempotency_middleware.stores.base import AsyncStore, SyncStore
 from tests.servers import HOST, serve_asgi, serve_wsgi
@@ -657,3 +663,31 @@ def serve_workload(
                 raise RuntimeError(f"the warm-up request failed: {warm.status_code} {warm.text}")
             events.clear()
         yield served
+
+
+@contextlib.contextmanager
+def serve_through_proxy(
+    adapter: Adapter,
+    table: str,
+    proxy: FaultProxy,
+    *,
+    store_kwargs: dict[str, Any] | None = None,
+    **options: Any,
+) -> Iterator[Served]:
+    """``serve_workload`` with the adapter's DynamoDB store on ``proxy`` (the store's own
+    defaults, such as ``max_attempts=2``, unless ``store_kwargs`` says otherwise); the proxy
+    forgets the warm-up request."""
+    store_arguments: dict[str, Any] = {"endpoint_url": proxy.url, "region_name": REGION}
+    store_arguments.update(store_kwargs or {})
+    if adapter == "asgi":
+        async_store = AsyncDynamoDBStore(table, **store_arguments)
+        with serve_workload(adapter, async_store, on_shutdown=async_store.aclose, **options) as s:
+            proxy.forget()
+            yield s
+    else:
+        with (
+            DynamoDBStore(table, **store_arguments) as sync_store,
+            serve_workload(adapter, sync_store, **options) as served,
+        ):
+            proxy.forget()
+            yield served

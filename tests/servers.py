@@ -2,15 +2,23 @@
 
 ``serve_asgi`` runs uvicorn in a background thread with its own event loop; ``serve_wsgi``
 runs waitress. Both bind port 0 and yield the base URL. ``Harness`` builds the app for its
-combination (FastAPI or Flask, memory or DynamoDB store), wraps it in the middleware with
-the options a test asks for, serves it, and hands out httpx clients.
+combination (FastAPI or Flask; a memory, SQLite or DynamoDB store, the DynamoDB one on moto
+or on DynamoDB Local), wraps it in the middleware with the options a test asks for, serves
+it, and hands out httpx clients.
+
+``ALL_COMBOS`` (memory and moto) is what the shared ``harness`` fixture runs. Claims about
+concurrency are proven on ``ATOMIC_COMBOS`` instead: stores whose conditional writes are
+atomic (moto's threaded server is not: see tests/test_moto_atomicity.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import socket
+import sqlite3
+import tempfile
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -27,6 +35,7 @@ from idempotency_middleware import (
     IdempotencyMiddleware,
     IdempotencyWSGIMiddleware,
     MemoryStore,
+    SQLiteStore,
     StoreUnavailable,
 )
 from idempotency_middleware.asgi import ASGIApp
@@ -45,7 +54,10 @@ START_TIMEOUT_SECONDS = 10.0
 CLIENT_TIMEOUT_SECONDS = 15.0
 
 Adapter = Literal["asgi", "wsgi"]
-StoreKind = Literal["memory", "dynamodb"]
+# "dynamodb" is moto's server; "dynamodb-local" is Amazon's DynamoDB Local
+# (scripts/dynamodb-local.sh), the same store classes on another endpoint.
+StoreKind = Literal["memory", "sqlite", "dynamodb", "dynamodb-local"]
+DYNAMODB_KINDS: frozenset[StoreKind] = frozenset({"dynamodb", "dynamodb-local"})
 
 
 @contextlib.contextmanager
@@ -143,6 +155,11 @@ class Combo:
     def id(self) -> str:
         return f"{self.adapter}-{self.store}"
 
+    @property
+    def on_dynamodb(self) -> bool:
+        """A DynamoDB store, on moto or on DynamoDB Local."""
+        return self.store in DYNAMODB_KINDS
+
 
 ALL_COMBOS = (
     Combo("asgi", "memory"),
@@ -153,17 +170,35 @@ ALL_COMBOS = (
 ASGI_COMBOS = tuple(combo for combo in ALL_COMBOS if combo.adapter == "asgi")
 WSGI_COMBOS = tuple(combo for combo in ALL_COMBOS if combo.adapter == "wsgi")
 DYNAMODB_COMBOS = tuple(combo for combo in ALL_COMBOS if combo.store == "dynamodb")
+SQLITE_COMBOS = (Combo("asgi", "sqlite"), Combo("wsgi", "sqlite"))
+DYNAMODB_LOCAL_COMBOS = (Combo("asgi", "dynamodb-local"), Combo("wsgi", "dynamodb-local"))
+# Stores whose conditional writes are atomic, where concurrency claims are proven. The
+# DynamoDB Local ones need its endpoint (scripts/dynamodb-local.sh): a fixture building them
+# skips them without it (see tests/test_concurrency.py).
+ATOMIC_COMBOS = (
+    Combo("asgi", "memory"),
+    Combo("wsgi", "memory"),
+    *SQLITE_COMBOS,
+    *DYNAMODB_LOCAL_COMBOS,
+)
 
-# A response body the store cannot keep: over MemoryStore(max_response_bytes=...) as the
-# harness builds it, and over DynamoDB's 400 KB item limit (random bytes do not compress).
+# A response body the store cannot keep: over MemoryStore(max_response_bytes=...) and
+# SQLiteStore(max_response_bytes=...) as the harness builds them, and over DynamoDB's 400 KB
+# item limit (random bytes do not compress).
 MEMORY_MAX_RESPONSE_BYTES = 1000
-TOO_LARGE_RESPONSE_BYTES = {"memory": 5000, "dynamodb": 600 * 1024}
+TOO_LARGE_RESPONSE_BYTES: dict[StoreKind, int] = {
+    "memory": 5000,
+    "sqlite": 5000,
+    "dynamodb": 600 * 1024,
+    "dynamodb-local": 600 * 1024,
+}
 
 
 @dataclass(frozen=True)
 class AWSSessions:
     """Sessions shared by every store of a test run (each new session reloads the service
-    model), and a boto3 client on the moto endpoint for looking into tables."""
+    model), and a boto3 client on the DynamoDB endpoint (moto or DynamoDB Local) for looking
+    into tables."""
 
     boto3_session: Any
     aioboto3_session: Any
@@ -219,8 +254,9 @@ class AsyncRenewalsCutOff:
 class Harness:
     """One adapter/store combination: start servers with options, make clients, read counters.
 
-    Every server a test starts uses the same store (one ``MemoryStore``, or one DynamoDB
-    table), as the instances of one deployment do.
+    Every server a test starts uses the same store (one ``MemoryStore``, one SQLite file, or
+    one DynamoDB table), as the instances of one deployment do. A SQLite combination gets a
+    fresh file in a temporary directory unless ``sqlite_path`` names one.
     """
 
     def __init__(
@@ -232,10 +268,9 @@ class Harness:
         dynamodb_endpoint: str | None = None,
         region: str | None = None,
         aws: AWSSessions | None = None,
+        sqlite_path: str | None = None,
     ) -> None:
-        if combo.store == "dynamodb" and (
-            table_name is None or dynamodb_endpoint is None or aws is None
-        ):
+        if combo.on_dynamodb and (table_name is None or dynamodb_endpoint is None or aws is None):
             raise ValueError("a DynamoDB combination needs a table, an endpoint and sessions")
         self.combo = combo
         self.state = AppState()
@@ -245,6 +280,8 @@ class Harness:
         self._dynamodb_endpoint = dynamodb_endpoint
         self._region = region
         self._aws = aws
+        self._sqlite_path = sqlite_path
+        self._sqlite_store: SQLiteStore | None = None
 
     @property
     def adapter(self) -> Adapter:
@@ -261,6 +298,21 @@ class Harness:
 
     def calls(self, endpoint: str) -> int:
         return self.state.calls(endpoint)
+
+    @property
+    def sqlite_store(self) -> SQLiteStore:
+        """The combination's ``SQLiteStore``, made on first use and closed after every server
+        the test started has stopped."""
+        if self._sqlite_store is None:
+            if self._sqlite_path is None:
+                directory = tempfile.mkdtemp(prefix="idempotency-harness-")
+                self._stack.callback(shutil.rmtree, directory, ignore_errors=True)
+                self._sqlite_path = f"{directory}/idempotency.sqlite3"
+            store = SQLiteStore(self._sqlite_path, max_response_bytes=MEMORY_MAX_RESPONSE_BYTES)
+            # Registered before any server that uses it is entered: closed after they stop.
+            self._stack.callback(store.close)
+            self._sqlite_store = store
+        return self._sqlite_store
 
     def start(
         self,
@@ -279,7 +331,7 @@ class Harness:
         """
         endpoint = self._dynamodb_endpoint
         if unreachable_store:
-            if self.combo.store != "dynamodb":
+            if not self.combo.on_dynamodb:
                 raise ValueError("only a DynamoDB store can be made unreachable")
             endpoint = f"http://{HOST}:{free_port()}"
         if self.combo.adapter == "asgi":
@@ -294,6 +346,8 @@ class Harness:
         store: AsyncStore
         if self.combo.store == "memory":
             store = self.memory_store
+        elif self.combo.store == "sqlite":
+            store = self.sqlite_store
         else:
             assert self._table_name is not None
             assert self._aws is not None
@@ -321,6 +375,8 @@ class Harness:
         store: SyncStore
         if self.combo.store == "memory":
             store = self.memory_store
+        elif self.combo.store == "sqlite":
+            store = self.sqlite_store
         else:
             assert self._table_name is not None
             assert self._aws is not None
@@ -354,6 +410,11 @@ class Harness:
         """How many records the combination's store holds."""
         if self.combo.store == "memory":
             return len(self.memory_store)
+        if self.combo.store == "sqlite":
+            store = self.sqlite_store
+            with contextlib.closing(sqlite3.connect(store.path)) as connection:
+                row = connection.execute(f'SELECT COUNT(*) FROM "{store.table_name}"').fetchone()
+            return int(row[0])
         assert self._aws is not None
         result = self._aws.dynamodb.scan(
             TableName=self._table_name, Select="COUNT", ConsistentRead=True

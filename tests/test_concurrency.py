@@ -3,22 +3,77 @@
 Each combination is hit by a burst of requests carrying one key to ``POST /sleep`` (a
 handler that takes ``SLEEP_SECONDS``): from one ``httpx.AsyncClient`` (many connections on
 one event loop) and from a pool of threads with their own ``httpx.Client``.
+
+"Exactly once" rests on the store's conditional claim being atomic, so it is proven only on
+stores where it is: ``MemoryStore``, ``SQLiteStore`` and, when the run has it (under
+scripts/dynamodb-local.sh), DynamoDB on Amazon's DynamoDB Local. Not on moto: its threaded
+server evaluates a ConditionExpression and writes the item without a lock, so two
+simultaneous claims of one key can both win there (tests/test_moto_atomicity.py shows it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import aioboto3
+import boto3
 import httpx
+import pytest
 
+from idempotency_middleware import DynamoDBStore
 from tests.apps import POST_SLEEP
-from tests.servers import CLIENT_TIMEOUT_SECONDS, Harness
+from tests.conftest import REGION
+from tests.servers import (
+    ATOMIC_COMBOS,
+    CLIENT_TIMEOUT_SECONDS,
+    AWSSessions,
+    Combo,
+    Harness,
+)
 
 BURST = 24
 BODY = {"amount": 10, "currency": "EUR"}
+
+
+@pytest.fixture(scope="module")
+def local_aws_sessions(dynamodb_local_endpoint: str) -> Iterator[AWSSessions]:
+    """Sessions for stores on DynamoDB Local, and a client there for looking into tables."""
+    boto3_session = boto3.session.Session(region_name=REGION)
+    dynamodb = boto3_session.client("dynamodb", endpoint_url=dynamodb_local_endpoint)
+    try:
+        yield AWSSessions(boto3_session, aioboto3.Session(region_name=REGION), dynamodb)
+    finally:
+        dynamodb.close()
+
+
+@pytest.fixture(params=ATOMIC_COMBOS, ids=lambda combo: combo.id)
+def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    """This module's combinations, in place of conftest's: stores with atomic claims.
+
+    The DynamoDB Local ones (ids ``asgi-dynamodb-local``, ``wsgi-dynamodb-local``, selected by
+    scripts/dynamodb-local.sh's ``-k dynamodb-local``) are skipped unless the run has it.
+    """
+    combo: Combo = request.param
+    table_name: str | None = None
+    endpoint: str | None = None
+    aws: AWSSessions | None = None
+    if combo.store == "dynamodb-local":
+        endpoint = request.getfixturevalue("dynamodb_local_endpoint")
+        aws = request.getfixturevalue("local_aws_sessions")
+        table_name = f"burst-{uuid.uuid4().hex[:12]}"
+        with DynamoDBStore(
+            table_name, endpoint_url=endpoint, region_name=REGION, session=aws.boto3_session
+        ) as creator:
+            creator.create_table()
+    with contextlib.ExitStack() as stack:
+        yield Harness(
+            combo, stack, table_name=table_name, dynamodb_endpoint=endpoint, region=REGION, aws=aws
+        )
 
 
 def assert_ran_once(harness: Harness, responses: list[httpx.Response]) -> None:

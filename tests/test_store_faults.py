@@ -2,15 +2,21 @@
 WSGI on waitress with ``DynamoDBStore``.
 
 The store talks to moto through ``FaultProxy``, which refuses, hangs, throttles, answers 5xx,
-cuts or delays DynamoDB requests on demand. The rules under test:
+cuts or delays DynamoDB requests on demand. The stores keep their default retry
+configuration (``max_attempts=2``: botocore re-sends a failed call once), as deployed, with
+short timeouts; only the tests of the middleware's own finishing retries use one attempt per
+call (see ``ONE_ATTEMPT``). The rules under test:
 
 - the claim fails: 503 + ``Retry-After`` within a bounded time, handler not run; a claim
-  that landed with its answer lost is released; with ``on_store_error="run"`` the handler
-  runs unprotected and an ERROR is logged;
+  that landed with every answer lost is released; with ``on_store_error="run"`` the handler
+  runs unprotected and an ERROR is logged (a claim re-sent after a lost answer, the first
+  answer lost and the second received, is tests/test_lease_defects.py's);
 - complete fails after the handler ran: the client still gets the handler's response, an
   ERROR ``store_error`` event names the key hash, the key stays claimed (409) until its lock
   expires, then a retry runs the handler again;
-- release fails (the handler answered 5xx): the client gets the 5xx, same discipline.
+- release fails (the handler answered 5xx): the client gets the 5xx, same discipline;
+- a finishing write whose answer was lost and that botocore re-sent: the write landed once,
+  and the key behaves as if the first answer had arrived.
 """
 
 from __future__ import annotations
@@ -38,16 +44,22 @@ from tests.faultproxy import (
     FaultProxy,
     Mode,
     Served,
-    serve_workload,
+    serve_through_proxy,
     wait_until,
 )
 
 ADAPTERS: tuple[Adapter, ...] = ("asgi", "wsgi")
 
-# One attempt per store call and short timeouts keep every fault fast.
+# Short timeouts keep every fault fast; retries stay the stores' default (max_attempts=2).
 TIMEOUT_SECONDS = 1.0
-# A claim against a store that never answers gives up after one read timeout; the bound
-# leaves room for a loaded machine.
+DEFAULT_MAX_ATTEMPTS = 2
+FAST: dict[str, Any] = {"connect_timeout": TIMEOUT_SECONDS, "read_timeout": TIMEOUT_SECONDS}
+# For the tests of the middleware's own finishing retries (complete, release): one attempt per
+# store call, so the attempts counted are the middleware's, and giving up takes well under the
+# short lock (botocore's re-sends, each after up to a second of backoff, would outlast it).
+ONE_ATTEMPT: dict[str, Any] = {**FAST, "max_attempts": 1}
+# A claim against a store that never answers gives up after its attempts' read timeouts (and
+# botocore's backoff, up to 1 s); the bound leaves room for a loaded machine.
 CLAIM_FAILURE_BOUND_SECONDS = 4.0
 LOCK_SECONDS = 1.5
 
@@ -61,28 +73,12 @@ def serve(
     store_kwargs: dict[str, Any] | None = None,
     **options: Any,
 ) -> Iterator[Served]:
-    """Serve ``Workload`` behind the middleware whose DynamoDB store goes through ``proxy``;
-    the proxy forgets the warm-up request."""
-    store_arguments: dict[str, Any] = {
-        "endpoint_url": proxy.url,
-        "region_name": REGION,
-        "connect_timeout": TIMEOUT_SECONDS,
-        "read_timeout": TIMEOUT_SECONDS,
-        "max_attempts": 1,
-    }
-    store_arguments.update(store_kwargs or {})
-    if adapter == "asgi":
-        async_store = AsyncDynamoDBStore(table, **store_arguments)
-        with serve_workload(adapter, async_store, on_shutdown=async_store.aclose, **options) as s:
-            proxy.forget()
-            yield s
-    else:
-        with (
-            DynamoDBStore(table, **store_arguments) as sync_store,
-            serve_workload(adapter, sync_store, **options) as served,
-        ):
-            proxy.forget()
-            yield served
+    """``serve_through_proxy`` with short timeouts (``FAST``) unless ``store_kwargs`` says
+    otherwise."""
+    with serve_through_proxy(
+        adapter, table, proxy, store_kwargs=store_kwargs or FAST, **options
+    ) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +173,8 @@ def test_a_failing_claim_answers_503_with_retry_after_and_does_not_run_the_handl
         assert error.key_hash == key_hash("/ok", key)
         if fault == "throttle":
             assert error.error is not None and "ThrottlingException" in error.error
-        assert "PutItem" in proxy.operations() or fault == "refuse"
+        if fault != "refuse":  # (a refused connection is reset before its request is read)
+            assert proxy.operations().count("PutItem") == DEFAULT_MAX_ATTEMPTS
 
         if fault == "cut":
             return  # the claim reached the store: see the next test
@@ -188,21 +185,23 @@ def test_a_failing_claim_answers_503_with_retry_after_and_does_not_run_the_handl
 
 
 @pytest.mark.parametrize("adapter", ADAPTERS)
-def test_a_claim_whose_answer_was_lost_is_released_so_a_retry_runs_long_before_its_lock(
+def test_a_claim_whose_answers_were_all_lost_is_released_so_a_retry_runs_long_before_its_lock(
     adapter: Adapter, proxy: FaultProxy, dynamodb_table: str, moto_endpoint: str
 ) -> None:
-    """The PutItem landed but its response was cut: the client gets 503, and the middleware
-    releases the claim it may hold (fenced by its owner token, in the background), so the
-    retry runs the handler at once instead of getting 409 for a whole lock timeout."""
+    """The PutItem landed but its response was cut, and so was the response to botocore's
+    re-send: the client gets 503, and the middleware releases the claim it may hold (fenced
+    by its owner token, in the background), so the retry runs the handler at once instead of
+    getting 409 for a whole lock timeout."""
     key = unique_key("cut")
     hashed = key_hash("/ok", key)
     long_lock = 60.0
     with serve(adapter, dynamodb_table, proxy, lock_timeout_seconds=long_lock) as served:
-        proxy.set("cut", operations={"PutItem"}, count=1)
+        proxy.set("cut", operations={"PutItem"}, count=DEFAULT_MAX_ATTEMPTS)
         failed_at = time.monotonic()
         assert_problem(served.post("/ok", key), 503)
         assert served.workload.runs("/ok") == 0
-        assert [seen.fault for seen in proxy.seen() if seen.operation == "PutItem"] == ["cut"]
+        claims = [seen.fault for seen in proxy.seen() if seen.operation == "PutItem"]
+        assert claims == ["cut"] * DEFAULT_MAX_ATTEMPTS
 
         wait_until(
             lambda: "DeleteItem" in proxy.operations(), 10, "the lost claim was never released"
@@ -220,9 +219,9 @@ def test_a_claim_whose_answer_was_lost_is_released_so_a_retry_runs_long_before_i
 def test_a_claim_against_a_hanging_store_is_bounded_by_its_timeouts_and_attempts(
     adapter: Adapter, proxy: FaultProxy, dynamodb_table: str
 ) -> None:
-    """``max_attempts=2``: two PutItems reach the wire, each given up after the read
-    timeout, then 503 (within two timeouts plus botocore's backoff and some slack)."""
-    with serve(adapter, dynamodb_table, proxy, store_kwargs={"max_attempts": 2}) as served:
+    """The default ``max_attempts=2``: two PutItems reach the wire, each given up after the
+    read timeout, then 503 (within two timeouts plus botocore's backoff and some slack)."""
+    with serve(adapter, dynamodb_table, proxy) as served:
         proxy.set("hang")
         started = time.monotonic()
         response = served.post("/ok", unique_key("bounded"))
@@ -230,7 +229,7 @@ def test_a_claim_against_a_hanging_store_is_bounded_by_its_timeouts_and_attempts
         assert_problem(response, 503)
         assert int(response.headers["retry-after"]) >= 1
         assert 2 * TIMEOUT_SECONDS <= elapsed < 2 * TIMEOUT_SECONDS + CLAIM_FAILURE_BOUND_SECONDS
-        assert proxy.operations().count("PutItem") == 2
+        assert proxy.operations().count("PutItem") == DEFAULT_MAX_ATTEMPTS
         assert served.workload.runs("/ok") == 0
         assert len(served.events.of("store_error", "claim")) == 1
 
@@ -280,7 +279,9 @@ def test_a_failing_complete_still_answers_and_holds_the_key_until_its_lock_expir
     caplog.set_level(logging.ERROR, logger="idempotency_middleware")
     key = unique_key("complete")
     hashed = key_hash("/gate", key)
-    with serve(adapter, dynamodb_table, proxy, lock_timeout_seconds=LOCK_SECONDS) as served:
+    with serve(
+        adapter, dynamodb_table, proxy, store_kwargs=ONE_ATTEMPT, lock_timeout_seconds=LOCK_SECONDS
+    ) as served:
         gate = served.workload.arm_gate()
         with ThreadPoolExecutor(1) as pool:
             pending = served.post_in_background(pool, "/gate", key)
@@ -330,6 +331,7 @@ def test_a_failing_complete_still_answers_and_holds_the_key_until_its_lock_expir
 def test_a_complete_that_fails_twice_is_retried_and_lands(
     adapter: Adapter, proxy: FaultProxy, dynamodb_table: str
 ) -> None:
+    """Throttled twice: botocore's own two attempts, then the middleware's next try lands."""
     key = unique_key("retried")
     with serve(adapter, dynamodb_table, proxy) as served:
         proxy.set("throttle", operations={"UpdateItem"}, count=2)
@@ -355,7 +357,9 @@ def test_a_failing_release_still_answers_the_5xx_and_holds_the_key_until_its_loc
 ) -> None:
     key = unique_key("release")
     hashed = key_hash("/gate-fail", key)
-    with serve(adapter, dynamodb_table, proxy, lock_timeout_seconds=LOCK_SECONDS) as served:
+    with serve(
+        adapter, dynamodb_table, proxy, store_kwargs=ONE_ATTEMPT, lock_timeout_seconds=LOCK_SECONDS
+    ) as served:
         gate = served.workload.arm_gate()
         with ThreadPoolExecutor(1) as pool:
             pending = served.post_in_background(pool, "/gate-fail", key)
@@ -376,6 +380,68 @@ def test_a_failing_release_still_answers_the_5xx_and_holds_the_key_until_its_loc
         assert conflicts >= 1
         assert rerun.status_code == 500
         assert rerun.json() == {"path": "/gate-fail", "run": 2}
+
+
+# --- a finishing write re-sent after its answer was lost --------------------------------------
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_a_complete_whose_lost_answer_botocore_resent_stores_the_response(
+    adapter: Adapter, proxy: FaultProxy, dynamodb_table: str
+) -> None:
+    """The completing UpdateItem landed and its answer was cut; botocore's re-send, fenced by
+    the owner token, lands again: the response is stored, nothing is reported lost."""
+    key = unique_key("complete-resent")
+    with serve(adapter, dynamodb_table, proxy) as served:
+        proxy.set("cut", operations={"UpdateItem"}, count=1)
+        first = served.post("/ok", key)
+        assert first.status_code == 201
+        updates = [seen.fault for seen in proxy.seen() if seen.operation == "UpdateItem"]
+        assert updates == ["cut", "pass"]
+        assert not served.events.of("store_error")
+        assert not served.events.of("lost")
+        assert [event.key_hash for event in served.events.of("completed")] == [key_hash("/ok", key)]
+
+        replay = served.post("/ok", key)
+        assert replay.headers.get("idempotent-replayed") == "true"
+        assert replay.content == first.content
+        assert served.workload.runs("/ok") == 1
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_a_release_whose_lost_answer_botocore_resent_frees_the_key_for_a_retry(
+    adapter: Adapter, proxy: FaultProxy, dynamodb_table: str
+) -> None:
+    """The releasing DeleteItem (after a 500) landed and its answer was cut; botocore's
+    re-send finds nothing to delete. The key is free all the same: a retry runs at once."""
+    key = unique_key("release-resent")
+    with serve(adapter, dynamodb_table, proxy, lock_timeout_seconds=60.0) as served:
+        proxy.set("cut", operations={"DeleteItem"}, count=1)
+        first = served.post("/gate-fail", key)
+        assert first.status_code == 500
+        deletes = [seen.fault for seen in proxy.seen() if seen.operation == "DeleteItem"]
+        assert deletes == ["cut", "pass"]
+
+        retry = served.post("/gate-fail", key)
+        assert retry.status_code == 500
+        assert retry.json() == {"path": "/gate-fail", "run": 2}
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_a_release_whose_lost_answer_botocore_resent_is_reported_released_not_lost(
+    adapter: Adapter, proxy: FaultProxy, dynamodb_table: str
+) -> None:
+    """The same re-sent release: it landed, so the owner reports ``released``, not ``lost``
+    (a WARNING that the claim was taken over while the handler ran, which it was not)."""
+    key = unique_key("release-resent-event")
+    with serve(adapter, dynamodb_table, proxy, lock_timeout_seconds=60.0) as served:
+        proxy.set("cut", operations={"DeleteItem"}, count=1)
+        assert served.post("/gate-fail", key).status_code == 500
+        deletes = [seen.fault for seen in proxy.seen() if seen.operation == "DeleteItem"]
+        assert deletes == ["cut", "pass"]
+
+        assert [event.kind for event in served.events.of("released")] == ["released"]
+        assert not served.events.of("lost")
 
 
 # --- a slow store ---------------------------------------------------------------------------------
