@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint typecheck unit test-dynamodb-local bench clean
+.PHONY: install demo test lint typecheck unit test-dynamodb-local coverage bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -32,7 +32,25 @@ unit: $(STAMP)
 test-dynamodb-local: $(STAMP)
 	@bash scripts/dynamodb-local.sh
 
-test: lint typecheck test-dynamodb-local unit
+# Branch coverage of the package over the DynamoDB Local run and the whole suite, threads
+# and subprocesses included ([tool.coverage] in pyproject.toml): the suite runs under
+# `coverage run`; the DynamoDB Local pytest (in its own namespaces) starts coverage through
+# COVERAGE_PROCESS_START and coverage's .pth file. One report at the end; below fail_under
+# it fails. A failing suite fails make with pytest's status, after the report.
+COVERAGE := $(VENV)/bin/coverage
+COVERAGE_DATA := $(CURDIR)/.cache/coverage/data
+
+coverage: $(STAMP)
+	@mkdir -p $(dir $(COVERAGE_DATA))
+	$(COVERAGE) erase
+	COVERAGE_PROCESS_START=$(CURDIR)/pyproject.toml COVERAGE_FILE=$(COVERAGE_DATA) \
+	  bash scripts/dynamodb-local.sh
+	@status=0; \
+	$(COVERAGE) run -m pytest -q || status=$$?; \
+	$(COVERAGE) combine --quiet && $(COVERAGE) report || { [ $$status -ne 0 ] || status=2; }; \
+	exit $$status
+
+test: lint typecheck coverage
 
 BENCH_STAMP := $(VENV)/.bench-installed
 
@@ -49,4 +67,4 @@ bench: $(BENCH_STAMP)
 	$(PY) -m benchmarks.run_all
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .cache/coverage

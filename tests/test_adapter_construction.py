@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import collections
+import uuid
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import pytest
 
 from idempotency_middleware import (
@@ -15,6 +18,7 @@ from idempotency_middleware import (
     IdempotencyWSGIMiddleware,
     MemoryStore,
 )
+from tests.servers import serve_asgi, serve_wsgi
 
 
 async def asgi_app(scope: Any, receive: Any, send: Any) -> None:
@@ -46,10 +50,38 @@ def test_the_wsgi_middleware_refuses_an_async_only_store() -> None:
         IdempotencyWSGIMiddleware(wsgi_app, store=AsyncDynamoDBStore("t"))  # type: ignore[arg-type]
 
 
-def test_memory_store_serves_both_middlewares() -> None:
+def test_one_memory_store_serves_both_middlewares() -> None:
+    # MemoryStore is both a sync and an async store: one instance behind an ASGI and a WSGI
+    # app runs each app's handler once per key and replays the retry.
     store = MemoryStore()
-    IdempotencyMiddleware(asgi_app, store=store)
-    IdempotencyWSGIMiddleware(wsgi_app, store=store).close()
+    runs: collections.Counter[str] = collections.Counter()
+
+    async def counting_asgi_app(scope: Any, receive: Any, send: Any) -> None:
+        runs["asgi"] += 1
+        body = f"asgi run {runs['asgi']}".encode()
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": body})
+
+    def counting_wsgi_app(environ: Any, start_response: Any) -> list[bytes]:
+        runs["wsgi"] += 1
+        start_response("201 Created", [("Content-Type", "text/plain")])
+        return [f"wsgi run {runs['wsgi']}".encode()]
+
+    wsgi = IdempotencyWSGIMiddleware(counting_wsgi_app, store=store)
+    asgi = IdempotencyMiddleware(counting_asgi_app, store=store)
+    try:
+        with serve_asgi(asgi) as asgi_url, serve_wsgi(wsgi) as wsgi_url:
+            for adapter, url in (("asgi", asgi_url), ("wsgi", wsgi_url)):
+                headers = {"Idempotency-Key": f"{adapter}-{uuid.uuid4()}"}
+                with httpx.Client(base_url=url, timeout=15) as client:
+                    first = client.post("/orders", content=b"{}", headers=headers)
+                    retry = client.post("/orders", content=b"{}", headers=headers)
+                assert first.status_code == retry.status_code == 201, adapter
+                assert first.content == retry.content == f"{adapter} run 1".encode()
+                assert retry.headers.get("idempotent-replayed") == "true", adapter
+    finally:
+        wsgi.close()
+    assert runs == {"asgi": 1, "wsgi": 1}
 
 
 @pytest.mark.parametrize("build", BUILDERS, ids=["asgi", "wsgi"])

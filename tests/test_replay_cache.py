@@ -1,0 +1,59 @@
+"""``replay_cache_size``: a per-process LRU of completed records, each kept until it expires."""
+
+from __future__ import annotations
+
+from idempotency_middleware.cache import ReplayCache
+from idempotency_middleware.records import Record, Status, StoredResponse
+
+NOW = 1_000_000.0
+
+
+def completed(key_hash: str, *, expires_at: float = NOW + 60) -> Record:
+    response = StoredResponse(201, [(b"content-type", b"application/json")], b'{"id":1}')
+    return Record(key_hash, Status.COMPLETED, "fp", "owner", NOW + 5, expires_at, response)
+
+
+def test_a_completed_record_is_served_from_the_cache() -> None:
+    cache = ReplayCache(4)
+    record = completed("k")
+    cache.put(record)
+    assert cache.get("k", NOW) is record
+    assert cache.get("other", NOW) is None
+
+
+def test_an_in_progress_record_is_never_cached() -> None:
+    cache = ReplayCache(4)
+    cache.put(Record("k", Status.IN_PROGRESS, "fp", "owner", NOW + 5, NOW + 60))
+    assert cache.get("k", NOW) is None
+    assert len(cache) == 0
+
+
+def test_a_record_is_dropped_once_it_expires() -> None:
+    cache = ReplayCache(4)
+    cache.put(completed("k", expires_at=NOW + 10))
+    assert cache.get("k", NOW + 9.999) is not None
+    assert cache.get("k", NOW + 10) is None
+    assert len(cache) == 0  # dropped, not only hidden
+
+
+def test_the_least_recently_used_record_is_evicted_beyond_the_size() -> None:
+    cache = ReplayCache(2)
+    cache.put(completed("a"))
+    cache.put(completed("b"))
+    assert cache.get("a", NOW) is not None  # a is now more recent than b
+    cache.put(completed("c"))
+    assert len(cache) == 2
+    assert cache.get("b", NOW) is None
+    assert cache.get("a", NOW) is not None
+    assert cache.get("c", NOW) is not None
+
+
+def test_putting_a_key_again_replaces_its_record_and_refreshes_it() -> None:
+    cache = ReplayCache(2)
+    cache.put(completed("a"))
+    cache.put(completed("b"))
+    newer = completed("a", expires_at=NOW + 120)
+    cache.put(newer)
+    cache.put(completed("c"))
+    assert cache.get("a", NOW) is newer
+    assert cache.get("b", NOW) is None
