@@ -6,6 +6,7 @@ response captured, send the answer. The attempt itself is ``engine.flow.attempt`
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from . import asgi_messages as messages
@@ -46,6 +47,8 @@ class IdempotencyMiddleware:
         self.app = app
         self.store = store
         self.options = Options.build(**options)
+        # A store with a client to create (AsyncDynamoDBStore) creates it at start-up.
+        self._warm_up: Callable[[], Awaitable[None]] | None = getattr(store, "awarm_up", None)
         self._context = flow.Context.for_options(self.options)
         self._driver = AsyncDriver(
             store,
@@ -55,6 +58,8 @@ class IdempotencyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
+            if scope["type"] == "lifespan" and self._warm_up is not None:
+                receive = messages.warming_receive(receive, self._warm_up)
             await self.app(scope, receive, send)
             return
         policy = self.options.policy_for(scope["method"], scope["path"])

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from .engine.effects import Ran
+from .events import logger
 from .problems import Problem
 from .records import BodyBuffer, StoredResponse, declared_length, is_streaming
 from .request_view import HeaderView, RequestView
@@ -105,6 +106,23 @@ async def read_body(receive: Receive, limit: int) -> bytes:
             chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def warming_receive(receive: Receive, warm_up: Callable[[], Awaitable[None]]) -> Receive:
+    """Warm the store up when the server announces start-up, before the app sees it; a
+    store that cannot warm up (a missing extra, bad settings) is logged, not fatal here:
+    its first claim reports the same error per request."""
+
+    async def startup_then_message() -> Message:
+        message = await receive()
+        if message.get("type") == "lifespan.startup":
+            try:
+                await warm_up()
+            except Exception:
+                logger.exception("idempotency store could not be warmed up at start-up")
+        return message
+
+    return startup_then_message
 
 
 def replaying_receive(body: bytes, receive: Receive) -> Receive:

@@ -189,5 +189,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_OK
 
 
-if __name__ == "__main__":  # pragma: no cover
+if __name__ == "__main__":  # pragma: no cover - python -m runs __main__.py, not this
     sys.exit(main())

@@ -58,7 +58,7 @@ def compile_template(template: str) -> re.Pattern[str]:
         raise ValueError(f"route template {template!r} has an unbalanced brace")
     pattern.append(re.escape(tail))
     pattern.append(r"\Z")
-    return re.compile("".join(pattern))
+    return re.compile("".join(pattern), re.DOTALL)  # a path may hold any character
 
 
 def normalize_methods(methods: Iterable[str], where: str) -> frozenset[str]:

@@ -62,14 +62,18 @@ DYNAMODB_KINDS: frozenset[StoreKind] = frozenset({"dynamodb", "dynamodb-local"})
 
 @contextlib.contextmanager
 def serve_asgi(
-    app: ASGIApp, *, on_shutdown: Callable[[], Awaitable[None]] | None = None
+    app: ASGIApp,
+    *,
+    on_shutdown: Callable[[], Awaitable[None]] | None = None,
+    lifespan: bool = False,
 ) -> Iterator[str]:
-    """Serve ``app`` with uvicorn on a free port; ``on_shutdown`` runs on the server's loop."""
+    """Serve ``app`` with uvicorn on a free port; ``on_shutdown`` runs on the server's loop.
+    With ``lifespan`` the app gets uvicorn's lifespan start-up before the port opens."""
     config = uvicorn.Config(
         app,
         host=HOST,
         port=0,
-        lifespan="off",
+        lifespan="on" if lifespan else "off",
         log_level="warning",
         timeout_graceful_shutdown=2,
     )

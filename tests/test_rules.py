@@ -195,3 +195,10 @@ def test_methods_are_normalized_to_upper_case() -> None:
 def test_non_callable_scope_is_refused() -> None:
     with pytest.raises(ValueError):
         IdempotencyRule("/orders", scope="tenant")  # type: ignore[arg-type]
+
+
+def test_a_path_template_matches_a_rest_holding_a_newline() -> None:
+    # A disabled catch-all must not let an encoded newline (%0A) fall back to the defaults.
+    rule = IdempotencyRule("/internal/{rest:path}", enabled=False)
+    assert rule.matches("/internal/\nx")
+    assert rule.matches("/internal/a\r\nb/c")

@@ -34,6 +34,12 @@ class AsyncClients(DynamoDBStoreBase):
         """The aioboto3 DynamoDB client, created once."""
         return await self._dynamodb()
 
+    async def awarm_up(self) -> None:
+        """Create the client now (it takes a second or more on a loaded machine), so the
+        first claim does not pay for it out of its lease. ``IdempotencyMiddleware`` calls
+        this at ASGI lifespan start-up, on the loop that serves requests."""
+        await self._dynamodb()
+
     async def _dynamodb(self) -> Any:
         if self._client is not None:
             return self._client
@@ -105,6 +111,11 @@ class SyncClients(DynamoDBStoreBase):
     def client(self) -> Any:
         """The boto3 DynamoDB client, created once."""
         return self._dynamodb()
+
+    def warm_up(self) -> None:
+        """Create the client now, so the first claim does not pay for it out of its lease.
+        Call it in each worker process after it starts (post-fork), not before forking."""
+        self._dynamodb()
 
     def _dynamodb(self) -> Any:
         if self._client is None:
