@@ -13,6 +13,7 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from idempotency_middleware import DynamoDBStore
+from tests.faultproxy import FaultProxy
 from tests.servers import ALL_COMBOS, AWSSessions, Combo, Harness
 
 # moto accepts any credentials; botocore only needs some to sign requests. Never a real AWS.
@@ -35,6 +36,21 @@ def moto_endpoint() -> Iterator[str]:
         yield f"http://{host}:{port}"
     finally:
         server.stop()
+
+
+def new_table(moto_endpoint: str, prefix: str = "idem") -> str:
+    """Create a fresh idempotency table on moto through our own ``create_table``; its name."""
+    name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+    with DynamoDBStore(name, endpoint_url=moto_endpoint, region_name=REGION) as store:
+        store.create_table()
+    return name
+
+
+@pytest.fixture
+def fault_proxy(moto_endpoint: str) -> Iterator[FaultProxy]:
+    """A fault-injection proxy in front of moto (tests/faultproxy.py)."""
+    with FaultProxy(moto_endpoint) as started:
+        yield started
 
 
 @pytest.fixture

@@ -22,18 +22,15 @@ cross; nothing here sleeps.
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
 
-from idempotency_middleware import DynamoDBStore
+from tests.conftest import new_table
 from tests.faultproxy import (
     CLIENT_TIMEOUT_SECONDS,
-    REGION,
     Adapter,
     FaultProxy,
     serve_through_proxy,
@@ -52,16 +49,12 @@ SLOW_PATH = f"/sleep?seconds={HANDLER_SECONDS}"
 @pytest.fixture(scope="module")
 def dynamodb_table(moto_endpoint: str) -> str:
     """One table for the module (every test uses its own keys)."""
-    name = f"lease-{uuid.uuid4().hex[:12]}"
-    with DynamoDBStore(name, endpoint_url=moto_endpoint, region_name=REGION) as store:
-        store.create_table()
-    return name
+    return new_table(moto_endpoint, "lease")
 
 
 @pytest.fixture
-def proxy(moto_endpoint: str) -> Iterator[FaultProxy]:
-    with FaultProxy(moto_endpoint) as started:
-        yield started
+def proxy(fault_proxy: FaultProxy) -> FaultProxy:
+    return fault_proxy
 
 
 def unique_key(label: str) -> str:

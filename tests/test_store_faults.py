@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -37,6 +36,7 @@ from idempotency_middleware import AsyncDynamoDBStore, DynamoDBStore
 from idempotency_middleware.keys import storage_key
 from idempotency_middleware.records import Status
 from idempotency_middleware.stores.base import ClaimRequest, StoreUnavailable
+from tests.conftest import new_table
 from tests.faultproxy import (
     CLIENT_TIMEOUT_SECONDS,
     REGION,
@@ -83,17 +83,13 @@ def serve(
 
 @pytest.fixture(scope="module")
 def dynamodb_table(moto_endpoint: str) -> str:
-    """One table for the module (every test uses its own keys): saves a table per test."""
-    name = f"faults-{uuid.uuid4().hex[:12]}"
-    with DynamoDBStore(name, endpoint_url=moto_endpoint, region_name=REGION) as store:
-        store.create_table()
-    return name
+    """One table for the module (every test uses its own keys)."""
+    return new_table(moto_endpoint, "faults")
 
 
 @pytest.fixture
-def proxy(moto_endpoint: str) -> Iterator[FaultProxy]:
-    with FaultProxy(moto_endpoint) as started:
-        yield started
+def proxy(fault_proxy: FaultProxy) -> FaultProxy:
+    return fault_proxy
 
 
 def key_hash(path: str, key: str) -> str:
