@@ -1,6 +1,7 @@
 """Time as an input: the engine, the lease renewers and the stores read ``now`` from one
-clock object, so tests cross lock, renewal and TTL deadlines by moving a fake clock instead
-of sleeping.
+clock object, so tests cross lock and TTL deadlines by moving a fake clock instead of
+sleeping. (Renewals are due by this clock; the ASGI renewer's timer that looks for due
+leases runs on the event loop's own time, so a test drives ``renewal.Leases`` directly.)
 
 Times are epoch seconds (floats with sub-second precision): they are written to the store
 and compared there by other processes, so they must be wall-clock time, not monotonic.

@@ -106,10 +106,19 @@ class IdempotencyWSGIMiddleware:
         except Suspended:
             # A live stream: it goes out as it comes; the attempt finishes when it ends.
             assert captured.status_line is not None and captured.live is not None
-            start_response(captured.status_line, captured.headers, captured.exc_info)
 
             def finish(size: int, failed: bool) -> None:
                 self._driver.resume(running, StreamEnd(size, failed))
+
+            try:
+                start_response(captured.status_line, captured.headers, captured.exc_info)
+            except BaseException:
+                # The server refused the headers: the stream never starts; nothing is kept.
+                close = getattr(captured.live, "close", None)
+                if close is not None:
+                    close()
+                finish(0, True)
+                raise
 
             return wsgi_io.LiveBody(captured.buffer.take(), captured.live, finish)
         if type(outcome) is Ran:

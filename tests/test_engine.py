@@ -573,3 +573,26 @@ async def test_the_async_driver_releases_a_lost_claim_in_a_background_task() -> 
     for _ in range(10):  # the background task runs on this loop; the fake clock never waits
         await asyncio.sleep(0)
     assert store.get(script.attempt.claim.key_hash) is None
+
+
+def test_a_claim_cancelled_while_renewing_before_its_run_is_released() -> None:
+    script = Scripted()
+
+    def answer(effect: Effect) -> Any:
+        if isinstance(effect, Renew):
+            raise asyncio.CancelledError
+        return slow_claim(script, LOCK - 1)(effect)
+
+    with pytest.raises(asyncio.CancelledError):
+        script.run(answer)
+    assert script.kinds() == ["ClaimRequest", "Renew", "Release"]
+    assert script.event_kinds() == ["claimed", "released"]
+
+
+def test_a_flow_closed_while_a_live_stream_is_pending_closes_cleanly() -> None:
+    script = Scripted()
+    running = flow.attempt(script.context, script.attempt)
+    assert isinstance(next(running), ClaimRequest)
+    assert isinstance(running.send(CLAIMED), Run)
+    assert running.send(LIVE) == AwaitStreamEnd()
+    running.close()  # no "generator ignored GeneratorExit": nothing is yielded on close

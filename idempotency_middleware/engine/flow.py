@@ -100,7 +100,7 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
         raise
     latency_ms = (time.perf_counter() - started) * 1000
     taken_over = False
-    if type(result) is Held:
+    if isinstance(result, Held):
         record = result.record
         if record.owner != claim.owner or not core.is_own_claim(record, claim):
             if cache is not None:
@@ -132,6 +132,12 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
             context.reporter.report(attempt, "store_error", operation="renew", error=repr(error))
             yield from _release(context, attempt)
             return core.store_unavailable()
+        except GeneratorExit:
+            raise
+        except BaseException:
+            # Cancelled while renewing: the claim is ours and the handler never ran.
+            yield from _release(context, attempt)
+            raise
         if not renewed:
             # Taken over while the claim was in flight: the other request runs, not us.
             context.reporter.report(attempt, "lost", status=409)
@@ -145,6 +151,8 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
             # ``StreamEnd``, never an exception), and its lease ends with it.
             end = yield AWAIT_STREAM_END
             yield EndLease(claim.owner)
+    except GeneratorExit:
+        raise  # the flow itself is being closed: no effect can be yielded any more
     except BaseException:
         # Raised or cancelled: nothing is kept, so a retry runs the handler again.
         yield from _release(context, attempt)

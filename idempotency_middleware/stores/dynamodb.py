@@ -199,22 +199,14 @@ def overflow_reference(item: Item) -> str | None:
 
 
 def release_request(layout: TableLayout, key_hash: str, owner: str) -> dict[str, Any]:
-    """DeleteItem conditional on the owner token. On failure DynamoDB returns the item that
-    holds the key, if any (see ``released_by_an_earlier_attempt``)."""
+    """DeleteItem conditional on the owner token."""
     return {
         "TableName": layout.table_name,
         "Key": {layout.key_attribute: {"S": key_hash}},
         "ConditionExpression": "#owner = :owner",
         "ExpressionAttributeNames": _names(layout, "#owner"),
         "ExpressionAttributeValues": {":owner": {"S": owner}},
-        "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
     }
-
-
-def released_by_an_earlier_attempt(failed: ConditionFailed) -> bool:
-    """A release that failed its condition on an item that is gone, after botocore re-sent
-    it: the first attempt landed (its answer was lost) and deleted our claim."""
-    return failed.item is None and failed.retried
 
 
 def renew_request(
@@ -328,14 +320,6 @@ def error_code(error: BaseException) -> str:
     return str(response.get("Error", {}).get("Code", ""))
 
 
-def retry_attempts(error: BaseException) -> int:
-    """How many times botocore re-sent the request that failed with ``error``."""
-    response = getattr(error, "response", None)
-    if not isinstance(response, dict):
-        return 0
-    return int(response.get("ResponseMetadata", {}).get("RetryAttempts", 0) or 0)
-
-
 def held_item(error: BaseException) -> Item | None:
     """The ALL_OLD item carried by a failed conditional claim."""
     response = getattr(error, "response", None)
@@ -403,16 +387,15 @@ class ClientSettings:
 class ConditionFailed(Exception):
     """A conditional write lost; ``item`` is the holding item when DynamoDB returned it."""
 
-    def __init__(self, item: Item | None, retried: bool = False) -> None:
+    def __init__(self, item: Item | None) -> None:
         super().__init__("conditional check failed")
         self.item = item
-        self.retried = retried  # botocore sent the request more than once
 
 
 def translate_error(operation: str, error: BaseException) -> Exception:
     """Map a botocore failure to ``ConditionFailed`` or ``StoreUnavailable``."""
     if error_code(error) == CONDITION_FAILED:
-        return ConditionFailed(held_item(error), retry_attempts(error) > 0)
+        return ConditionFailed(held_item(error))
     unavailable = StoreUnavailable(f"DynamoDB {operation} failed: {error!r}")
     unavailable.code = error_code(error)
     return unavailable

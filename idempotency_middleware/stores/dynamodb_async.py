@@ -97,11 +97,12 @@ class AsyncDynamoDBStore(AsyncClients):
 
     async def arelease(self, key_hash: str, owner: str) -> bool:
         """Delete the claim; ``False`` when it is no longer ``owner``'s."""
-        try:
-            await self._call("delete_item", ddb.release_request(self.layout, key_hash, owner))
-        except ddb.ConditionFailed as failed:
-            return ddb.released_by_an_earlier_attempt(failed)
-        return True
+        # (A DeleteItem that botocore re-sent after its first attempt landed finds nothing
+        # and answers False too: an absent item cannot be told from one never written, and
+        # the background release of a lost claim must keep trying until its claim lands.)
+        return await self._conditional(
+            "delete_item", ddb.release_request(self.layout, key_hash, owner)
+        )
 
     async def arenew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
         """Extend an in-progress claim; ``False`` when it is no longer ``owner``'s."""
