@@ -9,7 +9,7 @@ from typing import Any
 from .engine.effects import Ran
 from .events import logger
 from .problems import Problem
-from .records import BodyBuffer, StoredResponse, declared_length, is_streaming
+from .records import BodyBuffer, StoredResponse, scan_response_headers
 from .request_view import HeaderView, RequestView
 
 Scope = MutableMapping[str, Any]
@@ -33,14 +33,19 @@ class ClientGone(Exception):
 
 class ResponseCapture:
     """Buffers the app's response instead of sending it, except a streaming one (see
-    ``records.STREAMING_MEDIA_TYPES``), which goes to the client live as it comes."""
+    ``records.STREAMING_MEDIA_TYPES``), which goes to the client live as it comes.
 
-    __slots__ = ("_send", "buffer", "live", "size", "start")
+    A body sent in one chunk (the common case) is kept as it is; a ``BodyBuffer`` is only
+    made for a second chunk."""
+
+    __slots__ = ("_buffer", "_expected_size", "_first", "_send", "live", "size", "start")
 
     def __init__(self, send: Send) -> None:
         self._send = send
         self.start: Message | None = None
-        self.buffer = BodyBuffer()
+        self._first = b""
+        self._buffer: BodyBuffer | None = None
+        self._expected_size: int | None = None
         self.live = False
         self.size = 0
 
@@ -48,18 +53,25 @@ class ResponseCapture:
         kind = message["type"]
         if kind == "http.response.start":
             self.start = message
-            headers = message.get("headers", [])
-            if is_streaming(headers):
+            streaming, self._expected_size = scan_response_headers(message.get("headers", []))
+            if streaming:
                 self.live = True
                 await self._send(message)
-            else:
-                self.buffer.expected_size = declared_length(headers)
         elif kind == "http.response.body":
+            chunk = message.get("body", b"")
             if self.live:
-                self.size += len(message.get("body", b""))
+                self.size += len(chunk)
                 await self._send(message)
-                return
-            self.buffer.add(message.get("body", b""))
+            elif self._buffer is not None:
+                self._buffer.add(chunk)
+            elif not self._first:
+                self._first = chunk
+            elif chunk:
+                buffer = self._buffer = BodyBuffer()
+                buffer.expected_size = self._expected_size
+                buffer.add(self._first)
+                buffer.add(chunk)
+                self._first = b""
         elif self.live:
             await self._send(message)
 
@@ -71,7 +83,8 @@ class ResponseCapture:
         headers = start.get("headers", [])
         if self.live:
             return Ran(start["status"], headers, b"", live=True, ended=True, size=self.size)
-        return Ran(start["status"], headers, self.buffer.take())
+        body = self._first if self._buffer is None else self._buffer.take()
+        return Ran(start["status"], headers, body)
 
 
 def read_headers(

@@ -46,6 +46,23 @@ STREAMING_MEDIA_TYPES = frozenset(
 )
 
 
+def scan_response_headers(headers: Headers) -> tuple[bool, int | None]:
+    """Whether a response streams (``is_streaming``) and its declared Content-Length
+    (``declared_length``), in one pass over its headers."""
+    streaming = False
+    length = None
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered == b"content-type":
+            streaming = _is_streaming_media(value)
+        elif lowered == b"content-length":
+            try:
+                length = int(value)
+            except ValueError:
+                length = None
+    return streaming, length
+
+
 def is_streaming(headers: Headers) -> bool:
     for name, value in headers:
         if name.lower() == b"content-type":

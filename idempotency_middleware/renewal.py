@@ -81,14 +81,17 @@ class LoopRenewals:
             # A door served from a new loop (tests, app reloads): start afresh there.
             self._loop, self._timer, self._timer_due = loop, None, None
             self._leases = Leases()
-        due = self._leases.add(lease)
+        # (Leases.add, inlined: once per request)
+        attempt = lease.attempt
+        due = lease.granted_at + attempt.policy.renewal_interval
+        self._leases.active[attempt.claim.owner] = (lease, due)
         if self._timer_due is None or due < self._timer_due:
             self._schedule(loop, due)
 
     def stop(self, owner: str) -> None:
         # The timer stays: it finds nothing due and stops rescheduling once idle. A renewal
         # already in flight is harmless: renew is conditional on an in-progress claim.
-        self._leases.remove(owner)
+        self._leases.active.pop(owner, None)
 
     def _schedule(self, loop: asyncio.AbstractEventLoop, due: float) -> None:
         if self._timer is not None:

@@ -269,3 +269,13 @@ def test_body_buffer_peaks_near_one_copy_of_a_chunked_body() -> None:
     assert len(body) == chunk_size * count
     # A list of chunks and their join would peak at 2x.
     assert peak < 1.5 * len(body)
+
+
+def test_one_scan_of_response_headers_finds_streaming_and_the_declared_length() -> None:
+    from idempotency_middleware.records import scan_response_headers
+
+    assert scan_response_headers(
+        [(b"Content-Type", b"text/event-stream; charset=utf-8"), (b"Content-Length", b"12")]
+    ) == (True, 12)
+    assert scan_response_headers([(b"content-type", b"application/json")]) == (False, None)
+    assert scan_response_headers([(b"content-length", b"twelve")]) == (False, None)

@@ -157,7 +157,8 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
         # Raised or cancelled: nothing is kept, so a retry runs the handler again.
         yield from _release(context, attempt)
         raise
-    if ran is None or not core.keeps_response(ran.status) or (end is not None and end.failed):
+    # (core.keeps_response, inlined: below 500 is the outcome, 5xx is released for retry)
+    if ran is None or ran.status >= 500 or (end is not None and end.failed):
         yield from _release(context, attempt)
         return ran
     streamed_size = None if not ran.live else (ran.size if end is None else end.size)
