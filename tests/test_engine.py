@@ -596,3 +596,12 @@ def test_a_flow_closed_while_a_live_stream_is_pending_closes_cleanly() -> None:
     assert isinstance(running.send(CLAIMED), Run)
     assert running.send(LIVE) == AwaitStreamEnd()
     running.close()  # no "generator ignored GeneratorExit": nothing is yielded on close
+
+
+def test_a_flow_closed_while_renewing_before_its_run_yields_nothing_more() -> None:
+    script = Scripted()
+    running = flow.attempt(script.context, script.attempt)
+    assert isinstance(next(running), ClaimRequest)
+    script.clock.advance(LOCK)  # the claim took its whole lease to land
+    assert isinstance(running.send(CLAIMED), Renew)
+    running.close()  # no "generator ignored GeneratorExit"
