@@ -605,3 +605,31 @@ def test_a_flow_closed_while_renewing_before_its_run_yields_nothing_more() -> No
     script.clock.advance(LOCK)  # the claim took its whole lease to land
     assert isinstance(running.send(CLAIMED), Renew)
     running.close()  # no "generator ignored GeneratorExit"
+
+
+class _Suspends:
+    """An awaitable that suspends its coroutine once (no event loop needed)."""
+
+    def __await__(self) -> Generator[None, None, None]:
+        yield
+
+
+def test_a_driver_closed_while_a_claim_is_in_flight_stops_without_further_effects() -> None:
+    """A server shutting down destroys pending tasks: the garbage collector closes their
+    coroutines, with no loop running. The attempt must then stop, not try to spawn a
+    background release (which needs a running loop)."""
+    script = Scripted()
+
+    class HangingClaims(MemoryStore):
+        async def aclaim(self, request: Any) -> Any:
+            await _Suspends()
+            raise AssertionError("never resumed")
+
+    store = HangingClaims()
+    driver = AsyncDriver(
+        store, script.clock, LoopRenewals(store, script.context.reporter, script.clock)
+    )
+    coroutine = driver.drive(flow.attempt(script.context, script.attempt))
+    coroutine.send(None)  # suspended inside the claim
+    coroutine.close()  # raised "no running event loop" when the flow went on to spawn
+    assert script.event_kinds() == []

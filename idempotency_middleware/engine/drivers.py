@@ -93,6 +93,9 @@ class SyncDriver:
                     value = getattr(self, _PERFORM[type(effect)])(effect)
             except Suspended:
                 raise
+            except GeneratorExit:
+                flow.close()  # this driver is being closed: the flow may not go on
+                raise
             except BaseException as raised:
                 error = raised
 
@@ -167,6 +170,11 @@ class AsyncDriver:
                     value = await store.acomplete(effect)
                 else:
                     value = await getattr(self, _PERFORM[type(effect)])(effect)
+            except GeneratorExit:
+                # This coroutine is being closed (its loop is gone): the flow may not go on,
+                # so no effect (a background release) is attempted without a loop.
+                flow.close()
+                raise
             except BaseException as raised:
                 error = raised
 

@@ -94,6 +94,8 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
             context.reporter.report(attempt, "fail_open")
             return RUN_UNPROTECTED
         return core.store_unavailable()
+    except GeneratorExit:
+        raise  # the flow itself is being closed: no effect can be yielded any more
     except BaseException:
         # Cancelled (a deadline, a shutdown) with the claim possibly on the wire.
         yield Spawn(release_lost_claim(attempt))
