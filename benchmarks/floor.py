@@ -2,7 +2,7 @@
 
 ``FloorMiddleware`` is a measurement device, not a middleware to deploy. It does, inlined
 in one function (it hands the app the body through our own replaying ``receive``), only
-the work SPEC.md asks of every new key:
+the work the README's semantics ask of every new key:
 
 - check the key and the body's size;
 - fingerprint the request (canonical JSON, SHA-256, our framing);

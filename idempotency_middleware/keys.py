@@ -85,7 +85,7 @@ def _parse_sf_string(raw: bytes) -> str:
 
 
 def _require_visible(key: bytes) -> str:
-    # RFC 8941 allows spaces inside a string; SPEC.md asks for visible ASCII keys, so a key
+    # RFC 8941 allows spaces inside a string; the README promises visible ASCII keys, so a key
     # is refused rather than silently trimmed or altered.
     if b" " in key:
         raise InvalidKey("The idempotency key must be visible ASCII (no spaces).")

@@ -1,4 +1,4 @@
-"""End-to-end behaviour (SPEC.md section 2), written once and run on every combination.
+"""End-to-end behaviour (the README's HTTP semantics), written once and run on every combination.
 
 Each test runs against real servers on 127.0.0.1 (uvicorn + FastAPI, waitress + Flask)
 through a real HTTP client, with the memory store and with DynamoDB (moto's server mode);

@@ -32,7 +32,7 @@ def test_the_demo_passes_every_step_on_both_apps_and_exits_0() -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "FAILED" not in result.stdout
-    assert "Every step behaved as SPEC.md says, in both apps" in result.stdout
+    assert "Every step behaved as the README documents, in both apps" in result.stdout
     assert "FastAPI + IdempotencyMiddleware + AsyncDynamoDBStore" in result.stdout
     assert "Flask + IdempotencyWSGIMiddleware + DynamoDBStore" in result.stdout
     # Step 4's duplicate, sent while the first runs, is the documented 409 with Retry-After.

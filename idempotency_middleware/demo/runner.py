@@ -3,8 +3,8 @@
 Starts moto's DynamoDB server on 127.0.0.1 (dummy credentials, AWS config ignored: nothing
 here can reach a real AWS account), creates the table, serves ``demo/fastapi_app.py``
 with uvicorn and ``demo/flask_app.py`` with waitress, and sends each the same requests
-a client retrying over a flaky network would send. Every step is checked against SPEC.md;
-the exit status is 0 only when all of them behaved as it says.
+a client retrying over a flaky network would send. Every step is checked against the
+behaviour the README documents; the exit status is 0 only when all of them behaved so.
 
     idempotency-middleware demo   (or: make demo)
 """
@@ -484,12 +484,12 @@ def main() -> int:
     elapsed = time.monotonic() - started
     if failed:
         print(
-            f"{len(failed)} step(s) did not behave as SPEC.md says (see FAILED lines above); "
-            f"{elapsed:.1f} s.",
+            f"{len(failed)} step(s) did not behave as the README documents "
+            f"(see FAILED lines above); {elapsed:.1f} s.",
             file=sys.stderr,
         )
         return 1
-    print(f"Every step behaved as SPEC.md says, in both apps ({elapsed:.1f} s).")
+    print(f"Every step behaved as the README documents, in both apps ({elapsed:.1f} s).")
     return 0
 
 
