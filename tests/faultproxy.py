@@ -189,6 +189,7 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._fault = _Fault("pass", None, None, 0.0, 500)
         self._seen: list[SeenRequest] = []
+        self._answered: list[str] = []  # operations the upstream answered, in order
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
         self._stopping: asyncio.Event | None = None
@@ -231,9 +232,16 @@ class FaultProxy:
         """Drop the requests seen so far (after a warm-up, say)."""
         with self._lock:
             self._seen.clear()
+            self._answered.clear()
 
     def operations(self) -> list[str]:
         return [request.operation for request in self.seen()]
+
+    def answered(self) -> list[str]:
+        """The operations upstream has answered (whether or not their client still listened):
+        a delayed write has landed once it is here."""
+        with self._lock:
+            return list(self._answered)
 
     def renewals(self) -> list[SeenRequest]:
         return [request for request in self.seen() if request.is_renewal]
@@ -358,6 +366,8 @@ class FaultProxy:
                 response = await _read_message(upstream[0])
                 if response is None:
                     raise ConnectionError("upstream closed the connection")
+                with self._lock:
+                    self._answered.append(operation)
                 if fault.mode == "cut":
                     writer.write(response.head + response.body[: len(response.body) // 2])
                     await writer.drain()
