@@ -86,11 +86,10 @@ class IdempotencyMiddleware:
         receive: Receive,
         send: Send,
     ) -> None:
-        if content_length is not None:
-            too_large = core.check_declared_length(self.options, content_length)
-            if too_large is not None:
-                await messages.send_problem(send, too_large)
-                return
+        too_large = core.check_declared_length(self.options, content_length)
+        if too_large is not None:
+            await messages.send_problem(send, too_large)
+            return
         try:
             body = await messages.read_body(receive, self.options.max_body_bytes)
         except messages.BodyTooLarge:
@@ -115,8 +114,7 @@ class IdempotencyMiddleware:
             nonlocal start
             capture = messages.ResponseCapture(send)  # (built only when the app runs)
             inner_receive = messages.replaying_receive(body, receive)
-            inner_scope = messages.without_bypass(scope) if "extensions" in scope else scope
-            await self.app(inner_scope, inner_receive, capture.send)
+            await self.app(messages.without_bypass(scope), inner_receive, capture.send)
             start = capture.start
             return capture.ran()
 

@@ -33,19 +33,14 @@ class ClientGone(Exception):
 
 class ResponseCapture:
     """Buffers the app's response instead of sending it, except a streaming one (see
-    ``records.STREAMING_MEDIA_TYPES``), which goes to the client live as it comes.
+    ``records.STREAMING_MEDIA_TYPES``), which goes to the client live as it comes."""
 
-    A body sent in one chunk (the common case) is kept as it is; a ``BodyBuffer`` is only
-    made for a second chunk."""
-
-    __slots__ = ("_buffer", "_expected_size", "_first", "_send", "live", "size", "start")
+    __slots__ = ("_send", "buffer", "live", "size", "start")
 
     def __init__(self, send: Send) -> None:
         self._send = send
         self.start: Message | None = None
-        self._first = b""
-        self._buffer: BodyBuffer | None = None
-        self._expected_size: int | None = None
+        self.buffer = BodyBuffer()
         self.live = False
         self.size = 0
 
@@ -53,25 +48,15 @@ class ResponseCapture:
         kind = message["type"]
         if kind == "http.response.start":
             self.start = message
-            streaming, self._expected_size = scan_response_headers(message.get("headers", []))
-            if streaming:
-                self.live = True
+            self.live, self.buffer.expected_size = scan_response_headers(message.get("headers", []))
+            if self.live:
                 await self._send(message)
         elif kind == "http.response.body":
-            chunk = message.get("body", b"")
             if self.live:
-                self.size += len(chunk)
+                self.size += len(message.get("body", b""))
                 await self._send(message)
-            elif self._buffer is not None:
-                self._buffer.add(chunk)
-            elif not self._first:
-                self._first = chunk
-            elif chunk:
-                buffer = self._buffer = BodyBuffer()
-                buffer.expected_size = self._expected_size
-                buffer.add(self._first)
-                buffer.add(chunk)
-                self._first = b""
+                return
+            self.buffer.add(message.get("body", b""))
         elif self.live:
             await self._send(message)
 
@@ -83,8 +68,7 @@ class ResponseCapture:
         headers = start.get("headers", [])
         if self.live:
             return Ran(start["status"], headers, b"", live=True, ended=True, size=self.size)
-        body = self._first if self._buffer is None else self._buffer.take()
-        return Ran(start["status"], headers, body)
+        return Ran(start["status"], headers, self.buffer.take())
 
 
 def read_headers(

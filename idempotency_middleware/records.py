@@ -47,27 +47,24 @@ STREAMING_MEDIA_TYPES = frozenset(
 
 
 def scan_response_headers(headers: Headers) -> tuple[bool, int | None]:
-    """Whether a response streams (``is_streaming``) and its declared Content-Length
-    (``declared_length``), in one pass over its headers."""
-    streaming = False
-    length = None
+    """In one pass over a response's headers: whether it streams (its first Content-Type is
+    one of ``STREAMING_MEDIA_TYPES``) and the Content-Length it declares (its first one, if
+    well formed), which presizes its buffer."""
+    streaming: bool | None = None
+    length: int | None = None
+    length_seen = False
     for name, value in headers:
         lowered = name.lower()
         if lowered == b"content-type":
-            streaming = _is_streaming_media(value)
-        elif lowered == b"content-length":
+            if streaming is None:
+                streaming = _is_streaming_media(value)
+        elif lowered == b"content-length" and not length_seen:
+            length_seen = True
             try:
                 length = int(value)
             except ValueError:
                 length = None
-    return streaming, length
-
-
-def is_streaming(headers: Headers) -> bool:
-    for name, value in headers:
-        if name.lower() == b"content-type":
-            return _is_streaming_media(value)
-    return False
+    return bool(streaming), length
 
 
 @functools.lru_cache(maxsize=256)
@@ -127,17 +124,6 @@ class BodyBuffer:
 # A declared length above this is not trusted for presizing (an app bug should not allocate
 # gigabytes up front); such a body is kept as chunks and joined.
 _MAX_PRESIZE = 256 * 1024 * 1024
-
-
-def declared_length(headers: Headers) -> int | None:
-    """The Content-Length a response declares, if it declares a valid one."""
-    for name, value in headers:
-        if name.lower() == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
 
 
 # Bodies above this size are zlib-compressed when that makes them smaller.

@@ -81,17 +81,14 @@ class LoopRenewals:
             # A door served from a new loop (tests, app reloads): start afresh there.
             self._loop, self._timer, self._timer_due = loop, None, None
             self._leases = Leases()
-        # (Leases.add, inlined: once per request)
-        attempt = lease.attempt
-        due = lease.granted_at + attempt.policy.renewal_interval
-        self._leases.active[attempt.claim.owner] = (lease, due)
+        due = self._leases.add(lease)
         if self._timer_due is None or due < self._timer_due:
             self._schedule(loop, due)
 
     def stop(self, owner: str) -> None:
         # The timer stays: it finds nothing due and stops rescheduling once idle. A renewal
         # already in flight is harmless: renew is conditional on an in-progress claim.
-        self._leases.active.pop(owner, None)
+        self._leases.remove(owner)
 
     def _schedule(self, loop: asyncio.AbstractEventLoop, due: float) -> None:
         if self._timer is not None:
@@ -125,9 +122,8 @@ class LoopRenewals:
             )
             return
         if not renewed:
-            self._leases.remove(
-                lease.attempt.claim.owner
-            )  # taken over or finished: nothing to renew
+            # Taken over or finished: nothing to renew.
+            self._leases.remove(lease.attempt.claim.owner)
 
 
 class ThreadRenewals:
@@ -198,7 +194,7 @@ class ThreadRenewals:
                 if not self._store.renew(
                     claim.key_hash, claim.owner, _renewed_deadline(lease, now)
                 ):
-                    self.stop(lease.attempt.claim.owner)
+                    self.stop(claim.owner)
             except StoreUnavailable as error:
                 self._reporter.report(
                     lease.attempt, "store_error", operation="renew", error=repr(error)

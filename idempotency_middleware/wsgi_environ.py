@@ -12,7 +12,7 @@ from typing import Any
 from .engine.effects import Ran
 from .options import Options
 from .problems import Problem
-from .records import BodyBuffer, Headers, StoredResponse, declared_length, is_streaming
+from .records import BodyBuffer, Headers, StoredResponse, scan_response_headers
 from .request_view import HeaderView, RequestView
 
 Environ = dict[str, Any]
@@ -75,12 +75,13 @@ class CapturedResponse:
         self.encoded_headers: Headers = []  # as the core and the stores take them
         self.exc_info: ExcInfo | None = None
         self.buffer = BodyBuffer()
+        self.streaming = False  # its media type streams (records.STREAMING_MEDIA_TYPES)
         self.live: Iterable[bytes] | None = None  # a streaming response's iterable
 
     def run(self, app: WSGIApp, environ: Environ) -> Ran | None:
-        """Run the app, buffering its body unless it streams (``records.is_streaming``)."""
+        """Run the app, buffering its body unless it streams."""
         iterable = app(environ, self.start_response)
-        if self.status_line is not None and is_streaming(self.encoded_headers):
+        if self.status_line is not None and self.streaming:
             self.live = iterable
             return Ran(status_code(self.status_line), self.encoded_headers, b"", True, False)
         try:
@@ -113,7 +114,7 @@ class CapturedResponse:
         self.headers = list(headers)
         self.encoded_headers = _encode_headers(self.headers)
         self.exc_info = exc_info
-        self.buffer.expected_size = declared_length(self.encoded_headers)
+        self.streaming, self.buffer.expected_size = scan_response_headers(self.encoded_headers)
         return self.buffer.add  # the legacy write() callable
 
 

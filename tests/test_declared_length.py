@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from idempotency_middleware.records import declared_length
+from idempotency_middleware.records import Headers, scan_response_headers
+
+
+def declared_length(headers: Headers) -> int | None:
+    return scan_response_headers(headers)[1]
 
 
 def test_the_declared_content_length_is_read_whatever_the_header_case() -> None:

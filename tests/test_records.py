@@ -279,3 +279,16 @@ def test_one_scan_of_response_headers_finds_streaming_and_the_declared_length() 
     ) == (True, 12)
     assert scan_response_headers([(b"content-type", b"application/json")]) == (False, None)
     assert scan_response_headers([(b"content-length", b"twelve")]) == (False, None)
+
+
+def test_the_first_content_type_and_content_length_of_a_response_count() -> None:
+    from idempotency_middleware.records import scan_response_headers
+
+    assert scan_response_headers(
+        [
+            (b"content-type", b"application/json"),
+            (b"content-length", b"3"),
+            (b"content-type", b"text/event-stream"),
+            (b"content-length", b"9"),
+        ]
+    ) == (False, 3)

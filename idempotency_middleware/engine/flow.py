@@ -104,7 +104,7 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
     taken_over = False
     if isinstance(result, Held):
         record = result.record
-        if record.owner != claim.owner or not core.is_own_claim(record, claim):
+        if not core.is_own_claim(record, claim):
             if cache is not None:
                 cache.put(record)
             answer = core.answer_held(record, claim.fingerprint)
@@ -159,8 +159,7 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
         # Raised or cancelled: nothing is kept, so a retry runs the handler again.
         yield from _release(context, attempt)
         raise
-    # (core.keeps_response, inlined: below 500 is the outcome, 5xx is released for retry)
-    if ran is None or ran.status >= 500 or (end is not None and end.failed):
+    if ran is None or not core.keeps_response(ran.status) or (end is not None and end.failed):
         yield from _release(context, attempt)
         return ran
     streamed_size = None if not ran.live else (ran.size if end is None else end.size)
