@@ -1,18 +1,33 @@
 """Load (issue 5): 2,000 requests over 200 keys from 50 concurrent httpx clients, through
-uvicorn with ``AsyncDynamoDBStore`` on moto, all on 127.0.0.1 (``benchmarks/load.py``, at its
-full default scale: about 15 s on two cores).
+uvicorn with ``AsyncDynamoDBStore``, all on 127.0.0.1 (``benchmarks/load.py``, at its full
+default scale).
 
-Every key's handler runs exactly once, no response is a 5xx or a transport error, and every
-replay carries the body of its key's one run. Duplicates in flight together get 409.
+Against DynamoDB Local (run by scripts/dynamodb-local.sh), whose conditional writes are
+atomic: every key's handler runs exactly once, no response is a 5xx or a transport error,
+and every replay carries the body of its key's one run. Duplicates in flight together get
+409.
+
+Against moto the same load must bring no 5xx and no transport error and run every key, but
+exactly once is not asserted there: moto's threaded server does not make a conditional
+``PutItem`` atomic (tests/test_moto_atomicity.py proves two can both win), so one key in a
+few hundred can run twice, which is moto's race and not the middleware's.
 """
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks.load import run_load
 
 
-def test_concurrent_clients_run_every_key_exactly_once_without_5xx() -> None:
-    result = run_load(requests=2000, keys=200, clients=50)
+@pytest.mark.parametrize("backend", ["moto", "dynamodb-local"])
+def test_concurrent_clients_bring_no_5xx_and_run_every_key(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    endpoint_url: str | None = None
+    if backend == "dynamodb-local":
+        endpoint_url = request.getfixturevalue("dynamodb_local_endpoint")
+    result = run_load(requests=2000, keys=200, clients=50, endpoint_url=endpoint_url)
     print(result.report())  # the figures, with pytest -s
 
     assert result.errors == []
@@ -20,6 +35,8 @@ def test_concurrent_clients_run_every_key_exactly_once_without_5xx() -> None:
     assert set(result.statuses) <= {201, 409}, result.statuses
     assert sum(result.statuses.values()) == 2000
     assert len(result.runs) == 200
-    assert result.keys_not_run_once(list(result.runs)) == []
-    assert result.wrong_replays == 0
+    assert all(runs >= 1 for runs in result.runs.values()), result.runs
     assert result.replayed > 0
+    if backend == "dynamodb-local":  # atomic conditional writes: the whole guarantee
+        assert result.keys_not_run_once(list(result.runs)) == []
+        assert result.wrong_replays == 0
