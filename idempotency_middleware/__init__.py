@@ -7,7 +7,16 @@ needs only boto3 and a FastAPI app only aioboto3.
 from __future__ import annotations
 
 from .asgi import IdempotencyMiddleware
+from .errors import (
+    IdempotencyError,
+    InvalidKeyError,
+    KeyInProgressError,
+    KeyReusedError,
+    ResultNotStoredError,
+    StoreUnavailableError,
+)
 from .events import IdempotencyEvent
+from .functions import idempotent
 from .request_view import HeaderView, RequestView
 from .rules import IdempotencyRule
 from .scopes import scope_by_header, scope_by_tenant_header
@@ -23,15 +32,22 @@ __all__ = [
     "AsyncStore",
     "DynamoDBStore",
     "HeaderView",
+    "IdempotencyError",
     "IdempotencyEvent",
     "IdempotencyMiddleware",
     "IdempotencyRule",
     "IdempotencyWSGIMiddleware",
+    "InvalidKeyError",
+    "KeyInProgressError",
+    "KeyReusedError",
     "MemoryStore",
     "RequestView",
+    "ResultNotStoredError",
     "SQLiteStore",
     "StoreUnavailable",
+    "StoreUnavailableError",
     "SyncStore",
+    "idempotent",
     "scope_by_header",
     "scope_by_tenant_header",
 ]

@@ -118,7 +118,12 @@ class IdempotencyMiddleware:
             start = capture.start
             return capture.ran()
 
-        outcome = await self._driver.drive(flow.attempt(self._context, attempt), run)
+        waiter = (
+            messages.disconnect_waiter(receive, self.options.clock)
+            if admitted.policy.wait_seconds
+            else None
+        )
+        outcome = await self._driver.drive(flow.attempt(self._context, attempt), run, waiter)
         if type(outcome) is Ran:
             if not outcome.live:
                 assert start is not None
@@ -126,8 +131,8 @@ class IdempotencyMiddleware:
                 await send({"type": "http.response.body", "body": outcome.body, "more_body": False})
         elif type(outcome) is StoredResponse:
             await messages.send_replay(send, outcome)
-        elif type(outcome) is Problem:
-            await messages.send_problem(send, outcome)
+        elif type(outcome) is core.Refusal:
+            await messages.send_problem(send, problems.for_refusal(outcome))
         elif outcome is flow.RUN_UNPROTECTED:  # the store failed and on_store_error="run"
             await self.app(scope, messages.replaying_receive(body, receive), send)
         # else None: the app sent nothing; the server answers 500 itself

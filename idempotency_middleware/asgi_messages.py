@@ -3,9 +3,11 @@ response, and sending answers. No idempotency decisions here (those are the engi
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
+from .clock import Clock
 from .engine.effects import Ran
 from .events import logger
 from .problems import Problem
@@ -178,3 +180,28 @@ async def send_replay(send: Send, response: StoredResponse) -> None:
         }
     )
     await send({"type": "http.response.body", "body": response.body, "more_body": False})
+
+
+def disconnect_waiter(receive: Receive, clock: Clock) -> Callable[[float], Awaitable[bool]]:
+    """How a duplicate waits between polls (``wait_seconds``): a sleep on ``clock`` that
+    ends early, answering ``False``, when its client disconnects. The request body has been
+    read by then, so the next message a server delivers is ``http.disconnect``; a pending
+    ``receive()`` is cancelled when the sleep ends first (servers keep their state outside
+    the call, so nothing is lost)."""
+
+    async def wait(seconds: float) -> bool:
+        listening = asyncio.ensure_future(receive())
+        sleeping = asyncio.ensure_future(clock.asleep(seconds))
+        try:
+            await asyncio.wait((listening, sleeping), return_when=asyncio.FIRST_COMPLETED)
+            if listening.done():
+                gone = listening.exception() is not None
+                if gone or listening.result().get("type") == "http.disconnect":
+                    return False
+                await sleeping  # some other message: the client is still there
+            return True
+        finally:
+            for task in (listening, sleeping):
+                task.cancel()
+
+    return wait

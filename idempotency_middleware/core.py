@@ -16,7 +16,7 @@ import itertools
 import os
 import random
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from . import problems
 from .events import EventKind
@@ -43,6 +43,50 @@ _FINISH_BASE_DELAY = 0.05
 # first release that finds it. Each release is fenced by the owner token, so extra ones are
 # harmless.
 LOST_CLAIM_RELEASE_DELAYS = (0.0, 0.5, 1.0, 2.0, 4.0)
+
+# A duplicate that waits for the first attempt (``wait_seconds``) polls the store at least
+# this far apart, so a waiter never makes more than 10 store calls a second, backing off to
+# at most a second between polls so a long wait costs little.
+MIN_POLL_INTERVAL = 0.1
+MAX_POLL_INTERVAL = 1.0
+
+
+RefusalReason = Literal["in_progress", "reused", "not_stored", "unavailable"]
+
+# The HTTP status each refusal is answered with, and the event it is reported as.
+_REFUSAL_STATUS: dict[str, int] = {
+    "in_progress": 409,
+    "reused": 422,
+    "not_stored": 410,
+    "unavailable": 503,
+}
+_REFUSAL_EVENT: dict[str, EventKind] = {
+    "in_progress": "conflict",
+    "reused": "mismatch",
+    "not_stored": "not_stored",
+}
+
+
+class Refusal(NamedTuple):
+    """Why an attempt does not run; each door words it (a problem response, an exception).
+
+    ``in_progress``: another attempt holds the key; ``reused``: the key was used with other
+    input; ``not_stored``: completed, but its response (``size`` bytes) was not kept;
+    ``unavailable``: the store failed on the claim.
+    """
+
+    reason: RefusalReason
+    retry_after: int | None = None
+    size: int = 0
+
+    @property
+    def status(self) -> int:
+        return _REFUSAL_STATUS[self.reason]
+
+
+KEY_IN_PROGRESS = Refusal("in_progress", IN_PROGRESS_RETRY_AFTER)
+KEY_REUSED = Refusal("reused")
+STORE_UNAVAILABLE = Refusal("unavailable", STORE_UNAVAILABLE_RETRY_AFTER)
 
 
 class Admitted(NamedTuple):
@@ -118,7 +162,7 @@ def begin_attempt(
     claim = ClaimRequest(
         storage_key(method, route, scope_value, key),
         fingerprint_request(method, path, query_string, content_type, body),
-        f"{_owner_prefix}{next(_owner_numbers):x}",
+        new_owner(),
         now,
         policy.lock_timeout_seconds,
     )
@@ -132,6 +176,11 @@ _owner_prefix = os.urandom(12).hex() + "-"
 _owner_numbers = itertools.count()
 
 
+def new_owner() -> str:
+    """A fresh owner token for one attempt's claim."""
+    return f"{_owner_prefix}{next(_owner_numbers):x}"
+
+
 def _new_owner_prefix() -> None:
     global _owner_prefix
     _owner_prefix = os.urandom(12).hex() + "-"
@@ -140,15 +189,32 @@ def _new_owner_prefix() -> None:
 os.register_at_fork(after_in_child=_new_owner_prefix)
 
 
-def answer_held(record: Record, fingerprint: str) -> StoredResponse | Problem:
+def answer_held(record: Record, fingerprint: str) -> StoredResponse | Refusal:
     """What a request gets when another request holds its key."""
     if record.fingerprint != fingerprint:
-        return problems.fingerprint_mismatch()
+        return KEY_REUSED
     if record.status is Status.IN_PROGRESS:
-        return key_in_progress()
+        return KEY_IN_PROGRESS
     if record.response is None:
-        return problems.response_not_stored(record.response_size)
+        return Refusal("not_stored", size=record.response_size)
     return record.response
+
+
+def is_waitable(record: Record, claim: ClaimRequest) -> bool:
+    """A duplicate of an attempt still running: what ``wait_seconds`` waits out. A
+    mismatched fingerprint is answered at once (422), never waited for."""
+    return record.status is Status.IN_PROGRESS and record.fingerprint == claim.fingerprint
+
+
+def poll_delay(number: int, remaining: float) -> float | None:
+    """How long waiter poll ``number`` (0+) pauses, with ``remaining`` seconds of its wait
+    left; ``None`` when too little is left for another poll. Exponential backoff with jitter
+    between ``MIN_POLL_INTERVAL`` and ``MAX_POLL_INTERVAL``: never two polls closer than the
+    minimum, and waiters of one key do not poll in lockstep."""
+    if remaining < MIN_POLL_INTERVAL:
+        return None
+    ceiling = min(MIN_POLL_INTERVAL * 2 ** (min(number, 8) + 1), MAX_POLL_INTERVAL)
+    return min(random.uniform(ceiling / 2, ceiling), remaining)
 
 
 def is_own_claim(record: Record, claim: ClaimRequest) -> bool:
@@ -157,14 +223,10 @@ def is_own_claim(record: Record, claim: ClaimRequest) -> bool:
     return record.owner == claim.owner and record.status is Status.IN_PROGRESS
 
 
-def key_in_progress() -> Problem:
-    return problems.key_in_progress(IN_PROGRESS_RETRY_AFTER)
-
-
-def held_event_kind(answer: StoredResponse | Problem) -> EventKind:
+def held_event_kind(answer: StoredResponse | Refusal) -> EventKind:
     if isinstance(answer, StoredResponse):
         return "replayed"
-    return {409: "conflict", 422: "mismatch"}.get(answer.status, "not_stored")  # type: ignore[return-value]
+    return _REFUSAL_EVENT[answer.reason]
 
 
 def keeps_response(status: int) -> bool:
@@ -192,10 +254,6 @@ def completion_for(
         streamed_size is not None,
         streamed_size or 0,
     )
-
-
-def store_unavailable() -> Problem:
-    return problems.store_unavailable(STORE_UNAVAILABLE_RETRY_AFTER)
 
 
 def finish_delay(attempt_number: int) -> float:

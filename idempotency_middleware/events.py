@@ -17,7 +17,7 @@ EventKind = Literal[
     "claimed",  # a new key was claimed; the handler runs
     "taken_over",  # a dead owner's stale claim was taken over; the handler runs
     "replayed",  # a completed response was replayed
-    "conflict",  # 409: the key is in progress
+    "conflict",  # 409 (KeyInProgressError): the key is in progress
     "mismatch",  # 422: the key was used with a different request
     "not_stored",  # 410: completed, but its response could not be kept
     "completed",  # the handler's response was stored
@@ -64,7 +64,7 @@ class IdempotencyEvent:
     key_hash: str
     method: str
     route: str
-    status: int | None = None  # HTTP status sent, where one was
+    status: int | None = None  # HTTP status sent, where one was (never for functions)
     operation: str | None = None  # store operation, for store_error
     error: str | None = None  # repr of the store error
     store_latency_ms: float | None = None  # duration of the store call behind the event
@@ -90,12 +90,14 @@ class Reporter:
     level): on the hot path with neither, reporting costs one level check.
     """
 
-    __slots__ = ("_hook",)
+    __slots__ = ("_hook", "_http")
 
-    def __init__(self, hook: EventHook | None) -> None:
+    def __init__(self, hook: EventHook | None, *, http: bool = True) -> None:
         if hook is not None and not callable(hook):
             raise ValueError("on_event must be a callable taking an IdempotencyEvent")
         self._hook = hook
+        # A function call (``idempotent``) sends no HTTP status: its events carry none.
+        self._http = http
 
     def report(
         self,
@@ -111,6 +113,8 @@ class Reporter:
         log = logger.isEnabledFor(level)
         if not log and self._hook is None:
             return
+        if not self._http:
+            status = None
         event = IdempotencyEvent(
             kind,
             attempt.key_hash,

@@ -6,6 +6,7 @@ with a ``ValueError`` instead of surprising a request in production.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ class Policy(NamedTuple):
     lock_timeout_seconds: float
     scope: ScopeFunction | None
     renewal_interval: float  # how often a running claim is renewed (see RENEWALS_PER_LOCK)
+    wait_seconds: float = 0.0  # how long a duplicate waits for the first attempt's outcome
 
 
 def _policy(
@@ -55,6 +57,7 @@ def _policy(
     ttl_seconds: float,
     lock_timeout_seconds: float,
     scope: ScopeFunction | None,
+    wait_seconds: float,
 ) -> Policy:
     return Policy(
         route,
@@ -63,6 +66,7 @@ def _policy(
         lock_timeout_seconds,
         scope,
         lock_timeout_seconds / RENEWALS_PER_LOCK,
+        wait_seconds,
     )
 
 
@@ -82,6 +86,7 @@ class MiddlewareOptions(TypedDict, total=False):
     replay_cache_size: int
     on_event: EventHook | None
     clock: Clock
+    wait_seconds: float
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,7 @@ class Options:
     replay_cache_size: int
     on_event: EventHook | None
     clock: Clock
+    wait_seconds: float
     default_policy: Policy
     # ((rule, covered methods, policy or None when disabled), ...), first match wins
     rule_policies: tuple[tuple[IdempotencyRule, frozenset[str], Policy | None], ...]
@@ -120,6 +126,7 @@ class Options:
         replay_cache_size: int = 0,
         on_event: EventHook | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        wait_seconds: float = 0,
     ) -> Options:
         if not isinstance(header_name, str) or not _TOKEN.match(header_name):
             raise ValueError(f"header_name {header_name!r} is not a valid HTTP header name")
@@ -148,6 +155,15 @@ class Options:
             )
         if on_event is not None and not callable(on_event):
             raise ValueError("on_event must be a callable taking an IdempotencyEvent")
+        if (
+            isinstance(wait_seconds, bool)
+            or not isinstance(wait_seconds, (int, float))
+            or not 0 <= wait_seconds < math.inf
+        ):
+            raise ValueError(
+                "wait_seconds must be a non-negative, finite number of seconds, "
+                f"got {wait_seconds!r}"
+            )
         if not isinstance(clock, Clock):
             raise ValueError("clock must have now(), sleep() and asleep() (see clock.Clock)")
         if scope is not None and not callable(scope):
@@ -158,7 +174,9 @@ class Options:
                 raise ValueError(f"rules must hold IdempotencyRule objects, got {rule!r}")
         check_reachable(rules)
         normalized_methods = normalize_methods(methods, "methods")
-        default_policy = _policy(None, bool(required), ttl_seconds, lock_timeout_seconds, scope)
+        default_policy = _policy(
+            None, bool(required), ttl_seconds, lock_timeout_seconds, scope, float(wait_seconds)
+        )
         rule_policies = tuple(
             (rule, *_rule_policy(rule, normalized_methods, default_policy)) for rule in rules
         )
@@ -177,6 +195,7 @@ class Options:
             replay_cache_size=replay_cache_size,
             on_event=on_event,
             clock=clock,
+            wait_seconds=float(wait_seconds),
             default_policy=default_policy,
             rule_policies=rule_policies,
         )
@@ -206,4 +225,5 @@ def _rule_policy(
             else rule.lock_timeout_seconds
         ),
         scope=default.scope if rule.scope is None else rule.scope,
+        wait_seconds=default.wait_seconds,
     )

@@ -6,10 +6,14 @@ Details are fixed sentences: client input is never echoed, so nothing needs esca
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import orjson
 
 from .records import Headers
+
+if TYPE_CHECKING:
+    from .core import Refusal
 
 PROBLEM_TYPE_BASE = "urn:idempotency-middleware:problem:"
 
@@ -107,3 +111,15 @@ def store_unavailable(retry_after: int) -> Problem:
         "Retry with the same key.",
         retry_after=retry_after,
     )
+
+
+def for_refusal(refusal: Refusal) -> Problem:
+    """The HTTP answer to an attempt the engine refused to run."""
+    reason = refusal.reason
+    if reason == "in_progress":
+        return key_in_progress(refusal.retry_after or 1)
+    if reason == "reused":
+        return fingerprint_mismatch()
+    if reason == "not_stored":
+        return response_not_stored(refusal.size)
+    return store_unavailable(refusal.retry_after or 1)

@@ -127,8 +127,8 @@ class IdempotencyWSGIMiddleware:
             return [outcome.body]
         if type(outcome) is StoredResponse:
             return wsgi_io.send_replay(start_response, outcome)
-        if type(outcome) is Problem:
-            return wsgi_io.send_problem(start_response, outcome)
+        if type(outcome) is core.Refusal:
+            return wsgi_io.send_problem(start_response, problems.for_refusal(outcome))
         if outcome is None:
             raise RuntimeError("the WSGI application returned without calling start_response")
         return self.app(environ, start_response)  # the store failed; on_store_error="run"

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from idempotency_middleware import HeaderView, IdempotencyRule, RequestView, core
+from idempotency_middleware import HeaderView, IdempotencyRule, RequestView, core, problems
 from idempotency_middleware.options import Options
 from idempotency_middleware.problems import Problem
 from idempotency_middleware.records import Record, Status, StoredResponse
@@ -251,23 +251,25 @@ def held(
 )
 def test_different_fingerprint_is_422(record: Record) -> None:
     answer = core.answer_held(record, "another-fp")
-    assert isinstance(answer, Problem)
-    assert answer.status == 422
+    assert isinstance(answer, core.Refusal)
+    assert answer.reason == "reused" and answer.status == 422
 
 
 def test_different_fingerprint_on_a_too_large_response_is_422() -> None:
     record = held(Status.COMPLETED, too_large=True, size=10)
     answer = core.answer_held(record, "another-fp")
-    assert isinstance(answer, Problem)
-    assert answer.status == 422
+    assert isinstance(answer, core.Refusal)
+    assert answer.reason == "reused" and answer.status == 422
 
 
 def test_same_fingerprint_in_progress_is_409_with_retry_after() -> None:
     answer = core.answer_held(held(Status.IN_PROGRESS), "fp")
-    assert isinstance(answer, Problem)
-    assert answer.status == 409
+    assert isinstance(answer, core.Refusal)
+    assert answer.reason == "in_progress" and answer.status == 409
     assert answer.retry_after is not None and answer.retry_after > 0
-    assert (b"retry-after", str(answer.retry_after).encode()) in answer.headers(answer.body())
+    problem = problems.for_refusal(answer)
+    assert problem.status == 409
+    assert (b"retry-after", str(answer.retry_after).encode()) in problem.headers(problem.body())
 
 
 def test_same_fingerprint_completed_is_replayed() -> None:
@@ -277,9 +279,11 @@ def test_same_fingerprint_completed_is_replayed() -> None:
 def test_completed_without_a_kept_response_is_410() -> None:
     record = held(Status.COMPLETED, too_large=True, size=600_000)
     answer = core.answer_held(record, "fp")
-    assert isinstance(answer, Problem)
-    assert answer.status == 410
-    assert answer.retry_after is None
+    assert isinstance(answer, core.Refusal)
+    assert answer.reason == "not_stored" and answer.size == 600_000
+    problem = problems.for_refusal(answer)
+    assert problem.status == 410 and problem.retry_after is None
+    assert "600000" in problem.detail
 
 
 # --- keeps_response and completion_for --------------------------------------------------

@@ -25,7 +25,6 @@ from idempotency_middleware.engine.effects import (
 )
 from idempotency_middleware.events import IdempotencyEvent
 from idempotency_middleware.options import Options
-from idempotency_middleware.problems import Problem
 from idempotency_middleware.records import Record, Status, StoredResponse
 from idempotency_middleware.renewal import Leases, LoopRenewals, ThreadRenewals
 from idempotency_middleware.request_view import HeaderView, RequestView
@@ -248,7 +247,7 @@ def test_a_completed_key_with_the_same_fingerprint_is_replayed_without_running()
 def test_a_key_in_progress_answers_409() -> None:
     script = Scripted()
     outcome = script.run(store_that(ClaimRequest=Held(script.record(Status.IN_PROGRESS))))
-    assert isinstance(outcome, Problem) and outcome.status == 409
+    assert isinstance(outcome, core.Refusal) and outcome.status == 409
     assert script.event_kinds() == ["conflict"]
 
 
@@ -256,7 +255,7 @@ def test_a_key_reused_with_another_request_answers_422() -> None:
     script = Scripted()
     record = script.record(Status.COMPLETED, fingerprint="another request")
     outcome = script.run(store_that(ClaimRequest=Held(record)))
-    assert isinstance(outcome, Problem) and outcome.status == 422
+    assert isinstance(outcome, core.Refusal) and outcome.status == 422
     assert script.event_kinds() == ["mismatch"]
 
 
@@ -317,7 +316,7 @@ def test_a_cached_record_past_its_ttl_is_not_served() -> None:
 def test_a_failed_claim_answers_503_and_releases_the_lost_claim_in_the_background() -> None:
     script = Scripted()
     outcome = script.run(store_that(ClaimRequest=unavailable()))
-    assert isinstance(outcome, Problem) and outcome.status == 503
+    assert isinstance(outcome, core.Refusal) and outcome.status == 503
     assert script.kinds() == ["ClaimRequest", "Spawn"]
     assert script.event_kinds() == ["store_error"]
     assert script.events[0].operation == "claim"
@@ -386,7 +385,7 @@ def test_a_claim_taken_over_while_it_was_in_flight_does_not_run() -> None:
         return slow_claim(script, LOCK)(effect)
 
     outcome = script.run(answer)
-    assert isinstance(outcome, Problem) and outcome.status == 409
+    assert isinstance(outcome, core.Refusal) and outcome.status == 409
     assert "Run" not in script.kinds()
     assert script.event_kinds() == ["claimed", "lost"]
 
@@ -400,7 +399,7 @@ def test_a_nearly_spent_claim_whose_renewal_fails_is_released_and_answers_503() 
         return slow_claim(script, LOCK - 1)(effect)
 
     outcome = script.run(answer)
-    assert isinstance(outcome, Problem) and outcome.status == 503
+    assert isinstance(outcome, core.Refusal) and outcome.status == 503
     assert script.kinds() == ["ClaimRequest", "Renew", "Release"]
 
 
@@ -568,7 +567,7 @@ async def test_the_async_driver_releases_a_lost_claim_in_a_background_task() -> 
         store, script.clock, LoopRenewals(store, script.context.reporter, script.clock)
     )
     outcome = await driver.drive(flow.attempt(script.context, script.attempt))
-    assert isinstance(outcome, Problem) and outcome.status == 503
+    assert isinstance(outcome, core.Refusal) and outcome.status == 503
     assert store.get(script.attempt.claim.key_hash) is not None  # it landed
     for _ in range(10):  # the background task runs on this loop; the fake clock never waits
         await asyncio.sleep(0)

@@ -24,7 +24,10 @@ ALL_PROBLEMS: list[tuple[Problem, int, int | None]] = [
     (problems.fingerprint_mismatch(), 422, None),
     (problems.response_not_stored(600_000), 410, None),
     (problems.store_unavailable(2), 503, 2),
-    (core.store_unavailable(), 503, core.STORE_UNAVAILABLE_RETRY_AFTER),
+    (problems.for_refusal(core.STORE_UNAVAILABLE), 503, core.STORE_UNAVAILABLE_RETRY_AFTER),
+    (problems.for_refusal(core.KEY_IN_PROGRESS), 409, core.IN_PROGRESS_RETRY_AFTER),
+    (problems.for_refusal(core.KEY_REUSED), 422, None),
+    (problems.for_refusal(core.Refusal("not_stored", size=5)), 410, None),
 ]
 
 
@@ -63,8 +66,9 @@ def test_problem_headers(problem: Problem, status: int, retry_after: int | None)
 
 
 def test_problem_types_are_distinct() -> None:
-    types = {problem.type for problem, _, _ in ALL_PROBLEMS[:-1]}
-    assert len(types) == len(ALL_PROBLEMS) - 1
+    made_directly = ALL_PROBLEMS[:7]  # the rest are the same problems made from refusals
+    types = {problem.type for problem, _, _ in made_directly}
+    assert len(types) == len(made_directly)
 
 
 def test_in_progress_is_not_the_same_answer_as_response_not_stored() -> None:

@@ -26,11 +26,14 @@ from .effects import (
     Run,
     Sleep,
     Spawn,
+    Wait,
 )
 
 T = TypeVar("T")
 SyncRun = Callable[[], "Ran | None"]
 AsyncRun = Callable[[], Awaitable["Ran | None"]]
+# How a door's waiter pauses between polls: ``False`` when its caller went away.
+AsyncWaiter = Callable[[float], Awaitable[bool]]
 
 # Which method of a driver performs each of the rarer effects (``_release`` ...): one table
 # for both drivers. The three of every call (claim, run, complete) are dispatched inline.
@@ -38,6 +41,7 @@ _PERFORM = {
     Release: "_release",
     Renew: "_renew",
     Sleep: "_sleep",
+    Wait: "_wait",
     EndLease: "_end_lease",
     AwaitStreamEnd: "_await_stream_end",
     Spawn: "_spawn",
@@ -120,6 +124,11 @@ class SyncDriver:
     def _sleep(self, effect: Sleep) -> None:
         self.clock.sleep(effect.seconds)
 
+    def _wait(self, effect: Wait) -> bool:
+        # A WSGI server does not tell its app that a client left; a function has no client.
+        self.clock.sleep(effect.seconds)
+        return True
+
     def _end_lease(self, effect: EndLease) -> None:
         self.renewals.stop(effect.owner)
 
@@ -143,8 +152,14 @@ class AsyncDriver:
         self.renewals = renewals
         self._background: set[asyncio.Task[Any]] = set()
 
-    async def drive(self, flow: Generator[Effect, Any, T], run: AsyncRun | None = None) -> T:
-        """Run ``flow`` to its end and return its outcome (or raise what it raised)."""
+    async def drive(
+        self,
+        flow: Generator[Effect, Any, T],
+        run: AsyncRun | None = None,
+        wait: AsyncWaiter | None = None,
+    ) -> T:
+        """Run ``flow`` to its end and return its outcome (or raise what it raised).
+        ``wait`` pauses a waiting duplicate (default: a sleep on the clock)."""
         store, renewals = self.store, self.renewals
         value: object = None
         error: BaseException | None = None
@@ -168,6 +183,8 @@ class AsyncDriver:
                         renewals.stop(effect.attempt.claim.owner)
                 elif type(effect) is Completion:
                     value = await store.acomplete(effect)
+                elif type(effect) is Wait and wait is not None:
+                    value = await wait(effect.seconds)
                 else:
                     value = await getattr(self, _PERFORM[type(effect)])(effect)
             except GeneratorExit:
@@ -186,6 +203,10 @@ class AsyncDriver:
 
     async def _sleep(self, effect: Sleep) -> None:
         await self.clock.asleep(effect.seconds)
+
+    async def _wait(self, effect: Wait) -> bool:
+        await self.clock.asleep(effect.seconds)
+        return True
 
     async def _end_lease(self, effect: EndLease) -> None:
         self.renewals.stop(effect.owner)

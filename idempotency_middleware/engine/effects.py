@@ -39,6 +39,14 @@ class Sleep(NamedTuple):
     seconds: float
 
 
+class Wait(NamedTuple):
+    """A duplicate waiting for the first attempt: pause before polling again -> ``bool``
+    (``False``: stop waiting, the caller went away). Unlike ``Sleep``, a door may cut it
+    short (the ASGI door ends it when its client disconnects)."""
+
+    seconds: float
+
+
 class Run(NamedTuple):
     """Run the door's inner thing (app, function) under a lease -> ``Ran | None`` (``None``:
     it answered nothing). The driver renews the claim while it runs, counting from
@@ -71,7 +79,16 @@ class Spawn(NamedTuple):
 
 
 Effect = (
-    ClaimRequest | Completion | Release | Renew | Sleep | Run | EndLease | AwaitStreamEnd | Spawn
+    ClaimRequest
+    | Completion
+    | Release
+    | Renew
+    | Sleep
+    | Wait
+    | Run
+    | EndLease
+    | AwaitStreamEnd
+    | Spawn
 )
 
 

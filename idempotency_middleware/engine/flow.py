@@ -4,6 +4,7 @@
 
     [cache] -> claim
       Held    -> answer: replay | 409 | 422 | 410   (our own re-sent claim counts as Claimed)
+                 or, with wait_seconds, poll the claim until it is Claimed or completed
       Claimed -> [renew first if the lease is nearly spent] -> run (lease renewed)
                  -> complete | release, each with finishing retries; events throughout
       failed  -> lost-claim release in the background; 503 or run unprotected
@@ -25,7 +26,6 @@ from ..cache import ReplayCache
 from ..clock import Clock
 from ..events import EventKind, Reporter
 from ..options import Options
-from ..problems import Problem
 from ..records import StoredResponse
 from ..stores.base import Completion, Held, StoreUnavailable
 from .effects import (
@@ -39,6 +39,7 @@ from .effects import (
     Sleep,
     Spawn,
     StreamEnd,
+    Wait,
 )
 
 
@@ -48,8 +49,8 @@ class RunUnprotected(NamedTuple):
 
 # ``Ran``: the inner thing ran under the claim; the door sends its answer unless it went out
 # live. ``None``: it ran and answered nothing.
-# ``StoredResponse``: replay it. ``Problem``: answer it (409, 422, 410, 503).
-Outcome = StoredResponse | Problem | RunUnprotected | Ran | None
+# ``StoredResponse``: replay it. ``Refusal``: the door words it (409, 422, 410, 503).
+Outcome = StoredResponse | core.Refusal | RunUnprotected | Ran | None
 Flow = Generator[Effect, Any, Outcome]
 
 RUN_UNPROTECTED = RunUnprotected()
@@ -65,9 +66,10 @@ class Context:
     on_store_error: str
 
     @classmethod
-    def for_options(cls, options: Options) -> Context:
+    def for_options(cls, options: Options, *, http: bool = True) -> Context:
+        """``http=False`` for a door whose events carry no HTTP status (functions)."""
         return cls(
-            Reporter(options.on_event),
+            Reporter(options.on_event, http=http),
             options.clock,
             ReplayCache(options.replay_cache_size) if options.replay_cache_size else None,
             options.on_store_error,
@@ -84,40 +86,59 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
             answer = core.answer_held(cached, claim.fingerprint)
             context.reporter.report(attempt, core.held_event_kind(answer), status=answer.status)
             return answer
-    started = time.perf_counter()
-    try:
-        result = yield claim
-    except StoreUnavailable as error:
-        context.reporter.report(attempt, "store_error", operation="claim", error=repr(error))
-        yield Spawn(release_lost_claim(attempt))
-        if context.on_store_error == "run":
-            context.reporter.report(attempt, "fail_open")
-            return RUN_UNPROTECTED
-        return core.store_unavailable()
-    except GeneratorExit:
-        raise  # the flow itself is being closed: no effect can be yielded any more
-    except BaseException:
-        # Cancelled (a deadline, a shutdown) with the claim possibly on the wire.
-        yield Spawn(release_lost_claim(attempt))
-        raise
-    latency_ms = (time.perf_counter() - started) * 1000
-    taken_over = False
-    if isinstance(result, Held):
+    wait_until: float | None = None  # set when a duplicate starts waiting (wait_seconds)
+    polls = 0
+    while True:
+        started = time.perf_counter()
+        try:
+            result = yield claim
+        except StoreUnavailable as error:
+            context.reporter.report(attempt, "store_error", operation="claim", error=repr(error))
+            yield Spawn(release_lost_claim(attempt))
+            if context.on_store_error == "run" and wait_until is None:
+                context.reporter.report(attempt, "fail_open")
+                return RUN_UNPROTECTED
+            # (A waiter whose poll failed saw the key held by a running attempt: running
+            # unprotected beside it would be the duplicate run this exists to prevent.)
+            return core.STORE_UNAVAILABLE
+        except GeneratorExit:
+            raise  # the flow itself is being closed: no effect can be yielded any more
+        except BaseException:
+            # Cancelled (a deadline, a shutdown) with the claim possibly on the wire.
+            yield Spawn(release_lost_claim(attempt))
+            raise
+        latency_ms = (time.perf_counter() - started) * 1000
+        if not isinstance(result, Held):
+            taken_over = result.taken_over
+            break
         record = result.record
-        if not core.is_own_claim(record, claim):
-            if cache is not None:
-                cache.put(record)
-            answer = core.answer_held(record, claim.fingerprint)
-            context.reporter.report(
-                attempt,
-                core.held_event_kind(answer),
-                status=answer.status,
-                store_latency_ms=latency_ms,
-            )
-            return answer
-        # Our claim landed but its answer was lost, and the client re-sent it: it is ours.
-    else:
-        taken_over = result.taken_over
+        if core.is_own_claim(record, claim):
+            # Our claim landed but its answer was lost, and the client re-sent it: ours.
+            taken_over = False
+            break
+        if attempt.policy.wait_seconds and core.is_waitable(record, claim):
+            # A duplicate of a running attempt: wait for its outcome, polling with the same
+            # claim (same owner), so a key the first released is claimed and run here.
+            now = context.clock.now()
+            if wait_until is None:
+                wait_until = now + attempt.policy.wait_seconds
+            delay = core.poll_delay(polls, wait_until - now)
+            if delay is not None:
+                polls += 1
+                if (yield Wait(delay)):
+                    claim = claim._replace(now=context.clock.now())
+                    attempt = attempt._replace(claim=claim)
+                    continue
+        if cache is not None:
+            cache.put(record)
+        answer = core.answer_held(record, claim.fingerprint)
+        context.reporter.report(
+            attempt,
+            core.held_event_kind(answer),
+            status=answer.status,
+            store_latency_ms=latency_ms,
+        )
+        return answer
     kind: EventKind = "taken_over" if taken_over else "claimed"
     context.reporter.report(attempt, kind, store_latency_ms=latency_ms)
     policy = attempt.policy
@@ -133,7 +154,7 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
         except StoreUnavailable as error:
             context.reporter.report(attempt, "store_error", operation="renew", error=repr(error))
             yield from _release(context, attempt)
-            return core.store_unavailable()
+            return core.STORE_UNAVAILABLE
         except GeneratorExit:
             raise
         except BaseException:
@@ -143,7 +164,7 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
         if not renewed:
             # Taken over while the claim was in flight: the other request runs, not us.
             context.reporter.report(attempt, "lost", status=409)
-            return core.key_in_progress()
+            return core.KEY_IN_PROGRESS
         granted_at = now
     try:
         ran: Ran | None = yield Run(attempt, granted_at)

@@ -25,6 +25,7 @@ from .base import (
     Completion,
     Held,
     StoreUnavailable,
+    StoreUnavailableError,
     SyncOperations,
     SyncStore,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "Record",
     "Status",
     "StoreUnavailable",
+    "StoreUnavailableError",
     "StoredResponse",
     "SyncOperations",
     "SyncStore",

@@ -18,16 +18,11 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol, runtime_checkable
 
+# Re-exported: a store author raises ``StoreUnavailable`` (the same class as the public
+# ``StoreUnavailableError``) when the backend cannot answer.
+from ..errors import StoreUnavailable as StoreUnavailable
+from ..errors import StoreUnavailableError as StoreUnavailableError
 from ..records import Record, StoredResponse
-
-
-class StoreUnavailable(Exception):
-    """The store could not answer (unreachable, timed out, throttled, server error).
-
-    ``code`` carries the backend's error code when it sent one (``ThrottlingException``).
-    """
-
-    code: str = ""
 
 
 class ClaimRequest(NamedTuple):

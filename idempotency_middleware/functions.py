@@ -1,0 +1,314 @@
+"""``idempotent``: the function door. The same attempt as the middlewares' for any function:
+a queue consumer, a Lambda handler, a Celery task, a service method; sync or async.
+
+A translation only: the key and the payload come from the call's arguments, the inner
+thing is the function, its result is stored as bytes (``results.py``) and the engine's
+refusals become exceptions (``errors.py``). The attempt itself is ``engine.flow.attempt``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any, ParamSpec, TypeVar, cast, overload
+
+from . import core
+from .clock import SYSTEM_CLOCK, Clock
+from .engine import flow
+from .engine.drivers import AsyncDriver, SyncDriver
+from .engine.effects import Ran
+from .errors import (
+    InvalidKeyError,
+    KeyInProgressError,
+    KeyReusedError,
+    ResultNotStoredError,
+    StoreUnavailableError,
+)
+from .events import EventHook
+from .keys import storage_key
+from .options import DEFAULT_LOCK_TIMEOUT_SECONDS, DEFAULT_TTL_SECONDS, Options
+from .payloads import fingerprint_arguments, fingerprint_payload
+from .records import StoredResponse
+from .renewal import LoopRenewals, ThreadRenewals
+from .results import ResultCodec, Serializer
+from .stores.base import AsyncStore, ClaimRequest, SyncStore
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# Events of a function call carry this as their ``method`` and its ``name`` as ``route``.
+CALL_METHOD = "CALL"
+# A function's keys are namespaced apart from every HTTP route: "@" is no HTTP method.
+_NAMESPACE = "@function"
+# Parameters that are the instance or the class of a method, never part of the payload.
+_BOUND_PARAMETERS = frozenset({"self", "cls"})
+# A stored result is a response to the engine: this status, no headers, the result's bytes.
+_RESULT_STATUS = 200
+
+KeyFunction = Callable[..., Any]
+PayloadFunction = Callable[..., Any]
+
+
+def idempotent(
+    *,
+    store: SyncStore | AsyncStore,
+    key: str | KeyFunction,
+    payload: PayloadFunction | None = None,
+    name: str | None = None,
+    required: bool = True,
+    ttl_seconds: float = DEFAULT_TTL_SECONDS,
+    lock_timeout_seconds: float = DEFAULT_LOCK_TIMEOUT_SECONDS,
+    wait_seconds: float = 0,
+    serializer: Serializer | None = None,
+    on_store_error: str = "fail",
+    replay_cache_size: int = 0,
+    on_event: EventHook | None = None,
+    clock: Clock = SYSTEM_CLOCK,
+) -> _Decorator:
+    """Run the decorated function once per key; calls with a completed key get its result.
+
+    ``key`` names the parameter whose value is the key, or is a callable taking the
+    function's arguments and returning it. The README's "Functions and message consumers"
+    section is the whole contract.
+    """
+    options = Options.build(
+        required=required,
+        ttl_seconds=ttl_seconds,
+        lock_timeout_seconds=lock_timeout_seconds,
+        wait_seconds=wait_seconds,
+        on_store_error=on_store_error,
+        replay_cache_size=replay_cache_size,
+        on_event=on_event,
+        clock=clock,
+    )
+    if not (isinstance(key, str) and key) and not callable(key):
+        raise TypeError(
+            f"key must be a parameter name or a callable taking the arguments, got {key!r}"
+        )
+    if payload is not None and not callable(payload):
+        raise TypeError(f"payload must be a callable taking the arguments, got {payload!r}")
+    if name is not None and not (isinstance(name, str) and name):
+        raise TypeError(f"name must be a non-empty string, got {name!r}")
+    if serializer is not None and not (
+        isinstance(serializer, tuple) and len(serializer) == 2 and all(map(callable, serializer))
+    ):
+        raise TypeError("serializer must be a (dumps, loads) pair of callables")
+    return _Decorator(store, key, payload, name, serializer, options)
+
+
+class _Decorator:
+    """What ``idempotent(...)`` returns: applied to a function, its idempotent twin."""
+
+    __slots__ = ("_key", "_name", "_options", "_payload", "_serializer", "_store")
+
+    def __init__(
+        self,
+        store: SyncStore | AsyncStore,
+        key: str | KeyFunction,
+        payload: PayloadFunction | None,
+        name: str | None,
+        serializer: Serializer | None,
+        options: Options,
+    ) -> None:
+        self._store = store
+        self._key = key
+        self._payload = payload
+        self._name = name
+        self._serializer = serializer
+        self._options = options
+
+    @overload
+    def __call__(self, function: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]: ...
+
+    @overload
+    def __call__(self, function: Callable[P, R]) -> Callable[P, R]: ...
+
+    def __call__(self, function: Callable[P, Any]) -> Callable[P, Any]:
+        if not callable(function):
+            raise TypeError(f"idempotent decorates a function, got {function!r}")
+        if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
+            raise TypeError(
+                f"idempotent cannot make generator function {function.__qualname__} "
+                "idempotent: its result is an iterator that cannot be stored; return a list"
+            )
+        is_async = inspect.iscoroutinefunction(function)
+        store = self._store
+        if is_async and not isinstance(store, AsyncStore):
+            raise TypeError(
+                f"idempotent async function {function.__qualname__} needs an async store "
+                f"(AsyncDynamoDBStore, SQLiteStore, MemoryStore); {type(store).__name__} has "
+                "no aclaim/acomplete/arelease/arenew"
+            )
+        if not is_async and not isinstance(store, SyncStore):
+            raise TypeError(
+                f"idempotent function {function.__qualname__} needs a sync store "
+                f"(DynamoDBStore, SQLiteStore, MemoryStore); {type(store).__name__} has no "
+                "claim/complete/release/renew. For a coroutine function, use async def"
+            )
+        signature = inspect.signature(function)
+        if isinstance(self._key, str) and self._key not in signature.parameters:
+            raise TypeError(
+                f"idempotent function {function.__qualname__} has no parameter "
+                f"{self._key!r} to take the key from; its parameters are "
+                f"{list(signature.parameters)}"
+            )
+        door = _FunctionDoor(function, signature, self, is_async)
+        if is_async:
+
+            @functools.wraps(function)
+            async def call_async(*args: Any, **kwargs: Any) -> Any:
+                return await door.acall(args, kwargs)
+
+            return call_async
+
+        @functools.wraps(function)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return door.call(args, kwargs)
+
+        return call
+
+
+class _FunctionDoor:
+    """One decorated function: its namespace, codec, policy and driver."""
+
+    def __init__(
+        self,
+        function: Callable[..., Any],
+        signature: inspect.Signature,
+        decorator: _Decorator,
+        is_async: bool,
+    ) -> None:
+        options = decorator._options
+        self.function = function
+        self.signature = signature
+        self.name = decorator._name or f"{function.__module__}.{function.__qualname__}"
+        self.key = decorator._key
+        self.payload = decorator._payload
+        self.codec = ResultCodec(function, decorator._serializer)
+        self.policy = options.default_policy._replace(route=self.name)
+        self.clock = options.clock
+        self.context = flow.Context.for_options(options, http=False)
+        store = decorator._store
+        self.async_driver: AsyncDriver | None = None
+        self.sync_driver: SyncDriver | None = None
+        if is_async:
+            async_store = cast(AsyncStore, store)
+            self.async_driver = AsyncDriver(
+                async_store,
+                options.clock,
+                LoopRenewals(async_store, self.context.reporter, options.clock),
+            )
+        else:
+            sync_store = cast(SyncStore, store)
+            self.sync_driver = SyncDriver(
+                sync_store,
+                options.clock,
+                ThreadRenewals(sync_store, self.context.reporter, options.clock),
+            )
+
+    def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        attempt = self._attempt(args, kwargs)
+        if attempt is None:
+            return self.function(*args, **kwargs)
+        results: list[Any] = []
+
+        def run() -> Ran:
+            result = self.function(*args, **kwargs)
+            body = self.codec.encode(result)
+            results.append(result)
+            return Ran(_RESULT_STATUS, [], body)
+
+        assert self.sync_driver is not None
+        outcome = self.sync_driver.drive(flow.attempt(self.context, attempt), run)
+        if outcome is flow.RUN_UNPROTECTED:
+            return self.function(*args, **kwargs)
+        return self._result(outcome, results)
+
+    async def acall(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        attempt = self._attempt(args, kwargs)
+        if attempt is None:
+            return await self.function(*args, **kwargs)
+        results: list[Any] = []
+
+        async def run() -> Ran:
+            result = await self.function(*args, **kwargs)
+            body = self.codec.encode(result)
+            results.append(result)
+            return Ran(_RESULT_STATUS, [], body)
+
+        assert self.async_driver is not None
+        outcome = await self.async_driver.drive(flow.attempt(self.context, attempt), run)
+        if outcome is flow.RUN_UNPROTECTED:
+            return await self.function(*args, **kwargs)
+        return self._result(outcome, results)
+
+    def _attempt(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> core.Attempt | None:
+        """The call's attempt; ``None`` when it runs unprotected (no key, not required)."""
+        bound = self.signature.bind(*args, **kwargs)  # a wrong call fails as it would anyway
+        bound.apply_defaults()
+        arguments = bound.arguments
+        key = arguments[self.key] if isinstance(self.key, str) else self.key(*args, **kwargs)
+        if key is None or key == "":
+            if self.policy.required:
+                raise InvalidKeyError(
+                    f"idempotent function {self.name}: the key is "
+                    f"{'missing (None)' if key is None else 'empty'}; pass one, or decorate "
+                    "with required=False to run such calls unprotected"
+                )
+            return None
+        if not isinstance(key, str):
+            raise TypeError(
+                f"idempotent function {self.name}: the key must be a str, got "
+                f"{type(key).__qualname__}; convert it (key=lambda ...: str(...))"
+            )
+        if self.payload is None:
+            fingerprint = fingerprint_arguments(
+                self.name,
+                {name: value for name, value in arguments.items() if name not in _BOUND_PARAMETERS},
+            )
+        else:
+            fingerprint = fingerprint_payload(self.name, self.payload(*args, **kwargs))
+        claim = ClaimRequest(
+            storage_key(_NAMESPACE, self.name, None, key),
+            fingerprint,
+            core.new_owner(),
+            self.clock.now(),
+            self.policy.lock_timeout_seconds,
+        )
+        return core.Attempt(CALL_METHOD, self.name, self.policy, claim)
+
+    def _result(self, outcome: flow.Outcome, results: list[Any]) -> Any:
+        if type(outcome) is Ran:
+            return results[0]
+        if type(outcome) is StoredResponse:
+            return self.codec.decode(outcome.body)
+        assert type(outcome) is core.Refusal, outcome
+        raise self._error(outcome)
+
+    def _error(self, refusal: core.Refusal) -> Exception:
+        name = self.name
+        if refusal.reason == "in_progress":
+            return KeyInProgressError(
+                f"idempotent function {name}: a call with this key is still running",
+                retry_after=refusal.retry_after or core.IN_PROGRESS_RETRY_AFTER,
+            )
+        if refusal.reason == "reused":
+            return KeyReusedError(
+                f"idempotent function {name}: this key was already used with another "
+                "payload; use a new key for new work"
+            )
+        if refusal.reason == "not_stored":
+            return ResultNotStoredError(
+                f"idempotent function {name}: the call with this key completed, but its "
+                f"result ({refusal.size} bytes) was too large to keep; it will not run again "
+                "under this key",
+                size=refusal.size,
+            )
+        return StoreUnavailableError(
+            f"idempotent function {name}: the idempotency store could not be reached, so "
+            "the function did not run; retry with the same key"
+        )
+
+
+__all__ = ["CALL_METHOD", "idempotent"]

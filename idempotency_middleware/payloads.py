@@ -1,0 +1,76 @@
+"""The fingerprint of a function call's payload: a hash of its canonical JSON.
+
+Canonical: object keys sorted, no insignificant whitespace, so ``{"a": 1, "b": 2}`` and
+``{"b": 2, "a": 1}`` are the same payload. Beside JSON values, what a consumer's arguments
+usually hold is accepted as its JSON form: dataclasses, Pydantic models, dates and times
+(ISO 8601), UUIDs, enums (their value), ``Decimal`` (its string), sets (sorted), bytes
+(hex). Anything else is a ``TypeError`` naming the argument, raised before anything is
+claimed.
+"""
+
+from __future__ import annotations
+
+import decimal
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
+
+
+def _canonical_default(value: Any) -> Any:
+    """What orjson calls for a value it does not encode itself."""
+    dump = getattr(value, "model_dump", None)  # a Pydantic (v2) model
+    if callable(dump) and not isinstance(value, type):
+        return dump(mode="json")
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, (set, frozenset)):
+        # Sorted by their own canonical form, so any mix of element types has one order.
+        return sorted(value, key=canonical_json)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    raise TypeError(f"{type(value).__qualname__} is not JSON serializable")
+
+
+def canonical_json(value: Any) -> bytes:
+    """``value`` as canonical JSON bytes; ``TypeError`` when part of it has no JSON form."""
+    return orjson.dumps(value, default=_canonical_default, option=_OPTIONS)
+
+
+def fingerprint_arguments(function: str, arguments: Mapping[str, Any]) -> str:
+    """The fingerprint of a call whose payload is its arguments, by parameter name."""
+    try:
+        encoded = canonical_json(arguments)
+    except TypeError as error:
+        name = next((name for name, value in arguments.items() if not _encodes(value)), "?")
+        value = arguments.get(name)
+        raise TypeError(
+            f"idempotent function {function}: argument {name!r} ({type(value).__qualname__}) "
+            f"has no JSON form to fingerprint ({error}); pass payload= to say what "
+            "identifies the work"
+        ) from error
+    return hashlib.sha256(encoded).hexdigest()
+
+
+def _encodes(value: Any) -> bool:
+    try:
+        canonical_json(value)
+    except TypeError:
+        return False
+    return True
+
+
+def fingerprint_payload(function: str, payload: Any) -> str:
+    """The fingerprint of a call whose ``payload=`` callable returned ``payload``."""
+    try:
+        encoded = canonical_json(payload)
+    except TypeError as error:
+        raise TypeError(
+            f"idempotent function {function}: the payload ({type(payload).__qualname__}) has "
+            f"no JSON form to fingerprint ({error}); return JSON values, dataclasses or "
+            "Pydantic models from payload="
+        ) from error
+    return hashlib.sha256(encoded).hexdigest()
