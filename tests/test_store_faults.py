@@ -61,7 +61,10 @@ ONE_ATTEMPT: dict[str, Any] = {**FAST, "max_attempts": 1}
 # A claim against a store that never answers gives up after its attempts' read timeouts (and
 # botocore's backoff, up to 1 s); the bound leaves room for a loaded machine.
 CLAIM_FAILURE_BOUND_SECONDS = 4.0
-LOCK_SECONDS = 1.5
+# Long enough that, on a loaded two-core machine, the first retry still comes before the
+# lock (renewed every half second while the handler runs) expires: at 1.5 s the release's
+# retries, the 5xx going out and the record read could use it all up, and no 409 was seen.
+LOCK_SECONDS = 3.0
 
 
 @contextlib.contextmanager
