@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint typecheck unit test-dynamodb-local coverage bench clean
+.PHONY: install demo test lint typecheck unit test-dynamodb-local coverage bench bench-functions clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -65,6 +65,10 @@ $(BENCH_STAMP): $(STAMP) benchmarks/requirements.txt
 
 bench: $(BENCH_STAMP)
 	$(PY) -m benchmarks.run_all
+
+# idempotent against Powertools' idempotent_function, both on Amazon's DynamoDB Local.
+bench-functions: $(BENCH_STAMP)
+	bash scripts/dynamodb-local.sh --exec $(PY) -m benchmarks.functions
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .cache/coverage

