@@ -127,33 +127,36 @@ class _Decorator:
     def __call__(self, function: Callable[P, Any]) -> Callable[P, Any]:
         if not callable(function):
             raise TypeError(f"idempotent decorates a function, got {function!r}")
+        # (A callable object has no __qualname__ of its own: its class names it.)
+        qualname = getattr(function, "__qualname__", type(function).__qualname__)
         if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
             raise TypeError(
-                f"idempotent cannot make generator function {function.__qualname__} "
+                f"idempotent cannot make generator function {qualname} "
                 "idempotent: its result is an iterator that cannot be stored; return a list"
             )
         is_async = inspect.iscoroutinefunction(function)
         store = self._store
         if is_async and not isinstance(store, AsyncStore):
             raise TypeError(
-                f"idempotent async function {function.__qualname__} needs an async store "
+                f"idempotent async function {qualname} needs an async store "
                 f"(AsyncDynamoDBStore, SQLiteStore, MemoryStore); {type(store).__name__} has "
                 "no aclaim/acomplete/arelease/arenew"
             )
         if not is_async and not isinstance(store, SyncStore):
             raise TypeError(
-                f"idempotent function {function.__qualname__} needs a sync store "
+                f"idempotent function {qualname} needs a sync store "
                 f"(DynamoDBStore, SQLiteStore, MemoryStore); {type(store).__name__} has no "
                 "claim/complete/release/renew. For a coroutine function, use async def"
             )
         signature = inspect.signature(function)
         if isinstance(self._key, str) and self._key not in signature.parameters:
             raise TypeError(
-                f"idempotent function {function.__qualname__} has no parameter "
+                f"idempotent function {qualname} has no parameter "
                 f"{self._key!r} to take the key from; its parameters are "
                 f"{list(signature.parameters)}"
             )
-        door = _FunctionDoor(function, signature, self, is_async)
+        name = self._name or f"{function.__module__}.{qualname}"
+        door = _FunctionDoor(function, signature, name, self, is_async)
         if is_async:
 
             @functools.wraps(function)
@@ -176,16 +179,17 @@ class _FunctionDoor:
         self,
         function: Callable[..., Any],
         signature: inspect.Signature,
+        name: str,
         decorator: _Decorator,
         is_async: bool,
     ) -> None:
         options = decorator._options
         self.function = function
         self.signature = signature
-        self.name = decorator._name or f"{function.__module__}.{function.__qualname__}"
+        self.name = name
         self.key = decorator._key
         self.payload = decorator._payload
-        self.codec = ResultCodec(function, decorator._serializer)
+        self.codec = ResultCodec(function, decorator._serializer, name)
         self.policy = options.default_policy._replace(route=self.name)
         self.clock = options.clock
         self.context = flow.Context.for_options(options, http=False)

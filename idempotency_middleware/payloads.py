@@ -10,8 +10,10 @@ claimed.
 
 from __future__ import annotations
 
+import dataclasses
 import decimal
 import hashlib
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,7 +39,27 @@ def _canonical_default(value: Any) -> Any:
 
 def canonical_json(value: Any) -> bytes:
     """``value`` as canonical JSON bytes; ``TypeError`` when part of it has no JSON form."""
-    return orjson.dumps(value, default=_canonical_default, option=_OPTIONS)
+    encoded = orjson.dumps(value, default=_canonical_default, option=_OPTIONS)
+    if b"null" in encoded:
+        # orjson writes NaN and the infinities as null, which would make them the same
+        # payload as None; only a payload with a null in it needs the walk.
+        _refuse_non_finite(value)
+    return encoded
+
+
+def _refuse_non_finite(value: Any) -> None:
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise TypeError(f"{value!r} has no JSON form (JSON numbers are finite)")
+    elif isinstance(value, dict):
+        for item in value.values():
+            _refuse_non_finite(item)
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        for item in value:
+            _refuse_non_finite(item)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for field in dataclasses.fields(value):
+            _refuse_non_finite(getattr(value, field.name))
 
 
 def fingerprint_arguments(function: str, arguments: Mapping[str, Any]) -> str:

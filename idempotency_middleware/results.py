@@ -20,6 +20,7 @@ import datetime
 import decimal
 import enum
 import functools
+import inspect
 import types
 import typing
 import uuid
@@ -49,16 +50,15 @@ class ResultCodec:
     """Encodes one function's results and decodes its replays. The return annotation is
     resolved at first use, so it may name classes defined after the function."""
 
-    __slots__ = ("_decode", "_function", "_serializer")
+    __slots__ = ("_decode", "_function", "_name", "_serializer")
 
-    def __init__(self, function: Callable[..., Any], serializer: Serializer | None) -> None:
+    def __init__(
+        self, function: Callable[..., Any], serializer: Serializer | None, name: str
+    ) -> None:
         self._function = function
         self._serializer = serializer
+        self._name = name  # the function's name in messages
         self._decode: Decode | None = None
-
-    @property
-    def _name(self) -> str:
-        return f"{self._function.__module__}.{self._function.__qualname__}"
 
     def encode(self, result: Any) -> bytes:
         """The bytes to store; ``TypeError`` when a replay could not give ``result`` back."""
@@ -78,7 +78,17 @@ class ResultCodec:
                 f"cannot be stored as JSON ({error}); return JSON values, dataclasses or "
                 "Pydantic models, or pass serializer=(dumps, loads)"
             ) from error
-        replayed = self.decode(data)
+        decode = self._decoder()  # (its own TypeError when the annotation is unresolvable)
+        try:
+            replayed = decode(orjson.loads(data))
+        except (TypeError, ValueError, KeyError) as error:
+            # The annotation names a type this result cannot be rebuilt as (a datetime
+            # under ``-> date``, another dataclass than the one named).
+            raise TypeError(
+                f"idempotent function {self._name}: its result ({type(result).__qualname__}) "
+                f"cannot be rebuilt from its return annotation ({error!r}); return the type "
+                "the annotation names, or pass serializer=(dumps, loads)"
+            ) from error
         if not _same(replayed, result):
             raise TypeError(
                 f"idempotent function {self._name}: its result ({type(result).__qualname__}) "
@@ -92,14 +102,22 @@ class ResultCodec:
         """A stored result, rebuilt as the function returned it."""
         if self._serializer is not None:
             return self._serializer[1](data)
+        return self._decoder()(orjson.loads(data))
+
+    def _decoder(self) -> Decode:
         decode = self._decode
         if decode is None:
             decode = self._decode = decoder_for(self._return_annotation())
-        return decode(orjson.loads(data))
+        return decode
 
     def _return_annotation(self) -> Any:
+        function = self._function
+        while isinstance(function, functools.partial):
+            function = function.func
+        if not (inspect.isfunction(function) or inspect.ismethod(function)):
+            function = type(function).__call__  # a callable object: its __call__'s
         try:
-            hints = typing.get_type_hints(self._function)
+            hints = typing.get_type_hints(function)
         except Exception as error:
             raise TypeError(
                 f"idempotent function {self._name}: its return annotation cannot be resolved "

@@ -39,9 +39,11 @@ class MemoryStore:
     def claim(self, request: ClaimRequest) -> ClaimResult:
         key_hash, now = request.key_hash, request.now
         with self._lock:
+            # Read before purging: a stale claim the purge drops is still taken over here,
+            # and reported so.
+            existing = self._records.get(key_hash)
             if now >= self._next_purge:
                 self._purge(now)
-            existing = self._records.get(key_hash)
             if existing is not None and not existing.is_claimable(now):
                 return Held(existing)
             # Positional: a NamedTuple built by keyword costs noticeably more per request.
