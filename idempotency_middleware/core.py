@@ -78,6 +78,7 @@ class Refusal(NamedTuple):
     reason: RefusalReason
     retry_after: int | None = None
     size: int = 0
+    error: BaseException | None = None  # unavailable: the store's error
 
     @property
     def status(self) -> int:

@@ -134,7 +134,16 @@ class _Decorator:
                 f"idempotent cannot make generator function {qualname} "
                 "idempotent: its result is an iterator that cannot be stored; return a list"
             )
-        is_async = inspect.iscoroutinefunction(function)
+        unnamed = isinstance(function, functools.partial) or qualname.endswith("<lambda>")
+        if unnamed and self._name is None:
+            raise TypeError(
+                f"idempotent {qualname}: a partial or a lambda has no name of its own to "
+                "keep its keys apart from others of its kind; pass name="
+            )
+        is_async = inspect.iscoroutinefunction(function) or (
+            not inspect.isfunction(function)
+            and inspect.iscoroutinefunction(type(function).__call__)
+        )
         store = self._store
         if is_async and not isinstance(store, AsyncStore):
             raise TypeError(
@@ -219,6 +228,14 @@ class _FunctionDoor:
 
         def run() -> Ran:
             result = self.function(*args, **kwargs)
+            if inspect.isawaitable(result):
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()  # never awaited: no "was never awaited" warning on top
+                raise TypeError(
+                    f"idempotent function {self.name} returned an awaitable: decorate the "
+                    "async def itself (it then needs an async store)"
+                )
             body = self.codec.encode(result)
             results.append(result)
             return Ran(_RESULT_STATUS, [], body)
@@ -309,10 +326,14 @@ class _FunctionDoor:
                 "under this key",
                 size=refusal.size,
             )
-        return StoreUnavailableError(
+        unavailable = StoreUnavailableError(
             f"idempotent function {name}: the idempotency store could not be reached, so "
             "the function did not run; retry with the same key"
         )
+        cause = refusal.error
+        unavailable.code = getattr(cause, "code", "")
+        unavailable.__cause__ = cause
+        return unavailable
 
 
 __all__ = ["CALL_METHOD", "idempotent"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 
 from .clock import Clock
 from .engine.effects import Run
@@ -62,54 +63,80 @@ def _renewed_deadline(lease: Run, now: float) -> float:
     return now + lease.attempt.claim.lock_timeout_seconds
 
 
+class _LoopLeases:
+    """The running claims of one event loop, and its timer."""
+
+    __slots__ = ("leases", "tasks", "timer", "timer_due")
+
+    def __init__(self) -> None:
+        self.leases = Leases()
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_due: float | None = None
+        self.tasks: set[asyncio.Task[None]] = set()
+
+
 class LoopRenewals:
-    """Renews the claims of one ASGI door from a timer on the app's event loop."""
+    """Renews the claims of one async door from a timer on each event loop it runs on.
+
+    An ASGI app runs on one loop; an ``idempotent`` coroutine function may be called from
+    several (threads each with their own loop, one ``asyncio.run`` per call): each loop
+    renews its own claims, so one loop never drops or touches another's.
+    """
 
     def __init__(self, store: AsyncStore, reporter: Reporter, clock: Clock) -> None:
         self._store = store
         self._reporter = reporter
         self._clock = clock
-        self._leases = Leases()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_due: float | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopLeases] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock = threading.Lock()  # for _loops, shared by the threads of several loops
+        # The last loop seen, read and replaced as one tuple (atomic): the usual single loop
+        # costs no dictionary lookup.
+        self._current: tuple[asyncio.AbstractEventLoop | None, _LoopLeases] = (None, _LoopLeases())
+
+    def _leases_of(self, loop: asyncio.AbstractEventLoop) -> _LoopLeases:
+        current_loop, state = self._current
+        if current_loop is loop:
+            return state
+        with self._lock:
+            found = self._loops.get(loop)
+            if found is None:
+                found = self._loops[loop] = _LoopLeases()
+        self._current = (loop, found)
+        return found
 
     def start(self, lease: Run) -> None:
         loop = asyncio.get_running_loop()
-        if loop is not self._loop:
-            # A door served from a new loop (tests, app reloads): start afresh there.
-            self._loop, self._timer, self._timer_due = loop, None, None
-            self._leases = Leases()
-        due = self._leases.add(lease)
-        if self._timer_due is None or due < self._timer_due:
-            self._schedule(loop, due)
+        state = self._leases_of(loop)
+        due = state.leases.add(lease)
+        if state.timer_due is None or due < state.timer_due:
+            self._schedule(loop, state, due)
 
     def stop(self, owner: str) -> None:
-        # The timer stays: it finds nothing due and stops rescheduling once idle. A renewal
-        # already in flight is harmless: renew is conditional on an in-progress claim.
-        self._leases.remove(owner)
+        # Called on the loop that started the lease. The timer stays: it finds nothing due
+        # and stops rescheduling once idle. A renewal already in flight is harmless: renew
+        # is conditional on an in-progress claim.
+        self._leases_of(asyncio.get_running_loop()).leases.remove(owner)
 
-    def _schedule(self, loop: asyncio.AbstractEventLoop, due: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_due = due
-        self._timer = loop.call_later(max(due - self._clock.now(), 0.0), self._tick)
+    def _schedule(self, loop: asyncio.AbstractEventLoop, state: _LoopLeases, due: float) -> None:
+        if state.timer is not None:
+            state.timer.cancel()
+        state.timer_due = due
+        state.timer = loop.call_later(max(due - self._clock.now(), 0.0), self._tick, loop, state)
 
-    def _tick(self) -> None:
-        loop = self._loop
-        assert loop is not None
-        self._timer = self._timer_due = None
+    def _tick(self, loop: asyncio.AbstractEventLoop, state: _LoopLeases) -> None:
+        state.timer = state.timer_due = None
         now = self._clock.now()
-        for lease in self._leases.take_due(now):
-            task = loop.create_task(self._renew(lease, now))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-        next_due = self._leases.next_due()
+        for lease in state.leases.take_due(now):
+            task = loop.create_task(self._renew(state, lease, now))
+            state.tasks.add(task)
+            task.add_done_callback(state.tasks.discard)
+        next_due = state.leases.next_due()
         if next_due is not None:
-            self._schedule(loop, next_due)
+            self._schedule(loop, state, next_due)
 
-    async def _renew(self, lease: Run, now: float) -> None:
+    async def _renew(self, state: _LoopLeases, lease: Run, now: float) -> None:
         try:
             claim = lease.attempt.claim
             renewed = await self._store.arenew(
@@ -123,7 +150,7 @@ class LoopRenewals:
             return
         if not renewed:
             # Taken over or finished: nothing to renew.
-            self._leases.remove(lease.attempt.claim.owner)
+            state.leases.remove(lease.attempt.claim.owner)
 
 
 class ThreadRenewals:

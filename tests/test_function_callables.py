@@ -4,12 +4,28 @@ refuses with a message that names the function."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, NoReturn
 
 import pytest
 
-from idempotency_middleware import MemoryStore, idempotent
+from idempotency_middleware import (
+    MemoryStore,
+    StoreUnavailable,
+    StoreUnavailableError,
+    idempotent,
+)
+from idempotency_middleware.core import Attempt
+from idempotency_middleware.engine.effects import Run
+from idempotency_middleware.events import Reporter
+from idempotency_middleware.options import Options
+from idempotency_middleware.renewal import LoopRenewals
+from idempotency_middleware.stores.base import ClaimRequest, ClaimResult, Completion
+from idempotency_middleware.testing import FakeClock
 
 
 @dataclasses.dataclass
@@ -63,3 +79,113 @@ def test_an_unresolvable_return_annotation_is_a_type_error_naming_the_function()
     # The key was released: fixing nothing, a retry fails the same way (it ran again).
     with pytest.raises(TypeError, match="cannot be resolved"):
         handle("k-1")
+
+
+class AsyncHandler:
+    def __init__(self) -> None:
+        self.runs = 0
+
+    async def __call__(self, key: str) -> int:
+        self.runs += 1
+        return self.runs
+
+
+def test_an_object_with_an_async_call_is_an_async_function() -> None:
+    handler = AsyncHandler()
+    handle = idempotent(store=MemoryStore(), key="key")(handler)
+
+    async def twice() -> tuple[int, int]:
+        return await handle("k-1"), await handle("k-1")
+
+    assert asyncio.run(twice()) == (1, 1)
+    assert handler.runs == 1
+
+
+def test_a_sync_function_returning_an_awaitable_is_a_type_error_with_the_key_released() -> None:
+    async def charge(key: str) -> str:
+        return "charged"
+
+    def wrapper(key: str) -> Coroutine[Any, Any, str]:
+        return charge(key)
+
+    store = MemoryStore()
+    handle = idempotent(store=store, key="key")(wrapper)
+
+    with pytest.raises(TypeError, match="returned an awaitable: decorate the async def"):
+        handle("k-1")  # type: ignore[no-untyped-call]
+    with pytest.raises(TypeError, match="returned an awaitable"):
+        # Released: the retry ran (and failed) again; no KeyInProgressError.
+        handle("k-1")  # type: ignore[no-untyped-call]
+
+
+@pytest.mark.parametrize(
+    "function",
+    [lambda key: key, functools.partial(make_receipt, 7)],
+    ids=["lambda", "partial"],
+)
+def test_a_lambda_or_a_partial_needs_a_name(function: Callable[..., Any]) -> None:
+    with pytest.raises(TypeError, match="pass name="):
+        idempotent(store=MemoryStore(), key=lambda key: key)(function)
+    idempotent(store=MemoryStore(), key=lambda key: key, name="named")(function)
+
+
+class Throttled:
+    """A store whose every call fails as DynamoDB does when it throttles."""
+
+    def _fail(self) -> NoReturn:
+        error = StoreUnavailable("DynamoDB PutItem failed: throttled")
+        error.code = "ThrottlingException"
+        raise error
+
+    def claim(self, request: ClaimRequest) -> ClaimResult:
+        self._fail()
+
+    def complete(self, completion: Completion) -> bool:
+        self._fail()
+
+    def release(self, key_hash: str, owner: str) -> bool:
+        self._fail()
+
+    def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
+        self._fail()
+
+
+def test_store_unavailable_error_carries_the_stores_code_and_cause() -> None:
+    handle = idempotent(store=Throttled(), key="key")(make_receipt)
+
+    with pytest.raises(StoreUnavailableError) as raised:
+        handle(1, "k-1")
+
+    assert raised.value.code == "ThrottlingException"
+    assert isinstance(raised.value.__cause__, StoreUnavailable)
+    assert "throttled" in str(raised.value.__cause__)
+
+
+def test_each_event_loop_renews_its_own_claims() -> None:
+    # Before, a lease started on a second loop dropped the first loop's leases, so a call
+    # still running there went unrenewed and could be taken over (and run twice).
+    renewals = LoopRenewals(MemoryStore(), Reporter(None), FakeClock())
+    policy = Options.build().default_policy
+    started = threading.Barrier(2)
+    finish = threading.Event()
+    owners: dict[str, list[str]] = {}
+
+    def lease(owner: str) -> Run:
+        claim = ClaimRequest(owner, "fp", owner, 0.0, policy.lock_timeout_seconds)
+        return Run(Attempt("CALL", "f", policy, claim), 0.0)
+
+    async def hold(owner: str) -> None:
+        renewals.start(lease(owner))
+        started.wait()
+        await asyncio.to_thread(finish.wait)
+        loop = asyncio.get_running_loop()
+        owners[owner] = list(renewals._leases_of(loop).leases.active)
+        renewals.stop(owner)
+
+    threads = [threading.Thread(target=asyncio.run, args=(hold(owner),)) for owner in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    finish.set()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert owners == {"a": ["a"], "b": ["b"]}

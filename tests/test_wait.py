@@ -398,7 +398,8 @@ def test_a_poll_the_store_cannot_answer_ends_the_wait_with_503_never_running_unp
     world.store.before_claim = poll_fails
     waiter = world.new_attempt()
     outcome, effects = world.wait(waiter)
-    assert outcome == core.STORE_UNAVAILABLE
+    assert isinstance(outcome, core.Refusal) and outcome.reason == "unavailable"
+    assert outcome.status == 503 and outcome.error is not None
     assert isinstance(outcome, core.Refusal) and outcome.status == 503
     assert world.runs == 0
     assert not any(isinstance(effect, Run) for effect in effects)

@@ -100,7 +100,7 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
                 return RUN_UNPROTECTED
             # (A waiter whose poll failed saw the key held by a running attempt: running
             # unprotected beside it would be the duplicate run this exists to prevent.)
-            return core.STORE_UNAVAILABLE
+            return core.STORE_UNAVAILABLE._replace(error=error)
         except GeneratorExit:
             raise  # the flow itself is being closed: no effect can be yielded any more
         except BaseException:
