@@ -99,8 +99,11 @@ def test_a_take_over_is_reported(harness: Harness) -> None:
     recorder = Recorder()
     key = f"takeover-{uuid.uuid4()}"
     # The first owner's renewals never reach the store: it is as good as dead.
-    owner = harness.client(harness.start(lock_timeout_seconds=0.3, renewals_cut_off=True))
-    client = harness.serve(on_event=recorder, lock_timeout_seconds=0.3)
+    # A lock of 1.5 s: with 0.3 s, a claim slower than 0.2 s on a loaded machine left less
+    # than one renewal interval, so the owner renewed before running, which the cut-off
+    # refused: 503, and the handler never ran.
+    owner = harness.client(harness.start(lock_timeout_seconds=1.5, renewals_cut_off=True))
+    client = harness.serve(on_event=recorder, lock_timeout_seconds=1.5)
     gate = harness.state.arm_gate()
     first = threading.Thread(
         target=owner.post, args=("/slow",), kwargs={"headers": {"Idempotency-Key": key}}
@@ -108,7 +111,7 @@ def test_a_take_over_is_reported(harness: Harness) -> None:
     first.start()
     try:
         assert harness.state.wait_for_calls(POST_SLOW, 1)
-        time.sleep(0.6)  # past the first owner's lock
+        time.sleep(1.6)  # past the first owner's lock
         response = client.post("/slow", headers={"Idempotency-Key": key})
     finally:
         gate.set()
