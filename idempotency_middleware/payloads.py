@@ -22,19 +22,26 @@ import orjson
 _OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
 
 
-def _canonical_default(value: Any) -> Any:
-    """What orjson calls for a value it does not encode itself."""
-    dump = getattr(value, "model_dump", None)  # a Pydantic (v2) model
+def json_default(value: Any) -> Any:
+    """The JSON form of what orjson does not encode itself but results and payloads both
+    accept: Pydantic (v2) models, ``Decimal`` (its string)."""
+    dump = getattr(value, "model_dump", None)
     if callable(dump) and not isinstance(value, type):
         return dump(mode="json")
     if isinstance(value, decimal.Decimal):
         return str(value)
+    raise TypeError(f"{type(value).__qualname__} is not JSON serializable")
+
+
+def _canonical_default(value: Any) -> Any:
+    """``json_default``, and what a payload accepts beside: sets and bytes (a fingerprint
+    need not be read back, so one-way forms will do)."""
     if isinstance(value, (set, frozenset)):
         # Sorted by their own canonical form, so any mix of element types has one order.
         return sorted(value, key=canonical_json)
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value).hex()
-    raise TypeError(f"{type(value).__qualname__} is not JSON serializable")
+    return json_default(value)
 
 
 def canonical_json(value: Any) -> bytes:

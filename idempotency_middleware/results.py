@@ -29,17 +29,10 @@ from typing import Any
 
 import orjson
 
+from .payloads import json_default
+
 Decode = Callable[[Any], Any]
 Serializer = tuple[Callable[[Any], bytes], Callable[[bytes], Any]]
-
-
-def _json_default(value: Any) -> Any:
-    dump = getattr(value, "model_dump", None)  # a Pydantic (v2) model
-    if callable(dump) and not isinstance(value, type):
-        return dump(mode="json")
-    if isinstance(value, decimal.Decimal):
-        return str(value)
-    raise TypeError(f"{type(value).__qualname__} is not JSON serializable")
 
 
 def _identity(value: Any) -> Any:
@@ -71,7 +64,7 @@ class ResultCodec:
                 )
             return data
         try:
-            data = orjson.dumps(result, default=_json_default)
+            data = orjson.dumps(result, default=json_default)
         except TypeError as error:
             raise TypeError(
                 f"idempotent function {self._name}: its result ({type(result).__qualname__}) "
@@ -135,8 +128,8 @@ def _same(replayed: Any, result: Any) -> bool:
     if type(result).__eq__ is _IDENTITY_EQ:
         # Compared by identity (a dataclass with eq=False): compare what they store.
         return bool(
-            orjson.dumps(replayed, default=_json_default)
-            == orjson.dumps(result, default=_json_default)
+            orjson.dumps(replayed, default=json_default)
+            == orjson.dumps(result, default=json_default)
         )
     return bool(replayed == result)
 
