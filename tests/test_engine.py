@@ -27,7 +27,6 @@ from idempotency_middleware.events import IdempotencyEvent
 from idempotency_middleware.options import Options
 from idempotency_middleware.records import Record, Status, StoredResponse
 from idempotency_middleware.renewal import Leases, LoopRenewals, ThreadRenewals
-from idempotency_middleware.request_view import HeaderView, RequestView
 from idempotency_middleware.stores.base import (
     CLAIMED,
     TAKEN_OVER,
@@ -38,6 +37,7 @@ from idempotency_middleware.stores.base import (
 )
 from idempotency_middleware.stores.memory import MemoryStore
 from idempotency_middleware.testing import FakeClock
+from tests.attempts import order_attempt
 
 LOCK = 30.0
 INTERVAL = LOCK / 3
@@ -65,20 +65,7 @@ class Scripted:
         self.attempt = self.new_attempt()
 
     def new_attempt(self, body: bytes = b'{"a": 1}') -> core.Attempt:
-        policy = self.options.policy_for("POST", "/orders")
-        assert policy is not None
-        admitted = core.admit(self.options, policy, "/orders", [b"key-1"])
-        assert isinstance(admitted, core.Admitted)
-        return core.begin_attempt(
-            admitted,
-            method="POST",
-            path="/orders",
-            query_string=b"",
-            content_type=b"application/json",
-            body=body,
-            request_view=lambda route: RequestView("POST", "/orders", route, "", HeaderView(())),
-            now=self.clock.now(),
-        )
+        return order_attempt(self.options, self.clock.now(), body)
 
     def run(self, answer: Answerer) -> flow.Outcome:
         running = flow.attempt(self.context, self.attempt)

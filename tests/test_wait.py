@@ -54,9 +54,9 @@ from idempotency_middleware.engine.effects import Effect, Ran, Run, Wait
 from idempotency_middleware.options import Options
 from idempotency_middleware.records import Status, StoredResponse
 from idempotency_middleware.renewal import ThreadRenewals
-from idempotency_middleware.request_view import HeaderView, RequestView
 from idempotency_middleware.stores.base import CLAIMED, AsyncStore, ClaimRequest
 from idempotency_middleware.testing import FakeClock
+from tests.attempts import order_attempt
 from tests.conftest import REGION
 from tests.servers import serve_asgi, serve_wsgi
 from tests.wait_apps import (
@@ -130,20 +130,7 @@ class World:
         self.runs = 0
 
     def new_attempt(self, body: bytes = BODY) -> core.Attempt:
-        policy = self.options.policy_for("POST", "/orders")
-        assert policy is not None
-        admitted = core.admit(self.options, policy, "/orders", [b"key-1"])
-        assert isinstance(admitted, core.Admitted)
-        return core.begin_attempt(
-            admitted,
-            method="POST",
-            path="/orders",
-            query_string=b"",
-            content_type=b"application/json",
-            body=body,
-            request_view=lambda route: RequestView("POST", "/orders", route, "", HeaderView(())),
-            now=self.clock.now(),
-        )
+        return order_attempt(self.options, self.clock.now(), body)
 
     def hold_first(self) -> None:
         assert self.memory.claim(self.first.claim._replace(now=self.clock.now())) == CLAIMED
