@@ -186,13 +186,42 @@ class _Both(SyncStore, AsyncStore, Protocol):
     """A store with both flavours (``MemoryStore``, ``SQLiteStore``)."""
 
 
-class CountingStore:
+class CountingAsyncStore:
+    """An async store delegating to ``inner``, logging every call (``AsyncDynamoDBStore``)."""
+
+    def __init__(self, inner: AsyncStore, clock: Clock) -> None:
+        self.async_inner = inner
+        self.log = ClaimLog(clock)
+
+    def _prepare(self, request: ClaimRequest) -> None:
+        """Runs before a claim is passed on (``CountingStore``'s hook)."""
+
+    async def aclaim(self, request: ClaimRequest) -> ClaimResult:
+        self._prepare(request)
+        result = await self.async_inner.aclaim(request)
+        self.log.add(request, isinstance(result, Held))
+        return result
+
+    async def acomplete(self, completion: Completion) -> bool:
+        self.log.add_other("complete", completion.owner)
+        return await self.async_inner.acomplete(completion)
+
+    async def arelease(self, key_hash: str, owner: str) -> bool:
+        self.log.add_other("release", owner)
+        return await self.async_inner.arelease(key_hash, owner)
+
+    async def arenew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
+        self.log.add_other("renew", owner)
+        return await self.async_inner.arenew(key_hash, owner, lock_expires_at)
+
+
+class CountingStore(CountingAsyncStore):
     """A sync and async store delegating to ``inner``, logging claims. ``before_claim(n,
     request)`` runs before the ``n``-th claim (1+) is passed on; it may raise."""
 
     def __init__(self, inner: _Both, clock: Clock, before_claim: BeforeClaim | None = None) -> None:
+        super().__init__(inner, clock)
         self.inner = inner
-        self.log = ClaimLog(clock)
         self.before_claim = before_claim
         self._count = 0
         self._lock = threading.Lock()
@@ -225,46 +254,3 @@ class CountingStore:
     def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
         self.log.add_other("renew", owner)
         return self.inner.renew(key_hash, owner, lock_expires_at)
-
-    async def aclaim(self, request: ClaimRequest) -> ClaimResult:
-        self._prepare(request)
-        result = await self.inner.aclaim(request)
-        self.log.add(request, isinstance(result, Held))
-        return result
-
-    async def acomplete(self, completion: Completion) -> bool:
-        self.log.add_other("complete", completion.owner)
-        return await self.inner.acomplete(completion)
-
-    async def arelease(self, key_hash: str, owner: str) -> bool:
-        self.log.add_other("release", owner)
-        return await self.inner.arelease(key_hash, owner)
-
-    async def arenew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
-        self.log.add_other("renew", owner)
-        return await self.inner.arenew(key_hash, owner, lock_expires_at)
-
-
-class CountingAsyncStore:
-    """``CountingStore`` for an async-only store (``AsyncDynamoDBStore``)."""
-
-    def __init__(self, inner: AsyncStore, clock: Clock) -> None:
-        self.inner = inner
-        self.log = ClaimLog(clock)
-
-    async def aclaim(self, request: ClaimRequest) -> ClaimResult:
-        result = await self.inner.aclaim(request)
-        self.log.add(request, isinstance(result, Held))
-        return result
-
-    async def acomplete(self, completion: Completion) -> bool:
-        self.log.add_other("complete", completion.owner)
-        return await self.inner.acomplete(completion)
-
-    async def arelease(self, key_hash: str, owner: str) -> bool:
-        self.log.add_other("release", owner)
-        return await self.inner.arelease(key_hash, owner)
-
-    async def arenew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
-        self.log.add_other("renew", owner)
-        return await self.inner.arenew(key_hash, owner, lock_expires_at)
