@@ -5,7 +5,16 @@
     delete KEY     delete a record (to re-drive failed work)
     demo           run the demo (needs the [demo] extra)
 
-Exit codes: 0 done, 1 record not found, 2 bad usage, 3 store unreachable or failing.
+Exit codes:
+
+    0  done
+    1  record not found
+    2  bad usage (the subcommand's usage is printed)
+    3  store unreachable or failing: unreachable, timed out, throttled, server error, a
+       locked or failing SQLite file; retrying later may work
+    4  store misconfigured: no such table, no AWS region, no or rejected credentials, access
+       denied, an SQLite file that cannot be opened, a missing extra; retrying will not work
+       until the configuration is fixed (the message says what to fix)
 """
 
 from __future__ import annotations
@@ -13,10 +22,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from datetime import datetime, timezone
 from typing import Protocol
 
 import orjson
 
+from . import __version__
 from .keys import InvalidKey, parse_idempotency_key, storage_key
 from .records import Record
 from .stores.base import StoreUnavailable, SyncOperations
@@ -26,6 +37,17 @@ EXIT_OK = 0
 EXIT_NOT_FOUND = 1
 EXIT_USAGE = 2
 EXIT_STORE = 3
+EXIT_MISCONFIGURED = 4
+
+EXIT_CODES_HELP = """exit codes:
+  0  done
+  1  record not found
+  2  bad usage
+  3  store unreachable or failing (unreachable, timed out, throttled, server error,
+     SQLite locked or I/O error): retry later
+  4  store misconfigured (no such table, no region, no or rejected credentials, access
+     denied, SQLite file cannot be opened, missing extra): fix what the message says
+"""
 
 
 class _UsageError(Exception):
@@ -66,23 +88,38 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="idempotency-middleware",
         description="Inspect and manage the idempotency store.",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"idempotency-middleware {__version__}"
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    create = commands.add_parser(
-        "create-table", help="create the DynamoDB table with on-demand billing and TTL"
-    )
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(
+            name,
+            help=help_text,
+            epilog=EXIT_CODES_HELP,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        # A usage error found after parsing (no store given, a bad key) is this
+        # subcommand's: its usage is the one worth printing.
+        sub.set_defaults(command_parser=sub)
+        return sub
+
+    create = command("create-table", "create the DynamoDB table with on-demand billing and TTL")
     _store_arguments(create)
 
-    show = commands.add_parser("show", help="print the stored record of a key, decoded")
+    show = command("show", "print the stored record of a key, decoded")
     _key_arguments(show)
     _store_arguments(show)
 
-    delete = commands.add_parser("delete", help="delete the record of a key")
+    delete = command("delete", "delete the record of a key")
     _key_arguments(delete)
     _store_arguments(delete)
 
-    commands.add_parser("demo", help="run the demo on an embedded local DynamoDB")
+    command("demo", "run the demo on moto's DynamoDB server on 127.0.0.1")
     return parser
 
 
@@ -107,17 +144,21 @@ def _storage_key(arguments: argparse.Namespace) -> str:
     return storage_key(arguments.method.upper(), arguments.route, arguments.scope, key)
 
 
-def record_as_json(record: Record) -> dict[str, object]:
-    """A record as printable JSON: the body as text when it is UTF-8, else as hex.
+def iso_time(epoch_seconds: float) -> str:
+    """Epoch seconds as ISO 8601 UTC to the millisecond: ``2026-11-23T10:15:00.123Z``."""
+    moment = datetime.fromtimestamp(epoch_seconds, tz=timezone.utc)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
-    Deadlines are the stored epoch seconds, unconverted, as the store compares them.
-    """
+
+def record_as_json(record: Record) -> dict[str, object]:
+    """A record as printable JSON: the body as text when it is UTF-8, else as hex; the
+    deadlines in ISO 8601 UTC."""
     described: dict[str, object] = {
         "key_hash": record.key_hash,
         "status": record.status.value,
         "fingerprint": record.fingerprint,
-        "lock_expires_at": record.lock_expires_at,
-        "expires_at": record.expires_at,
+        "lock_expires_at": iso_time(record.lock_expires_at),
+        "expires_at": iso_time(record.expires_at),
         "response_size": record.response_size,
         "response_not_stored": record.response_not_stored,
     }
@@ -139,41 +180,105 @@ def record_as_json(record: Record) -> dict[str, object]:
     return described
 
 
+# What to do about the misconfigurations that have no message of their own above.
+_HINTS = {
+    "cannot_open": "check that its directory exists and is writable",
+    "access_denied": "check that the file and its directory are writable",
+}
+
+
+def _where(store: DynamoDBStore) -> tuple[str, str]:
+    """The region and endpoint a DynamoDB store's client talks to (it exists by now)."""
+    meta = store.client.meta
+    return str(meta.region_name), str(meta.endpoint_url)
+
+
+def _create_table_command(arguments: argparse.Namespace, region: str, endpoint: str) -> str:
+    command = f"idempotency-middleware create-table --table {arguments.table}"
+    if arguments.region:
+        command += f" --region {region}"
+    if arguments.endpoint_url:
+        command += f" --endpoint-url {endpoint}"
+    return command
+
+
+def describe_failure(
+    error: StoreUnavailable, store: OperatorStore, arguments: argparse.Namespace
+) -> str:
+    """What the operator reads: what failed, and what to do about it."""
+    cause = error.cause
+    dynamodb = store if isinstance(store, DynamoDBStore) else None
+    if cause == "no_table" and dynamodb is not None:
+        region, endpoint = _where(dynamodb)
+        return (
+            f"table {arguments.table!r} does not exist in region {region} at {endpoint}: "
+            f"create it with `{_create_table_command(arguments, region, endpoint)}`"
+        )
+    if cause == "no_region":
+        return (
+            "no AWS region configured: pass --region, or set AWS_REGION (or "
+            "AWS_DEFAULT_REGION, or region in the AWS config file)"
+        )
+    if cause == "no_credentials":
+        return (
+            f"{error.reason}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, "
+            "or run where an IAM role provides them"
+        )
+    if cause in ("bad_credentials", "access_denied") and dynamodb is not None:
+        region, endpoint = _where(dynamodb)
+        return (
+            f"{error.reason} for table {arguments.table!r} in region {region} at {endpoint}: "
+            "check the credentials (AWS_ACCESS_KEY_ID, AWS_PROFILE), their permissions on the "
+            "table, and the region"
+        )
+    if error.misconfigured:
+        return f"{error.reason}: {_HINTS.get(cause, 'fix the store configuration')}"
+    if cause == "unreachable":  # (its reason starts "unreachable: ...")
+        return f"store {error.reason}: check --endpoint-url and the network"
+    return f"store unavailable: {error.reason}: retry later"
+
+
 def _run(arguments: argparse.Namespace) -> int:
     if arguments.command == "demo":
-        try:
-            from .demo import main as demo_main
-        except ImportError as error:
-            print(
-                f"the demo needs the [demo] extra: pip install 'idempotency-middleware[demo]' "
-                f"({error})",
-                file=sys.stderr,
-            )
-            return EXIT_USAGE
+        # The demo package names the missing extra itself (demo.main).
+        from .demo import main as demo_main
+
         return demo_main()
-    store = _open_store(arguments)
     try:
-        if arguments.command == "create-table":
-            store.create_table()
-            name = arguments.sqlite or arguments.table
-            print(f"table {name} ready: partition key 'pk' (S), on-demand billing, TTL on 'ttl'")
-            return EXIT_OK
-        key = _storage_key(arguments)
-        record = store.get(key)
-        if record is None:
-            print(f"no record for key hash {key}", file=sys.stderr)
-            return EXIT_NOT_FOUND
-        if arguments.command == "show":
-            print(orjson.dumps(record_as_json(record), option=orjson.OPT_INDENT_2).decode())
-            return EXIT_OK
-        if not store.delete(key):
-            # Gone between our read and our delete (released, or another operator).
-            print(f"no record for key hash {key}", file=sys.stderr)
-            return EXIT_NOT_FOUND
-        print(f"deleted record {key} ({record.status.value})")
-        return EXIT_OK
+        store = _open_store(arguments)
+    except ModuleNotFoundError as error:
+        # A store whose extra is not installed: the message names the pip command.
+        print(str(error), file=sys.stderr)
+        return EXIT_MISCONFIGURED
+    try:
+        return _operate(store, arguments)
+    except StoreUnavailable as error:
+        print(describe_failure(error, store, arguments), file=sys.stderr)
+        return EXIT_MISCONFIGURED if error.misconfigured else EXIT_STORE
     finally:
         store.close()
+
+
+def _operate(store: OperatorStore, arguments: argparse.Namespace) -> int:
+    if arguments.command == "create-table":
+        store.create_table()
+        name = arguments.sqlite or arguments.table
+        print(f"table {name} ready: partition key 'pk' (S), on-demand billing, TTL on 'ttl'")
+        return EXIT_OK
+    key = _storage_key(arguments)
+    record = store.get(key)
+    if record is None:
+        print(f"no record for key hash {key}", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    if arguments.command == "show":
+        print(orjson.dumps(record_as_json(record), option=orjson.OPT_INDENT_2).decode())
+        return EXIT_OK
+    if not store.delete(key):
+        # Gone between our read and our delete (released, or another operator).
+        print(f"no record for key hash {key}", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    print(f"deleted record {key} ({record.status.value})")
+    return EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -182,10 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _run(arguments)
     except _UsageError as error:
-        parser.error(str(error))  # exits with EXIT_USAGE
-    except StoreUnavailable as error:
-        print(f"store unavailable: {error}", file=sys.stderr)
-        return EXIT_STORE
+        arguments.command_parser.error(str(error))  # exits with EXIT_USAGE
     return EXIT_OK
 
 

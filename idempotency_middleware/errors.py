@@ -29,12 +29,78 @@ class InvalidKeyError(IdempotencyError, ValueError):
     """The key is missing (``None``), empty, or not a string while a key is required."""
 
 
+# Why a store failed: each cause, and the phrase a log line or the command line says for it
+# when the store gave none (a store usually does, naming its table, file or endpoint).
+CAUSES: dict[str, str] = {
+    "no_table": "no such table",
+    "no_bucket": "no such S3 bucket",
+    "no_credentials": "no AWS credentials found",
+    "bad_credentials": "the AWS credentials were rejected",
+    "no_region": "no AWS region configured",
+    "access_denied": "access denied",
+    "cannot_open": "the database file cannot be opened",
+    "loop_closed": "the client belongs to an event loop that is closed",
+    "unreachable": "the store is unreachable",
+    "timed_out": "the store did not answer in time",
+    "throttled": "throttled",
+    "server_error": "the store had an internal error",
+    "busy": "the database is locked by another writer",
+    "io_error": "the database could not be read or written",
+    "unknown": "the store failed",
+}
+
+# Causes that a retry does not cure and a configuration change does: a missing table, bucket
+# or file, credentials, region, permissions, a client used after its event loop ended.
+MISCONFIGURED_CAUSES = frozenset(
+    {
+        "no_table",
+        "no_bucket",
+        "no_credentials",
+        "bad_credentials",
+        "no_region",
+        "access_denied",
+        "cannot_open",
+        "loop_closed",
+    }
+)
+
+
 class StoreUnavailableError(IdempotencyError):
-    """The store could not answer (unreachable, timed out, throttled, server error), so the
-    work was not started (fail closed). ``code`` carries the backend's error code when it
-    sent one (``ThrottlingException``)."""
+    """The store could not answer, so the work was not started (fail closed).
+
+    ``cause`` says why, one of :data:`CAUSES` (``"no_table"``, ``"no_credentials"``,
+    ``"unreachable"``, ``"throttled"`` ...; ``"unknown"`` when the store did not say), and
+    ``reason`` says it in words (``"no such table 'idempotency'"``). ``misconfigured`` is true
+    when fixing the configuration fixes it and retrying does not. ``code`` carries the
+    backend's error code when it sent one (``ThrottlingException``).
+    """
 
     code: str = ""
+    cause: str = "unknown"
+
+    def __init__(
+        self, *args: object, code: str = "", cause: str = "unknown", reason: str = ""
+    ) -> None:
+        super().__init__(*args)
+        # Instance attributes (not only class defaults), so a pickled error keeps them.
+        self.code = code
+        self.cause = cause if cause in CAUSES else "unknown"
+        self._reason = reason
+
+    @property
+    def reason(self) -> str:
+        """Why, in words: the store's own phrase, else the cause's, else the message."""
+        if self._reason:
+            return self._reason
+        if self.cause != "unknown" or not self.args:
+            return CAUSES[self.cause]
+        return str(self)
+
+    @property
+    def misconfigured(self) -> bool:
+        """Fixing the configuration (table, credentials, region, permissions) fixes it;
+        retrying as it is does not."""
+        return self.cause in MISCONFIGURED_CAUSES
 
 
 class ResultNotStoredError(IdempotencyError):
@@ -50,6 +116,8 @@ class ResultNotStoredError(IdempotencyError):
 StoreUnavailable = StoreUnavailableError
 
 __all__ = [
+    "CAUSES",
+    "MISCONFIGURED_CAUSES",
     "IdempotencyError",
     "InvalidKeyError",
     "KeyInProgressError",

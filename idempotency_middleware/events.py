@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from .errors import StoreUnavailableError
+
 logger = logging.getLogger("idempotency_middleware")
 
 EventKind = Literal[
@@ -51,9 +53,15 @@ _MESSAGES: dict[str, str] = {
     "completed": "idempotent response stored",
     "released": "idempotency claim released",
     "lost": "idempotency claim was taken over while the handler ran; response sent, not stored",
-    "store_error": "idempotency store failed",
-    "fail_open": "idempotency store failed on claim; handler run WITHOUT idempotency protection",
+    # store_error and fail_open are worded per event (see ``_store_failure``).
 }
+
+# A store failure's log line names the operation, why it failed and the key, so the cause
+# shows with default logging, not only in the record's ``extra`` fields.
+_STORE_ERROR = "idempotency store failed: %s: %s (key %s; %s %s)"
+_FAIL_OPEN = (
+    "idempotency store failed on %s: %s; handler run WITHOUT idempotency protection (key %s; %s %s)"
+)
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,7 @@ class IdempotencyEvent:
     operation: str | None = None  # store operation, for store_error
     error: str | None = None  # repr of the store error
     store_latency_ms: float | None = None  # duration of the store call behind the event
+    cause: str | None = None  # why the store failed (StoreUnavailableError.cause), if it did
 
 
 EventHook = Callable[[IdempotencyEvent], None]
@@ -108,13 +117,23 @@ class Reporter:
         operation: str | None = None,
         error: str | None = None,
         store_latency_ms: float | None = None,
+        failure: BaseException | None = None,
+        note: str | None = None,
     ) -> None:
+        """Log and hand on one event. For a store failure, ``failure`` is the store's error
+        (its ``cause`` and ``reason`` reach the event and the log line; ``error`` defaults
+        to its repr) and ``note`` what came of it ("gave up after 4 attempts")."""
         level = _LEVELS[kind]
         log = logger.isEnabledFor(level)
         if not log and self._hook is None:
             return
         if not self._http:
             status = None
+        cause = None
+        if failure is not None:
+            cause = failure.cause if isinstance(failure, StoreUnavailableError) else "unknown"
+            if error is None:
+                error = repr(failure)
         event = IdempotencyEvent(
             kind,
             attempt.key_hash,
@@ -124,24 +143,43 @@ class Reporter:
             operation,
             error,
             store_latency_ms,
+            cause,
         )
         if log:
-            logger.log(
-                level,
-                _MESSAGES[kind],
-                extra={
-                    "idempotency_event": kind,
-                    "idempotency_key_hash": event.key_hash,
-                    "idempotency_route": f"{event.method} {event.route}",
-                    "idempotency_status": status,
-                    "idempotency_operation": operation,
-                    "idempotency_error": error,
-                    "idempotency_store_latency_ms": store_latency_ms,
-                },
-            )
+            extra = {
+                "idempotency_event": kind,
+                "idempotency_key_hash": event.key_hash,
+                "idempotency_route": f"{event.method} {event.route}",
+                "idempotency_status": status,
+                "idempotency_operation": operation,
+                "idempotency_error": error,
+                "idempotency_cause": cause,
+                "idempotency_store_latency_ms": store_latency_ms,
+            }
+            if kind in ("store_error", "fail_open"):
+                message, *args = _store_failure(event, failure, note)
+                logger.log(level, message, *args, extra=extra)
+            else:
+                logger.log(level, _MESSAGES[kind], extra=extra)
         if self._hook is not None:
             try:
                 self._hook(event)
             except Exception:
                 # A metrics bug must not turn a stored response into a 500.
                 logger.exception("on_event hook raised; event dropped")
+
+
+def _store_failure(
+    event: IdempotencyEvent, failure: BaseException | None, note: str | None
+) -> tuple[str, ...]:
+    """The log format and arguments of a ``store_error`` or ``fail_open`` event."""
+    reason = (
+        failure.reason
+        if isinstance(failure, StoreUnavailableError)
+        else event.error or "no reason given"
+    )
+    if note:
+        reason = f"{reason}; {note}"
+    operation = event.operation or "store call"
+    template = _FAIL_OPEN if event.kind == "fail_open" else _STORE_ERROR
+    return template, operation, reason, event.key_hash, event.method, event.route

@@ -326,13 +326,16 @@ class _FunctionDoor:
                 "under this key",
                 size=refusal.size,
             )
+        error = refusal.error
+        reason = getattr(error, "reason", "") or "the store failed"
         unavailable = StoreUnavailableError(
-            f"idempotent function {name}: the idempotency store could not be reached, so "
-            "the function did not run; retry with the same key"
+            f"idempotent function {name}: the idempotency store failed ({reason}), so the "
+            "function did not run; retry with the same key",
+            code=getattr(error, "code", ""),
+            cause=getattr(error, "cause", "unknown"),
+            reason=getattr(error, "reason", ""),
         )
-        cause = refusal.error
-        unavailable.code = getattr(cause, "code", "")
-        unavailable.__cause__ = cause
+        unavailable.__cause__ = error
         return unavailable
 
 

@@ -144,9 +144,7 @@ class LoopRenewals:
             )
         except StoreUnavailable as error:
             # Keep trying at the next interval: the lock may hold until then.
-            self._reporter.report(
-                lease.attempt, "store_error", operation="renew", error=repr(error)
-            )
+            self._reporter.report(lease.attempt, "store_error", operation="renew", failure=error)
             return
         if not renewed:
             # Taken over or finished: nothing to renew.
@@ -224,5 +222,5 @@ class ThreadRenewals:
                     self.stop(claim.owner)
             except StoreUnavailable as error:
                 self._reporter.report(
-                    lease.attempt, "store_error", operation="renew", error=repr(error)
+                    lease.attempt, "store_error", operation="renew", failure=error
                 )

@@ -12,8 +12,16 @@ from pathlib import Path
 import orjson
 import pytest
 
+import idempotency_middleware
 from idempotency_middleware import DynamoDBStore
-from idempotency_middleware.cli import EXIT_NOT_FOUND, EXIT_OK, EXIT_STORE, EXIT_USAGE, main
+from idempotency_middleware.cli import (
+    EXIT_MISCONFIGURED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_STORE,
+    EXIT_USAGE,
+    main,
+)
 from idempotency_middleware.keys import storage_key
 from idempotency_middleware.records import StoredResponse
 from idempotency_middleware.stores.base import ClaimRequest, Completion
@@ -65,7 +73,7 @@ def test_show_prints_the_decoded_record_of_a_key(
     assert shown["key_hash"] == storage_key("POST", "/orders", None, "order-1")
 
 
-def test_show_prints_deadlines_as_the_stored_epoch_seconds(
+def test_show_prints_deadlines_in_iso_8601_utc(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from idempotency_middleware import SQLiteStore
@@ -79,8 +87,8 @@ def test_show_prints_deadlines_as_the_stored_epoch_seconds(
         store.complete(Completion(hashed, "owner", completed_at, 60, response))
     assert main(["show", "k", "--route", "/orders", "--sqlite", path]) == EXIT_OK
     shown = orjson.loads(capsys.readouterr().out)
-    assert shown["lock_expires_at"] == claimed_at + 30
-    assert shown["expires_at"] == completed_at + 60
+    assert shown["lock_expires_at"] == "2023-11-14T22:13:50.250Z"  # claimed_at + 30
+    assert shown["expires_at"] == "2023-11-14T22:14:21.500Z"  # completed_at + 60
 
 
 def test_show_honours_the_scope(
@@ -117,10 +125,61 @@ def test_a_missing_store_is_a_usage_error() -> None:
 
 
 def test_an_unreachable_store_exits_3_with_a_message(capsys: pytest.CaptureFixture[str]) -> None:
-    port = free_port()
+    endpoint = f"http://127.0.0.1:{free_port()}"
     args = ["show", "k", "--route", "/o", "--table", "t", "--region", REGION]
-    assert main([*args, "--endpoint-url", f"http://127.0.0.1:{port}"]) == EXIT_STORE
-    assert "store unavailable" in capsys.readouterr().err
+    assert main([*args, "--endpoint-url", endpoint]) == EXIT_STORE
+    assert capsys.readouterr().err == (
+        f"store unreachable: cannot connect to {endpoint}/: check --endpoint-url and the network\n"
+    )
+
+
+def test_a_missing_table_exits_4_saying_how_to_create_it(
+    moto_endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    table = f"missing-{uuid.uuid4().hex[:8]}"
+    code = main(["show", "k", "--route", "/o", *_store_args(moto_endpoint, table)])
+    assert code == EXIT_MISCONFIGURED
+    assert capsys.readouterr().err == (
+        f"table '{table}' does not exist in region {REGION} at {moto_endpoint}: create it with "
+        f"`idempotency-middleware create-table --table {table} --region {REGION} "
+        f"--endpoint-url {moto_endpoint}`\n"
+    )
+
+
+def test_the_version_is_the_package_version() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "idempotency_middleware", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"idempotency-middleware {idempotency_middleware.__version__}\n"
+
+
+def test_help_lists_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ([], ["show"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main([*command, "--help"])
+        assert exit_info.value.code == EXIT_OK
+        shown = capsys.readouterr().out
+        assert "exit codes:" in shown
+        assert "  3  store unreachable or failing" in shown
+        assert "  4  store misconfigured" in shown
+
+
+def test_a_usage_error_after_parsing_prints_the_subcommand_usage(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["delete", "k", "--route", "/orders"])
+    assert exit_info.value.code == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("usage: idempotency-middleware delete ")
+    assert err.endswith(
+        "idempotency-middleware delete: error: give --table NAME (DynamoDB) or --sqlite PATH\n"
+    )
 
 
 def test_python_dash_m_runs_the_cli_with_help_on_each_command() -> None:

@@ -1,8 +1,17 @@
-"""The operator command line's less travelled paths: a binary body shown as hex, and a
-record that disappears between ``delete``'s read and its delete."""
+"""The operator command line's less travelled paths: a binary body shown as hex, a record
+that disappears between ``delete``'s read and its delete, and a store that fails.
+
+A failing store is told apart, in the real command run in a subprocess with the AWS settings
+of its environment under the test's control: a misconfiguration (no table, no region, no or
+rejected credentials, access denied, a file that cannot be opened) exits 4 saying what to
+fix; an outage (unreachable, throttled, a failing file) exits 3.
+"""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,11 +19,20 @@ import orjson
 import pytest
 
 from idempotency_middleware import DynamoDBStore, SQLiteStore
-from idempotency_middleware.cli import EXIT_NOT_FOUND, EXIT_OK, main
+from idempotency_middleware.cli import (
+    EXIT_MISCONFIGURED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_STORE,
+    EXIT_USAGE,
+    main,
+)
 from idempotency_middleware.keys import storage_key
 from idempotency_middleware.records import StoredResponse
 from idempotency_middleware.stores.base import Claimed, ClaimRequest, Completion
 from idempotency_middleware.testing import FakeClock
+from tests.diag_aws import RejectingEndpoint, aws_environment
+from tests.faultproxy import FaultProxy
 from tests.test_store_kit import AnswerRewritingProxy
 
 from .conftest import REGION
@@ -98,3 +116,109 @@ def test_delete_reports_not_found_when_the_record_went_between_read_and_delete(
     assert deleting_proxy.operations == ["GetItem", "DeleteItem", "DeleteItem"]
     with DynamoDBStore(dynamodb_table, endpoint_url=moto_endpoint, region_name=REGION) as store:
         assert store.get(hashed) is None
+
+
+# --- a failing store, through the real command ------------------------------------------------
+
+
+def run_cli(environment: dict[str, str], *arguments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "idempotency_middleware", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=environment,
+        check=False,
+    )
+
+
+def show(table: str, endpoint: str, *more: str) -> list[str]:
+    return ["show", "k", "--route", "/orders", "--table", table, "--endpoint-url", endpoint, *more]
+
+
+def test_a_missing_table_names_the_region_from_the_environment(
+    moto_endpoint: str, tmp_path: Path
+) -> None:
+    table = f"missing-{uuid.uuid4().hex[:8]}"
+    result = run_cli(aws_environment(tmp_path, region="eu-west-1"), *show(table, moto_endpoint))
+    assert result.returncode == EXIT_MISCONFIGURED
+    assert result.stderr == (
+        f"table '{table}' does not exist in region eu-west-1 at {moto_endpoint}: create it "
+        f"with `idempotency-middleware create-table --table {table} "
+        f"--endpoint-url {moto_endpoint}`\n"
+    )
+
+
+def test_no_region_anywhere_says_where_to_give_one(moto_endpoint: str, tmp_path: Path) -> None:
+    result = run_cli(aws_environment(tmp_path, region=None), *show("t", moto_endpoint))
+    assert result.returncode == EXIT_MISCONFIGURED
+    assert result.stderr.startswith("no AWS region configured: pass --region, or set AWS_REGION")
+
+
+def test_no_credentials_says_how_to_provide_them(moto_endpoint: str, tmp_path: Path) -> None:
+    result = run_cli(
+        aws_environment(tmp_path, credentials=False), *show("t", moto_endpoint, "--region", REGION)
+    )
+    assert result.returncode == EXIT_MISCONFIGURED
+    assert result.stderr.startswith(
+        "no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE"
+    )
+
+
+@pytest.mark.parametrize(
+    ("error_type", "said"),
+    [
+        ("UnrecognizedClientException", "AWS credentials rejected (UnrecognizedClientException"),
+        ("AccessDeniedException", "access denied (AccessDeniedException"),
+    ],
+)
+def test_rejected_credentials_and_denied_access_are_misconfigurations(
+    tmp_path: Path, error_type: str, said: str
+) -> None:
+    with RejectingEndpoint(error_type, "no") as endpoint:
+        result = run_cli(aws_environment(tmp_path), *show("orders", endpoint.url))
+    assert result.returncode == EXIT_MISCONFIGURED
+    assert result.stderr.startswith(said)
+    assert f"for table 'orders' in region {REGION} at {endpoint.url}: check the credentials" in (
+        result.stderr
+    )
+
+
+def test_throttling_is_an_outage_not_a_misconfiguration(
+    dynamodb_table: str, fault_proxy: FaultProxy, tmp_path: Path
+) -> None:
+    fault_proxy.set("throttle")
+    result = run_cli(aws_environment(tmp_path), *show(dynamodb_table, fault_proxy.url))
+    assert result.returncode == EXIT_STORE
+    assert result.stderr == (
+        "store unavailable: throttled (ThrottlingException: Rate exceeded): retry later\n"
+    )
+
+
+def test_an_sqlite_file_that_cannot_be_opened_is_a_misconfiguration(tmp_path: Path) -> None:
+    path = tmp_path / "no-such-directory" / "idem.sqlite3"
+    result = run_cli(aws_environment(tmp_path), "create-table", "--sqlite", str(path))
+    assert result.returncode == EXIT_MISCONFIGURED
+    assert result.stderr == (
+        f"cannot open database file '{path}' (unable to open database file): check that its "
+        "directory exists and is writable\n"
+    )
+
+
+def test_an_sqlite_file_that_is_not_a_database_is_an_outage(tmp_path: Path) -> None:
+    path = tmp_path / "garbage.sqlite3"
+    path.write_bytes(b"not a database " * 512)
+    result = run_cli(aws_environment(tmp_path), "show", "k", "--route", "/o", "--sqlite", str(path))
+    assert result.returncode == EXIT_STORE
+    assert result.stderr == (
+        f"store unavailable: database '{path}' cannot be read or written "
+        "(file is not a database): retry later\n"
+    )
+
+
+def test_an_invalid_key_prints_the_usage_of_its_subcommand(tmp_path: Path) -> None:
+    path = str(tmp_path / "idem.sqlite3")
+    result = run_cli(aws_environment(tmp_path), "show", '"open', "--route", "/o", "--sqlite", path)
+    assert result.returncode == EXIT_USAGE
+    assert result.stderr.startswith("usage: idempotency-middleware show [-h]")
+    assert "idempotency-middleware show: error: invalid key:" in result.stderr

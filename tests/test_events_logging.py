@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from idempotency_middleware import IdempotencyEvent
+from idempotency_middleware import IdempotencyEvent, StoreUnavailableError
 from idempotency_middleware.events import Reporter
 
 
@@ -49,12 +49,53 @@ def test_events_are_logged_with_structured_fields_and_the_hashed_key_only(
         reporter.report(Attempt(), "store_error", operation="claim", error="Timeout()")
     [record] = caplog.records
     assert record.levelno == logging.ERROR
-    assert record.message == "idempotency store failed"
+    assert record.message == "idempotency store failed: claim: Timeout() (key a1b2c3; POST /orders)"
     assert record.__dict__["idempotency_event"] == "store_error"
     assert record.__dict__["idempotency_key_hash"] == "a1b2c3"
     assert record.__dict__["idempotency_route"] == "POST /orders"
     assert record.__dict__["idempotency_operation"] == "claim"
     assert record.__dict__["idempotency_error"] == "Timeout()"
+    assert record.__dict__["idempotency_cause"] is None  # no store error was given
+
+
+def test_a_store_failure_gives_the_event_and_the_log_line_its_cause_and_reason(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    received: list[IdempotencyEvent] = []
+    failure = StoreUnavailableError(
+        "DynamoDB put_item failed: ...", cause="no_table", reason="no such table 'orders'"
+    )
+    reporter = Reporter(received.append)
+    with caplog.at_level(logging.ERROR, logger="idempotency_middleware"):
+        reporter.report(Attempt(), "store_error", operation="claim", failure=failure)
+        reporter.report(Attempt(), "fail_open", operation="claim", failure=failure)
+        reporter.report(
+            Attempt(), "store_error", operation="complete", failure=failure, note="gave up"
+        )
+
+    assert [event.cause for event in received] == ["no_table"] * 3
+    assert received[0].error == repr(failure)
+    assert [record.message for record in caplog.records] == [
+        "idempotency store failed: claim: no such table 'orders' (key a1b2c3; POST /orders)",
+        "idempotency store failed on claim: no such table 'orders'; handler run WITHOUT "
+        "idempotency protection (key a1b2c3; POST /orders)",
+        "idempotency store failed: complete: no such table 'orders'; gave up "
+        "(key a1b2c3; POST /orders)",
+    ]
+    assert all(record.__dict__["idempotency_cause"] == "no_table" for record in caplog.records)
+
+
+def test_a_store_error_without_a_cause_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    received: list[IdempotencyEvent] = []
+    with caplog.at_level(logging.ERROR, logger="idempotency_middleware"):
+        Reporter(received.append).report(Attempt(), "store_error")
+        Reporter(None).report(Attempt(), "store_error", failure=StoreUnavailableError("down"))
+    assert [record.message for record in caplog.records] == [
+        "idempotency store failed: store call: no reason given (key a1b2c3; POST /orders)",
+        "idempotency store failed: store call: down (key a1b2c3; POST /orders)",
+    ]
+    assert received[0].cause is None
+    assert caplog.records[1].__dict__["idempotency_cause"] == "unknown"
 
 
 def test_a_hook_that_is_not_callable_is_refused() -> None:

@@ -93,10 +93,10 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
         try:
             result = yield claim
         except StoreUnavailable as error:
-            context.reporter.report(attempt, "store_error", operation="claim", error=repr(error))
+            context.reporter.report(attempt, "store_error", operation="claim", failure=error)
             yield Spawn(release_lost_claim(attempt))
             if context.on_store_error == "run" and wait_until is None:
-                context.reporter.report(attempt, "fail_open")
+                context.reporter.report(attempt, "fail_open", operation="claim", failure=error)
                 return RUN_UNPROTECTED
             # (A waiter whose poll failed saw the key held by a running attempt: running
             # unprotected beside it would be the duplicate run this exists to prevent.)
@@ -152,7 +152,7 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
         try:
             renewed = yield Renew(claim.key_hash, claim.owner, now + claim.lock_timeout_seconds)
         except StoreUnavailable as error:
-            context.reporter.report(attempt, "store_error", operation="renew", error=repr(error))
+            context.reporter.report(attempt, "store_error", operation="renew", failure=error)
             yield from _release(context, attempt)
             return core.STORE_UNAVAILABLE
         except GeneratorExit:
@@ -231,6 +231,9 @@ def _retry_finish(
         "store_error",
         operation=operation,
         error=core.gave_up(error, core.FINISH_ATTEMPTS),
+        failure=error,
+        note=f"gave up after {core.FINISH_ATTEMPTS} attempts; the key stays claimed until "
+        "its lock timeout",
     )
     return None
 

@@ -9,9 +9,11 @@ create the table (:class:`SyncOperations`, :class:`AsyncOperations`).
 Writing a store: implement :class:`SyncStore` and :class:`SyncOperations` (or their async
 twins), take ``clock: Clock = SYSTEM_CLOCK`` for any time the store reads itself (claims and
 completions carry their own ``now``), and raise :class:`StoreUnavailable` when the backend
-cannot answer. A store doing blocking I/O gets its async half from
-:class:`~idempotency_middleware.stores.threaded.ThreadedStore`. A store is done when it passes
-the contract suite (``tests/test_store_contract.py``).
+cannot answer, saying why: ``StoreUnavailable(message, cause="unreachable", reason="cannot
+connect to ...")`` (the causes are ``errors.CAUSES``; the log line and the command line show
+``reason``, and tell a misconfiguration from an outage by ``cause``). A store doing blocking
+I/O gets its async half from :class:`~idempotency_middleware.stores.threaded.ThreadedStore`.
+A store is done when it passes the contract suite (``tests/test_store_contract.py``).
 """
 
 from __future__ import annotations

@@ -392,20 +392,145 @@ class ConditionFailed(Exception):
         self.item = item
 
 
-def translate_error(operation: str, error: BaseException) -> Exception:
-    """Map a botocore failure to ``ConditionFailed`` or ``StoreUnavailable``."""
-    if error_code(error) == CONDITION_FAILED:
+def translate_error(operation: str, error: BaseException, table_name: str = "") -> Exception:
+    """Map a botocore failure to ``ConditionFailed`` or a classified ``StoreUnavailable``."""
+    code = error_code(error)
+    if code == CONDITION_FAILED:
         return ConditionFailed(held_item(error))
-    unavailable = StoreUnavailable(f"DynamoDB {operation} failed: {error!r}")
-    unavailable.code = error_code(error)
-    return unavailable
+    cause, reason = classify(error, table_name)
+    return StoreUnavailable(
+        f"DynamoDB {operation} failed: {error!r}", code=code, cause=cause, reason=reason
+    )
+
+
+# Error codes DynamoDB (and S3, STS) answer with, by the cause they mean.
+_CAUSES_BY_CODE = {
+    "ResourceNotFoundException": "no_table",
+    "NoSuchBucket": "no_bucket",
+    "UnrecognizedClientException": "bad_credentials",
+    "InvalidSignatureException": "bad_credentials",
+    "IncompleteSignatureException": "bad_credentials",
+    "MissingAuthenticationTokenException": "bad_credentials",
+    "InvalidClientTokenId": "bad_credentials",
+    "InvalidAccessKeyId": "bad_credentials",
+    "SignatureDoesNotMatch": "bad_credentials",
+    "ExpiredTokenException": "bad_credentials",
+    "ExpiredToken": "bad_credentials",
+    "AccessDeniedException": "access_denied",
+    "AccessDenied": "access_denied",
+    "ThrottlingException": "throttled",
+    "Throttling": "throttled",
+    "ProvisionedThroughputExceededException": "throttled",
+    "RequestLimitExceeded": "throttled",
+    "LimitExceededException": "throttled",
+    "TooManyRequestsException": "throttled",
+    "SlowDown": "throttled",
+    "InternalServerError": "server_error",
+    "InternalFailure": "server_error",
+    "InternalError": "server_error",
+    "ServiceUnavailable": "server_error",
+    "ServiceUnavailableException": "server_error",
+}
+
+# What RuntimeError says when an aiohttp session is used on a loop other than its own.
+_CLOSED_LOOP = "Event loop is closed"
+_OTHER_LOOP = ("different loop", "different event loop", "inside a task")
+
+
+def _loop_error(error: BaseException) -> str | None:
+    """The RuntimeError message of a client used off its event loop (aiobotocore wraps it
+    in ``HTTPClientError``), or ``None``."""
+    kwargs = getattr(error, "kwargs", None)
+    inner = kwargs.get("error") if isinstance(kwargs, dict) else None
+    for candidate in (error, inner):
+        if isinstance(candidate, RuntimeError):
+            message = str(candidate)
+            if _CLOSED_LOOP in message or any(part in message for part in _OTHER_LOOP):
+                return message
+    return None
+
+
+def classify(error: BaseException, table_name: str = "") -> tuple[str, str]:
+    """The cause (``errors.CAUSES``) of a botocore failure, and a phrase saying it."""
+    code = error_code(error)
+    if code:
+        return _classify_code(error, code, table_name)
+    from botocore import exceptions as boto
+
+    endpoint = getattr(error, "kwargs", {}).get("endpoint_url") or "the endpoint"
+    loop_message = _loop_error(error)
+    if loop_message is not None:
+        if _CLOSED_LOOP in loop_message:
+            return "loop_closed", "event loop is closed: the client was made on a loop that ended"
+        return "loop_closed", f"the client belongs to another event loop ({loop_message})"
+    if isinstance(error, boto.NoRegionError):
+        return "no_region", "no AWS region configured"
+    if isinstance(error, boto.NoCredentialsError):
+        return "no_credentials", "no AWS credentials found"
+    if isinstance(error, (boto.PartialCredentialsError, boto.ProfileNotFound)):
+        return "no_credentials", f"no usable AWS credentials: {error}"
+    if isinstance(error, boto.CredentialRetrievalError):
+        return "no_credentials", f"no AWS credentials found: {error}"
+    if isinstance(error, (boto.ReadTimeoutError, TimeoutError)):
+        return "timed_out", f"timed out waiting for an answer from {endpoint}"
+    if isinstance(error, boto.ConnectTimeoutError):
+        return "unreachable", f"unreachable: connecting to {endpoint} timed out"
+    if isinstance(error, (boto.ConnectionError, boto.ConnectionClosedError, OSError)):
+        return "unreachable", f"unreachable: cannot connect to {endpoint}"
+    return "unknown", str(error) or repr(error)
+
+
+def _classify_code(error: BaseException, code: str, table_name: str) -> tuple[str, str]:
+    response: dict[str, Any] = getattr(error, "response", {})
+    message = str(response.get("Error", {}).get("Message", "")).strip()
+    detail = f"{code}: {message}" if message else code
+    cause = _CAUSES_BY_CODE.get(code)
+    if cause is None:
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        cause = "server_error" if isinstance(status, int) and status >= 500 else "unknown"
+    if cause == "no_table":
+        return cause, f"no such table {table_name!r}" if table_name else f"no such table ({detail})"
+    if cause == "no_bucket":
+        bucket = response.get("Error", {}).get("BucketName")
+        return cause, f"no such S3 bucket {bucket!r}" if bucket else f"no such S3 bucket ({detail})"
+    phrases = {
+        "bad_credentials": "AWS credentials rejected",
+        "access_denied": "access denied",
+        "throttled": "throttled",
+        "server_error": "server error",
+        "unknown": "request failed",
+    }
+    return cause, f"{phrases[cause]} ({detail})"
 
 
 def store_errors() -> tuple[type[BaseException], ...]:
-    """The exception types that mean the store did not answer usefully."""
+    """The exception types that mean the store did not answer usefully.
+
+    RuntimeError is among them because aiobotocore raises it, unwrapped, for a client used
+    off its own event loop (classified ``loop_closed``); any other becomes ``unknown``.
+    """
     from botocore.exceptions import BotoCoreError, ClientError
 
-    return (BotoCoreError, ClientError, OSError, TimeoutError)
+    return (BotoCoreError, ClientError, OSError, TimeoutError, RuntimeError)
+
+
+def require_modules(store: str, modules: tuple[str, ...], extra: str) -> None:
+    """Fail at a store's construction, naming the extra that installs them, when its client
+    libraries are missing (rather than with a bare ``ModuleNotFoundError`` at first use).
+    Looked up, not imported: the import itself waits for the first connection."""
+    import importlib.util
+
+    for module in modules:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ImportError:  # an import hook refusing it
+            found = False
+        if not found:
+            raise ModuleNotFoundError(
+                f"{store} needs {module}, which is not installed: "
+                f'pip install "idempotency-middleware[{extra}]"',
+                name=module,
+            )
 
 
 class DynamoDBStoreBase:
@@ -415,6 +540,10 @@ class DynamoDBStoreBase:
     ``clock`` times ``create_table()``'s wait for the table to become ACTIVE; claims and
     completions carry their own ``now``.
     """
+
+    # The client libraries a flavour needs, and the extra that installs them (per flavour).
+    _libraries: tuple[str, ...] = ()
+    _extra = ""
 
     def __init__(
         self,
@@ -435,6 +564,7 @@ class DynamoDBStoreBase:
         s3_endpoint_url: str | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        require_modules(type(self).__name__, self._libraries, self._extra)
         self.layout = TableLayout(table_name, key_attribute, ttl_attribute)
         self._settings = ClientSettings(
             endpoint_url,

@@ -51,7 +51,7 @@ class AsyncDynamoDBStore(AsyncClients):
             client = await self._dynamodb()
             result: dict[str, Any] = await getattr(client, operation)(**request)
         except self._errors as error:
-            raise ddb.translate_error(operation, error) from error
+            raise ddb.translate_error(operation, error, self.layout.table_name) from error
         return result
 
     async def _conditional(self, operation: str, request: dict[str, Any]) -> bool:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
+from collections.abc import AsyncGenerator, Coroutine
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -20,18 +22,73 @@ from .dynamodb import DynamoDBStoreBase
 AsyncSelf = TypeVar("AsyncSelf", bound="AsyncClients")
 SyncSelf = TypeVar("SyncSelf", bound="SyncClients")
 
+logger = logging.getLogger(__name__)
+
+# How many bare yields a closing coroutine may make when it is run with no event loop
+# (``_finish_without_loop``); aiobotocore's close of a client on a closed loop makes one.
+_STEPS_WITHOUT_LOOP = 100
+
+
+class _LoopClients:
+    """The clients of one event loop, and what guards them: aiohttp sessions, and an
+    ``asyncio.Lock``, each belong to the loop they were made on."""
+
+    __slots__ = ("dropped", "dynamodb", "lock", "loop", "s3", "stack", "watcher")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.lock = asyncio.Lock()
+        self.stack = contextlib.AsyncExitStack()
+        self.dynamodb: Any = None
+        self.s3: Any = None
+        self.watcher: AsyncGenerator[None, None] | None = None
+        self.dropped = False  # closed, or given up: the watcher has nothing left to do
+
+
+def _finish_without_loop(closing: Coroutine[Any, Any, Any]) -> bool:
+    """Run ``closing`` to its end with no event loop; whether it got there.
+
+    aiohttp closes a session whose loop is closed without doing any I/O (it only marks it
+    closed, which silences its "Unclosed client session" warning), and aiobotocore's close
+    around it only yields bare ``None``s: those are stepped through here. A coroutine that
+    waits for a real future (or raises) needs its loop, and is abandoned.
+    """
+    for _ in range(_STEPS_WITHOUT_LOOP):
+        try:
+            if closing.send(None) is not None:
+                break
+        except StopIteration:
+            return True
+        except Exception as error:
+            logger.debug("closing a client of a closed event loop failed: %r", error)
+            return False
+    closing.close()
+    return False
+
 
 class AsyncClients(DynamoDBStoreBase):
-    """aioboto3 clients, created on first use and reused for the life of the store; the
-    connection pool is sized by ``max_pool_connections``. The clients belong to the event
-    loop that first used them, as aiobotocore clients do."""
+    """aioboto3 clients, one DynamoDB client (and S3 client, for overflowing responses) per
+    event loop that uses the store, made on first use there; the connection pool is sized
+    by ``max_pool_connections``.
+
+    An aiobotocore client only works on the loop it was made on, so a store used on another
+    loop (``asyncio.run(store.create_table())`` before a server starts its own) makes a new
+    client there. A loop's clients are closed when ``asyncio.run`` (or any runner that calls
+    ``loop.shutdown_asyncgens()``) ends the loop, or by :meth:`aclose` on it; those of a loop
+    closed without that are released, without I/O, when the store next meets a new loop.
+    """
+
+    _libraries = ("aioboto3", "aiobotocore")
+    _extra = "dynamodb"
 
     def _init_transport(self) -> None:
-        self._exit_stack: contextlib.AsyncExitStack | None = None
-        self._client_lock: asyncio.Lock | None = None
+        self._loops: dict[asyncio.AbstractEventLoop, _LoopClients] = {}
+        self._loops_lock = threading.Lock()  # the loops may run on several threads
+        # The last loop's clients: the usual single loop costs one comparison per call.
+        self._current: _LoopClients | None = None
 
     async def client(self) -> Any:
-        """The aioboto3 DynamoDB client, created once."""
+        """The aioboto3 DynamoDB client of the running event loop, made on first use."""
         return await self._dynamodb()
 
     async def awarm_up(self) -> None:
@@ -41,40 +98,102 @@ class AsyncClients(DynamoDBStoreBase):
         await self._dynamodb()
 
     async def _dynamodb(self) -> Any:
-        if self._client is not None:
-            return self._client
-        if self._client_lock is None:
-            self._client_lock = asyncio.Lock()
-        async with self._client_lock:
-            if self._client is None:
-                import aioboto3
+        current = self._current
+        if (
+            current is not None
+            and current.dynamodb is not None
+            and current.loop is asyncio.get_running_loop()
+        ):
+            return current.dynamodb
+        return (await self._open()).dynamodb
 
-                session = self._session or aioboto3.Session()
-                stack = contextlib.AsyncExitStack()
-                self._client = await stack.enter_async_context(
-                    session.client(
+    async def _s3(self) -> Any:
+        """The aioboto3 S3 client of the running loop, for overflowing responses."""
+        clients = await self._open()
+        if clients.s3 is None:
+            async with clients.lock:
+                if clients.s3 is None:
+                    assert self._overflow is not None
+                    clients.s3 = await clients.stack.enter_async_context(
+                        self._new_session().client(
+                            "s3", **self._settings.s3_client_arguments(self._overflow)
+                        )
+                    )
+        return clients.s3
+
+    def _new_session(self) -> Any:
+        import aioboto3
+
+        return self._session or aioboto3.Session()
+
+    def _clients_for(self, loop: asyncio.AbstractEventLoop) -> _LoopClients:
+        """``loop``'s clients (made empty if new); releases those of loops now closed."""
+        with self._loops_lock:
+            clients = self._loops.get(loop)
+            if clients is None:
+                clients = self._loops[loop] = _LoopClients(loop)
+            self._current = clients
+        self._release_closed_loops()
+        return clients
+
+    def _release_closed_loops(self) -> None:
+        with self._loops_lock:
+            ended = [clients for clients in self._loops.values() if clients.loop.is_closed()]
+            for clients in ended:
+                del self._loops[clients.loop]
+        for clients in ended:
+            self._forget(clients)
+            self._drop(clients)
+
+    async def _open(self) -> _LoopClients:
+        clients = self._clients_for(asyncio.get_running_loop())
+        async with clients.lock:
+            if clients.dynamodb is None:
+                clients.dynamodb = await clients.stack.enter_async_context(
+                    self._new_session().client(
                         "dynamodb", **self._settings.client_arguments(self._client_kwargs)
                     )
                 )
-                self._exit_stack = stack
-        return self._client
+                # Once there is something to close (a failed creation, say for want of a
+                # region, is retried on the same clients: one watcher each).
+                await self._watch(clients)
+        self._client = clients.dynamodb  # the last loop's client, as the sync store has one
+        return clients
 
-    async def _s3(self) -> Any:
-        """The aioboto3 S3 client for overflowing responses, created once."""
-        if self._s3_client is not None:
-            return self._s3_client
-        await self._dynamodb()  # creates the exit stack and the lock
-        assert self._client_lock is not None and self._exit_stack is not None
-        async with self._client_lock:
-            if self._s3_client is None:
-                import aioboto3
+    async def _watch(self, clients: _LoopClients) -> None:
+        """Start the watcher that closes ``clients`` when their loop shuts down."""
+        watcher = self._until_loop_ends(clients)
+        await watcher.__anext__()  # runs to its yield at once
+        clients.watcher = watcher
 
-                assert self._overflow is not None
-                session = self._session or aioboto3.Session()
-                self._s3_client = await self._exit_stack.enter_async_context(
-                    session.client("s3", **self._settings.s3_client_arguments(self._overflow))
-                )
-        return self._s3_client
+    async def _until_loop_ends(self, clients: _LoopClients) -> AsyncGenerator[None, None]:
+        # An async generator left suspended for the loop's lifetime: the loop closes it
+        # before it closes (shutdown_asyncgens), the last moment its clients can be closed
+        # on it, with their connections. asyncio has no other hook for a loop's end.
+        try:
+            yield
+        finally:
+            if not clients.dropped:
+                clients.dropped = True
+                self._forget(clients)
+                await clients.stack.aclose()
+
+    def _forget(self, clients: _LoopClients) -> None:
+        with self._loops_lock:
+            if self._loops.get(clients.loop) is clients:
+                del self._loops[clients.loop]
+            if self._current is clients:
+                self._current = None
+                self._client = None
+
+    def _drop(self, clients: _LoopClients) -> None:
+        """Release the clients of a loop that closed without closing them: nothing can run
+        on it, but the sessions can still be marked closed (no "Unclosed" warnings), and the
+        watcher finished (its loop can no longer finalize it)."""
+        clients.dropped = True
+        _finish_without_loop(clients.stack.aclose())
+        if clients.watcher is not None:
+            _finish_without_loop(clients.watcher.aclose())
 
     async def _read_body(self, body: Any) -> bytes:
         async with body as stream:
@@ -82,11 +201,20 @@ class AsyncClients(DynamoDBStoreBase):
         return data
 
     async def aclose(self) -> None:
-        """Release the clients and their connections."""
-        stack, self._exit_stack = self._exit_stack, None
-        self._client = self._s3_client = None
-        if stack is not None:
-            await stack.aclose()
+        """Release the running loop's clients and their connections (and those of loops
+        already closed). The store stays usable: the next call makes new clients."""
+        with self._loops_lock:
+            clients = self._loops.get(asyncio.get_running_loop())
+        self._release_closed_loops()
+        if clients is None or clients.dropped:
+            return
+        clients.dropped = True
+        self._forget(clients)
+        try:
+            await clients.stack.aclose()
+        finally:
+            if clients.watcher is not None:
+                await clients.watcher.aclose()  # ends at once: its clients are closed
 
     async def __aenter__(self: AsyncSelf) -> AsyncSelf:
         return self
@@ -103,6 +231,9 @@ class AsyncClients(DynamoDBStoreBase):
 class SyncClients(DynamoDBStoreBase):
     """boto3 clients, created on first use and reused (boto3 clients are thread-safe); the
     connection pool is sized by ``max_pool_connections``."""
+
+    _libraries = ("boto3", "botocore")
+    _extra = "boto3"
 
     def _init_transport(self) -> None:
         self._client_lock = threading.Lock()

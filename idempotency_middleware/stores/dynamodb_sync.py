@@ -50,7 +50,7 @@ class DynamoDBStore(SyncClients):
             client = self._dynamodb()
             result: dict[str, Any] = getattr(client, operation)(**request)
         except self._errors as error:
-            raise ddb.translate_error(operation, error) from error
+            raise ddb.translate_error(operation, error, self.layout.table_name) from error
         return result
 
     def _conditional(self, operation: str, request: dict[str, Any]) -> bool:

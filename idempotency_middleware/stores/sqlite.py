@@ -154,10 +154,55 @@ def _is_unavailable(error: BaseException) -> bool:
     return isinstance(error, sqlite3.OperationalError) or type(error) is sqlite3.DatabaseError
 
 
-def _unavailable(operation: str, error: sqlite3.Error) -> StoreUnavailable:
-    unavailable = StoreUnavailable(f"SQLite {operation} failed: {error}")
-    unavailable.code = getattr(error, "sqlite_errorname", "") or type(error).__name__
-    return unavailable
+# SQLite's primary result codes, by the cause they mean (see errors.CAUSES).
+_CAUSES_BY_CODE = {
+    3: "access_denied",  # SQLITE_PERM
+    5: "busy",  # SQLITE_BUSY
+    6: "busy",  # SQLITE_LOCKED
+    8: "access_denied",  # SQLITE_READONLY
+    10: "io_error",  # SQLITE_IOERR
+    11: "io_error",  # SQLITE_CORRUPT
+    13: "io_error",  # SQLITE_FULL
+    14: "cannot_open",  # SQLITE_CANTOPEN
+    23: "access_denied",  # SQLITE_AUTH
+    26: "io_error",  # SQLITE_NOTADB
+}
+# Python 3.10's sqlite3 errors carry no code: SQLite's own messages for the same codes.
+_CODES_BY_MESSAGE = (
+    ("database is locked", 5),
+    ("database table is locked", 6),
+    ("readonly database", 8),
+    ("disk i/o error", 10),
+    ("malformed", 11),
+    ("database or disk is full", 13),
+    ("unable to open", 14),
+    ("not a database", 26),
+)
+
+
+def _primary_code(error: sqlite3.Error) -> int | None:
+    code = getattr(error, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return int(code) & 0xFF
+    message = str(error).lower()
+    return next((number for text, number in _CODES_BY_MESSAGE if text in message), None)
+
+
+def _unavailable(operation: str, error: sqlite3.Error, path: str) -> StoreUnavailable:
+    cause = _CAUSES_BY_CODE.get(_primary_code(error) or 0, "unknown")
+    reasons = {
+        "busy": f"database {path!r} is locked by another writer (past busy_timeout_seconds)",
+        "cannot_open": f"cannot open database file {path!r} ({error})",
+        "access_denied": f"database {path!r} is not writable ({error})",
+        "io_error": f"database {path!r} cannot be read or written ({error})",
+        "unknown": f"database {path!r}: {error}",
+    }
+    return StoreUnavailable(
+        f"SQLite {operation} failed: {error}",
+        code=getattr(error, "sqlite_errorname", "") or type(error).__name__,
+        cause=cause,
+        reason=reasons[cause],
+    )
 
 
 def _rolled_back(connection: sqlite3.Connection) -> bool:
@@ -372,7 +417,7 @@ class SQLiteStore(ThreadedStore):
             connection, generation = self._pool.acquire()
         except sqlite3.Error as error:
             if _is_unavailable(error):
-                raise _unavailable(operation, error) from error
+                raise _unavailable(operation, error, self.path) from error
             raise
         try:
             yield connection
@@ -385,7 +430,7 @@ class SQLiteStore(ThreadedStore):
                 # a connection that failed otherwise is not reused.
                 _close_quietly(connection)
             if isinstance(error, sqlite3.Error) and _is_unavailable(error):
-                raise _unavailable(operation, error) from error
+                raise _unavailable(operation, error, self.path) from error
             raise
         self._pool.give_back(connection, generation)
 
