@@ -163,11 +163,11 @@ def request_view(scope: Scope, route: str) -> RequestView:
     )
 
 
-async def send_problem(send: Send, problem: Problem) -> None:
-    body = problem.body()
-    await send(
-        {"type": "http.response.start", "status": problem.status, "headers": problem.headers(body)}
-    )
+async def send_problem(send: Send, problem: Problem, base_url: str | None = None) -> None:
+    """Answer with ``problem``; ``base_url`` is the middleware's ``problem_base_url``."""
+    body = problem.body(base_url=base_url)
+    headers = problem.headers(body, base_url=base_url)
+    await send({"type": "http.response.start", "status": problem.status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 

@@ -6,11 +6,13 @@ with a ``ValueError`` instead of surprising a request in production.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, TypedDict
+from urllib.parse import urlsplit
 
 from .clock import SYSTEM_CLOCK, Clock
 from .events import EventHook
@@ -33,6 +35,9 @@ DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 RENEWALS_PER_LOCK = 3
 
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+# The characters RFC 3986 allows in a URI (unreserved, reserved and "%"): what a problem
+# base URL may hold, so it goes into a JSON string and a Link header's <...> as it is.
+_URI_CHARACTERS = re.compile(r"[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]+\Z")
 
 
 class Policy(NamedTuple):
@@ -49,6 +54,14 @@ class Policy(NamedTuple):
     scope: ScopeFunction | None
     renewal_interval: float  # how often a running claim is renewed (see RENEWALS_PER_LOCK)
     wait_seconds: float = 0.0  # how long a duplicate waits for the first attempt's outcome
+    # A route opt-in's (Options.with_route_rules): its requests are marked in the ASGI scope
+    # for the route's IdempotencyKey dependency (asgi.COVERED_KEY).
+    route_opt_in: bool = False
+
+
+# Route opt-ins, looked up before the rules: ((rule, its methods, policy), ...), where a
+# rule is a route's own template and methods (see Options.with_route_rules).
+RoutePolicies = tuple[tuple[IdempotencyRule, frozenset[str], Policy], ...]
 
 
 def _policy(
@@ -87,6 +100,7 @@ class MiddlewareOptions(TypedDict, total=False):
     on_event: EventHook | None
     clock: Clock
     wait_seconds: float
+    problem_base_url: str | None
 
 
 @dataclass(frozen=True)
@@ -106,9 +120,11 @@ class Options:
     on_event: EventHook | None
     clock: Clock
     wait_seconds: float
+    problem_base_url: str | None  # problem types are base + slug; None: URNs
     default_policy: Policy
     # ((rule, covered methods, policy or None when disabled), ...), first match wins
     rule_policies: tuple[tuple[IdempotencyRule, frozenset[str], Policy | None], ...]
+    route_policies: RoutePolicies = ()
 
     @classmethod
     def build(
@@ -127,6 +143,7 @@ class Options:
         on_event: EventHook | None = None,
         clock: Clock = SYSTEM_CLOCK,
         wait_seconds: float = 0,
+        problem_base_url: str | None = None,
     ) -> Options:
         if not isinstance(header_name, str) or not _TOKEN.match(header_name):
             raise ValueError(f"header_name {header_name!r} is not a valid HTTP header name")
@@ -168,6 +185,8 @@ class Options:
             raise ValueError("clock must have now(), sleep() and asleep() (see clock.Clock)")
         if scope is not None and not callable(scope):
             raise ValueError("scope must be a callable taking a request view")
+        if problem_base_url is not None:
+            check_problem_base_url(problem_base_url)
         rules = tuple(rules)
         for rule in rules:
             if not isinstance(rule, IdempotencyRule):
@@ -196,16 +215,92 @@ class Options:
             on_event=on_event,
             clock=clock,
             wait_seconds=float(wait_seconds),
+            problem_base_url=problem_base_url,
             default_policy=default_policy,
             rule_policies=rule_policies,
         )
 
-    def policy_for(self, method: str, path: str) -> Policy | None:
-        """The policy for a covered request, or ``None`` when it passes straight through."""
-        for rule, methods, policy in self.rule_policies:
+    def with_route_rules(self, rules: Iterable[IdempotencyRule]) -> Options:
+        """A copy whose requests first meet these route opt-ins (replacing any it had).
+
+        Each rule is one route: its template and its methods (``IdempotencyKey`` beside a
+        FastAPI route). Unlike ``rules``, which match on the path alone, an opt-in matches on
+        path *and* method, as the route does, and a request with another method falls through
+        to the rules and the defaults. Fields left ``None`` inherit the defaults.
+        """
+        route_policies: list[tuple[IdempotencyRule, frozenset[str], Policy]] = []
+        for rule in rules:
+            if not isinstance(rule, IdempotencyRule):
+                raise ValueError(f"route rules must be IdempotencyRule objects, got {rule!r}")
+            methods, policy = _rule_policy(rule, self.methods, self.default_policy)
+            if policy is not None:
+                route_policies.append((rule, methods, policy._replace(route_opt_in=True)))
+        return dataclasses.replace(self, route_policies=tuple(route_policies))
+
+    def policy_for(self, method: str, path: str, root_path: str = "") -> Policy | None:
+        """The policy for a covered request, or ``None`` when it passes straight through.
+
+        ``root_path`` (ASGI's) is stripped from ``path`` for the route opt-ins only: their
+        templates are the app's own, which its router matches without the root path. The
+        rules keep matching the whole path, as they always have.
+        """
+        if self.route_policies:
+            route_path = _route_path(path, root_path)
+            for rule, methods, policy in self.route_policies:
+                if method in methods and rule.pattern.match(route_path) is not None:
+                    return policy
+        for rule, methods, found in self.rule_policies:
             if rule.pattern.match(path) is not None:
-                return policy if method in methods else None
+                return found if method in methods else None
         return self.default_policy if method in self.methods else None
+
+    def policy_for_template(self, method: str, template: str) -> Policy | None:
+        """The policy requests to a route template get, as far as the template tells: a route
+        opt-in with that template, else the first rule matching it (see
+        ``template_matches``). For documentation (OpenAPI), not for requests."""
+        for rule, methods, policy in self.route_policies:
+            if method in methods and rule.path == template:
+                return policy
+        for rule, methods, found in self.rule_policies:
+            if template_matches(rule, template):
+                return found if method in methods else None
+        return self.default_policy if method in self.methods else None
+
+
+def check_problem_base_url(value: object) -> None:
+    """A problem base URL must be an absolute http(s) URL of URI characters: it is where
+    the problem documentation lives, and it goes into a Link header as it is."""
+    try:
+        parts = urlsplit(value) if isinstance(value, str) and _URI_CHARACTERS.match(value) else None
+    except ValueError:  # a malformed IPv6 host
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(
+            "problem_base_url must be an absolute http(s) URL such as "
+            f"'https://api.example.com/problems/', got {value!r}"
+        )
+
+
+def _route_path(path: str, root_path: str) -> str:
+    """The path an ASGI router matches: ``path`` without ``root_path`` (as Starlette's
+    ``get_route_path``), or ``path`` itself when it does not start with it."""
+    if not root_path or not path.startswith(root_path):
+        return path
+    rest = path[len(root_path) :]
+    return rest if not rest or rest[0] == "/" else path
+
+
+_PARAMETER = re.compile(r"{[^{}]*}")
+
+
+def template_matches(rule: IdempotencyRule, template: str) -> bool:
+    """Whether ``rule`` covers the requests of route ``template``: its pattern matches the
+    template as text (``{order_id}`` is a segment like any other), or the two templates
+    are the same with parameter names and convertors set aside (``/orders/{id:int}`` and
+    ``/orders/{order_id}``)."""
+    if rule.pattern.match(template) is not None:
+        return True
+    return _PARAMETER.sub("{}", rule.path) == _PARAMETER.sub("{}", template)
 
 
 def _rule_policy(

@@ -1,6 +1,8 @@
 """RFC 9457 ``application/problem+json`` responses made by the middleware itself.
 
 Details are fixed sentences: client input is never echoed, so nothing needs escaping.
+A problem's ``type`` is a URN built from its slug, or ``problem_base_url + slug`` when the
+middleware has a base URL (validated by ``options.Options.build``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,12 @@ if TYPE_CHECKING:
 
 PROBLEM_TYPE_BASE = "urn:idempotency-middleware:problem:"
 
+# The statuses whose problems point at their documentation with a Link header when there is
+# a base URL: the draft Idempotency-Key header (draft-ietf-httpapi-idempotency-key-header,
+# "Error Scenarios") asks for a link on a missing key (400) and a reused key (422). The
+# other problems say what to do in their detail and headers (Retry-After).
+DESCRIBED_STATUSES = frozenset({400, 422})
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -30,12 +38,23 @@ class Problem:
     def type(self) -> str:
         return PROBLEM_TYPE_BASE + self.slug
 
-    def body(self) -> bytes:
-        return orjson.dumps(
-            {"type": self.type, "title": self.title, "status": self.status, "detail": self.detail}
-        )
+    def type_for(self, base_url: str | None) -> str:
+        """The ``type`` member: the URN, or ``base_url + slug`` when a base URL is set."""
+        return PROBLEM_TYPE_BASE + self.slug if base_url is None else base_url + self.slug
 
-    def headers(self, body: bytes) -> Headers:
+    def document(self, *, base_url: str | None = None) -> dict[str, str | int]:
+        """The problem's members, as its body carries them."""
+        return {
+            "type": self.type_for(base_url),
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+        }
+
+    def body(self, *, base_url: str | None = None) -> bytes:
+        return orjson.dumps(self.document(base_url=base_url))
+
+    def headers(self, body: bytes, *, base_url: str | None = None) -> Headers:
         headers: Headers = [
             (b"content-type", b"application/problem+json"),
             (b"content-length", str(len(body)).encode("ascii")),
@@ -43,6 +62,11 @@ class Problem:
         ]
         if self.retry_after is not None:
             headers.append((b"retry-after", str(self.retry_after).encode("ascii")))
+        if base_url is not None and self.status in DESCRIBED_STATUSES:
+            # Options.build admits only URI characters in a base URL, so the value is ASCII
+            # and cannot break out of the <...> of the header.
+            link = f'<{base_url}{self.slug}>; rel="describedby"'
+            headers.append((b"link", link.encode("ascii")))
         return headers
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 from .request_view import RequestView
 
@@ -87,10 +87,12 @@ class IdempotencyRule:
 
     ``path`` is a Starlette-style template (``/orders/{order_id}``, ``/{rest:path}``).
     Rules match on the path alone and the first match wins; ``methods`` then say which
-    methods of that route are covered. ``enabled=False`` leaves the route alone.
+    methods of that route are covered. ``enabled=False`` leaves the route alone. Everything
+    after ``path`` is keyword-only, so a rule reads the same wherever it is written.
     """
 
     path: str
+    _: KW_ONLY
     methods: Iterable[str] | None = None
     required: bool | None = None
     ttl_seconds: float | None = None

@@ -66,7 +66,7 @@ class IdempotencyWSGIMiddleware:
         if admitted is None:
             return self.app(environ, start_response)
         if isinstance(admitted, Problem):
-            return wsgi_io.send_problem(start_response, admitted)
+            return wsgi_io.send_problem(start_response, admitted, self.options.problem_base_url)
         return self._handle(admitted, method, path, environ, start_response)
 
     def _handle(
@@ -79,12 +79,14 @@ class IdempotencyWSGIMiddleware:
     ) -> Iterable[bytes]:
         too_large = core.check_declared_length(self.options, environ.get("CONTENT_LENGTH") or None)
         if too_large is not None:
-            return wsgi_io.send_problem(start_response, too_large)
+            return wsgi_io.send_problem(start_response, too_large, self.options.problem_base_url)
         try:
             body = wsgi_io.read_body(environ, self.options.max_body_bytes)
         except wsgi_io.BodyTooLarge:
             return wsgi_io.send_problem(
-                start_response, problems.body_too_large(self.options.max_body_bytes)
+                start_response,
+                problems.body_too_large(self.options.max_body_bytes),
+                self.options.problem_base_url,
             )
         environ["wsgi.input"] = io.BytesIO(body)
         environ["CONTENT_LENGTH"] = str(len(body))
@@ -128,7 +130,9 @@ class IdempotencyWSGIMiddleware:
         if type(outcome) is StoredResponse:
             return wsgi_io.send_replay(start_response, outcome)
         if type(outcome) is core.Refusal:
-            return wsgi_io.send_problem(start_response, problems.for_refusal(outcome))
+            return wsgi_io.send_problem(
+                start_response, problems.for_refusal(outcome), self.options.problem_base_url
+            )
         if outcome is None:
             raise RuntimeError("the WSGI application returned without calling start_response")
         return self.app(environ, start_response)  # the store failed; on_store_error="run"

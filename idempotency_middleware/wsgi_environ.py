@@ -212,11 +212,13 @@ def _reason(status: int) -> str:
     return _REASONS.get(status, "")
 
 
-def send_problem(start_response: StartResponse, problem: Problem) -> list[bytes]:
-    body = problem.body()
-    start_response(
-        f"{problem.status} {_reason(problem.status)}", _decode_headers(problem.headers(body))
-    )
+def send_problem(
+    start_response: StartResponse, problem: Problem, base_url: str | None = None
+) -> list[bytes]:
+    """Answer with ``problem``; ``base_url`` is the middleware's ``problem_base_url``."""
+    body = problem.body(base_url=base_url)
+    headers = _decode_headers(problem.headers(body, base_url=base_url))
+    start_response(f"{problem.status} {_reason(problem.status)}", headers)
     return [body]
 
 

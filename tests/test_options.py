@@ -312,3 +312,174 @@ def test_an_unknown_option_is_refused_at_construction_by_name(door: str) -> None
 def test_a_clock_without_the_clock_methods_is_refused() -> None:
     with pytest.raises(ValueError, match="clock"):
         Options.build(clock=object())  # type: ignore[arg-type]
+
+
+# --- problem_base_url -------------------------------------------------------------------
+
+
+def test_problem_base_url_is_unset_by_default() -> None:
+    assert Options.build().problem_base_url is None
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://api.example.com/problems/",
+        "http://localhost:8000/problems/",
+        "https://docs.example.com/errors#",
+        "https://api.example.com/problems?slug=",
+        "https://[::1]:8443/p/",
+    ],
+)
+def test_an_absolute_http_url_is_a_problem_base_url(url: str) -> None:
+    assert Options.build(problem_base_url=url).problem_base_url == url
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "",
+        "/problems/",
+        "problems",
+        "urn:example:problem:",
+        "ftp://example.com/problems/",
+        "https://",
+        "https:///problems/",
+        "https://example.com/a b/",
+        "https://example.com/<x>",
+        'https://example.com/"x"',
+        "https://example.com/\r\nX-Injected: 1",
+        "https://exämple.com/",
+        "https://[::1/",
+        b"https://example.com/",
+        42,
+    ],
+)
+def test_anything_else_is_refused_as_a_problem_base_url(url: Any) -> None:
+    with pytest.raises(ValueError, match="problem_base_url"):
+        Options.build(problem_base_url=url)
+
+
+# --- route opt-ins (with_route_rules) -------------------------------------------------------
+
+
+def opt_in(path: str, *methods: str, **settings: Any) -> IdempotencyRule:
+    return IdempotencyRule(path, methods=list(methods), **settings)
+
+
+def test_a_route_opt_in_matches_on_its_template_and_method() -> None:
+    options = Options.build(methods=["PATCH"]).with_route_rules(
+        [opt_in("/orders/{order_id}", "POST", required=True, ttl_seconds=5)]
+    )
+
+    policy = options.policy_for("POST", "/orders/7")
+    assert policy == Policy(
+        route="/orders/{order_id}",
+        required=True,
+        ttl_seconds=5,
+        lock_timeout_seconds=60,
+        scope=None,
+        renewal_interval=20.0,
+        route_opt_in=True,
+    )
+    # Another method of the same path falls through to the defaults (PATCH covered, PUT not).
+    fallback = options.policy_for("PATCH", "/orders/7")
+    assert fallback is not None and fallback.route is None and not fallback.route_opt_in
+    assert options.policy_for("PUT", "/orders/7") is None
+    assert options.policy_for("POST", "/orders") is None
+
+
+def test_route_opt_ins_come_before_the_rules() -> None:
+    options = Options.build(rules=[IdempotencyRule("/{rest:path}", enabled=False)])
+    opted = options.with_route_rules([opt_in("/payments", "POST")])
+
+    assert options.policy_for("POST", "/payments") is None
+    assert opted.policy_for("POST", "/payments") is not None
+    assert opted.policy_for("POST", "/orders") is None  # the rule still holds elsewhere
+
+
+def test_with_route_rules_replaces_and_leaves_the_original_alone() -> None:
+    options = Options.build(methods=())
+    first = options.with_route_rules([opt_in("/a", "POST")])
+    second = first.with_route_rules([opt_in("/b", "POST")])
+
+    assert options.route_policies == ()
+    assert first.policy_for("POST", "/a") is not None
+    assert second.policy_for("POST", "/a") is None
+    assert second.policy_for("POST", "/b") is not None
+
+
+def test_a_disabled_route_rule_adds_nothing() -> None:
+    options = Options.build().with_route_rules([IdempotencyRule("/a", enabled=False)])
+    assert options.route_policies == ()
+
+
+def test_route_rules_must_be_rule_objects() -> None:
+    with pytest.raises(ValueError, match="IdempotencyRule"):
+        Options.build().with_route_rules(["/orders"])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize(
+    ("path", "root_path", "covered"),
+    [
+        ("/v1/payments", "/v1", True),  # a mounted app's own route, under its mount
+        ("/payments", "/v1", True),  # a server that keeps the root path out of the path
+        ("/v1/payments", "", False),
+        ("/v1x/payments", "/v1", False),  # /v1 is not a segment prefix of /v1x
+        ("/v1", "/v1", False),
+    ],
+)
+def test_route_opt_ins_match_the_path_without_the_root_path(
+    path: str, root_path: str, covered: bool
+) -> None:
+    options = Options.build(methods=()).with_route_rules([opt_in("/payments", "POST")])
+    assert (options.policy_for("POST", path, root_path) is not None) is covered
+
+
+def test_the_rules_keep_matching_the_whole_path_under_a_root_path() -> None:
+    options = Options.build(rules=[IdempotencyRule("/v1/payments", required=True)])
+    policy = options.policy_for("POST", "/v1/payments", "/v1")
+    assert policy is not None and policy.required
+
+
+# --- policies for route templates (OpenAPI) ---------------------------------------------
+
+
+def test_policy_for_template() -> None:
+    options = Options.build(
+        rules=[
+            IdempotencyRule("/internal/{rest:path}", enabled=False),
+            IdempotencyRule("/orders/{id:int}", ttl_seconds=7),
+            IdempotencyRule("/items/{item_id}", methods=["PUT"]),
+        ]
+    ).with_route_rules([opt_in("/internal/jobs", "POST", required=True)])
+
+    def ttl(method: str, template: str) -> float | None:
+        policy = options.policy_for_template(method, template)
+        return None if policy is None else policy.ttl_seconds
+
+    assert ttl("POST", "/orders/{order_id}") == 7  # same shape, another name
+    assert ttl("PATCH", "/orders/{order_id}/lines") == 86400  # the defaults
+    assert ttl("PUT", "/items/{x}") == 86400
+    assert ttl("POST", "/items/{x}") is None  # the rule decides every method of its path
+    assert ttl("POST", "/internal/reports") is None  # switched off
+    internal = options.policy_for_template("POST", "/internal/jobs")  # the opt-in wins
+    assert internal is not None and internal.required
+    assert ttl("GET", "/orders") is None
+
+
+@pytest.mark.parametrize(
+    ("rule", "template", "matches"),
+    [
+        ("/orders/{order_id}", "/orders/{id}", True),
+        ("/orders/{id:int}", "/orders/{order_id}", True),
+        ("/orders/{id:int}", "/orders/{order_id:int}", True),
+        ("/files/{rest:path}", "/files/{a}/{b}", True),
+        ("/orders", "/orders/{id}", False),
+        ("/orders/{id:int}/x", "/orders/{order_id}", False),
+    ],
+)
+def test_template_matches(rule: str, template: str, matches: bool) -> None:
+    from idempotency_middleware.options import template_matches
+
+    assert template_matches(IdempotencyRule(rule), template) is matches

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from idempotency_middleware import core, problems
 from idempotency_middleware.keys import InvalidKey, parse_idempotency_key
 from idempotency_middleware.options import Options
-from idempotency_middleware.problems import Problem
+from idempotency_middleware.problems import PROBLEM_TYPE_BASE, Problem
 
 PURE = settings(max_examples=200, deadline=None)
 
@@ -124,3 +124,32 @@ def test_no_refused_key_is_ever_echoed(prefix: bytes, suffix: bytes) -> None:
 def test_configured_header_name_appears_in_the_title() -> None:
     problem = problems.missing_key("X-Request-Key")
     assert "X-Request-Key" in problem.title
+
+
+# --- problem_base_url ---------------------------------------------------------------------
+
+BASE = "https://api.example.com/problems/"
+
+
+@pytest.mark.parametrize(
+    ("problem", "status", "retry_after"),
+    ALL_PROBLEMS,
+    ids=[f"{problem.status}-{problem.slug}" for problem, _, _ in ALL_PROBLEMS],
+)
+def test_a_base_url_makes_the_type_a_url_and_links_400_and_422(
+    problem: Problem, status: int, retry_after: int | None
+) -> None:
+    body = problem.body(base_url=BASE)
+    headers = problem.headers(body, base_url=BASE)
+
+    assert json.loads(body) == {**json.loads(problem.body()), "type": BASE + problem.slug}
+    assert json.loads(body) == problem.document(base_url=BASE)
+    expected_link = [b"<" + (BASE + problem.slug).encode() + b'>; rel="describedby"']
+    assert header(headers, b"link") == (expected_link if status in (400, 422) else [])
+    assert header(headers, b"content-length") == [str(len(body)).encode()]
+
+
+def test_without_a_base_url_nothing_links() -> None:
+    problem = problems.missing_key("Idempotency-Key")
+    assert problem.type_for(None) == problem.type == PROBLEM_TYPE_BASE + "missing-key"
+    assert header(problem.headers(problem.body()), b"link") == []

@@ -202,3 +202,9 @@ def test_a_path_template_matches_a_rest_holding_a_newline() -> None:
     rule = IdempotencyRule("/internal/{rest:path}", enabled=False)
     assert rule.matches("/internal/\nx")
     assert rule.matches("/internal/a\r\nb/c")
+
+
+def test_everything_after_the_path_is_keyword_only() -> None:
+    with pytest.raises(TypeError):
+        IdempotencyRule("/orders", ["POST"])  # type: ignore[call-arg]
+    assert IdempotencyRule("/orders", methods=["POST"]).methods == ("POST",)
