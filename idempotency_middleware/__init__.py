@@ -6,6 +6,10 @@ needs only boto3 and a FastAPI app only aioboto3.
 
 from __future__ import annotations
 
+# The one place the version is written: pyproject.toml reads it from here
+# ([tool.setuptools.dynamic]), as does `idempotency-middleware --version`.
+__version__ = "0.1.0"
+
 from .asgi import IdempotencyMiddleware
 from .errors import (
     IdempotencyError,

@@ -1,6 +1,6 @@
 """The README quotes the examples in ``examples/`` verbatim (each file after its docstring),
-and those files run as tests (tests/test_function_consumers.py): a README example that
-drifts from its tested file fails here."""
+and those files run as tests (tests/test_function_consumers.py; the quick starts in
+tests/test_quickstarts.py): a README example that drifts from its tested file fails here."""
 
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ["sqs_consumer", "lambda_batch", "celery_task", "service_method"]
+EXAMPLES = [
+    "fastapi_quickstart",
+    "flask_quickstart",
+    "sqs_consumer",
+    "lambda_batch",
+    "celery_task",
+    "service_method",
+]
 
 
 def quoted_part(name: str) -> str:

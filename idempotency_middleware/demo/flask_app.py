@@ -4,7 +4,8 @@ Run it against your own DynamoDB table (``DynamoDBStore(...).create_table()`` ma
 
     IDEMPOTENCY_TABLE=idempotency-keys waitress-serve idempotency_middleware.demo.flask_app:app
 
-``idempotency-middleware demo`` builds the same app with ``create_app`` against a local DynamoDB.
+``idempotency-middleware demo`` builds the same app with ``create_app``, against moto's
+DynamoDB server on 127.0.0.1.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""``make demo``: the idempotency middleware in FastAPI and Flask, against a local DynamoDB.
+"""``make demo``: the idempotency middleware in FastAPI and Flask, against moto's DynamoDB
+server on 127.0.0.1.
 
 Starts moto's DynamoDB server on 127.0.0.1 (dummy credentials, AWS config ignored: nothing
 here can reach a real AWS account), creates the table, serves ``demo/fastapi_app.py``
@@ -201,8 +202,12 @@ class Walkthrough:
         self.keys = {"A": str(uuid.uuid4()), "B": str(uuid.uuid4())}
         self.rows: list[Row] = []
 
-    def post(self, path: str, key: str, body: str) -> httpx.Response:
-        headers = {HEADER: self.keys.get(key, key), "Content-Type": "application/json"}
+    def post(self, path: str, key: str | None, body: str) -> httpx.Response:
+        """POST ``body`` with the key labelled ``key`` (a literal key if it is no label), or
+        with no key header at all for ``None``."""
+        headers = {"Content-Type": "application/json"}
+        if key is not None:
+            headers[HEADER] = self.keys.get(key, key)
         return self.client.post(path, content=BODIES[body], headers=headers)
 
     def handler_runs(self) -> int:
@@ -225,7 +230,7 @@ class Walkthrough:
             "2",
             "POST /orders key A, 2 books",
             lambda: [self.post("/orders", "A", "2 books")],
-            ["retry: first response replayed byte for byte"],
+            ["retry: first response replayed, same body"],
             statuses=[201],
             runs=1,
             calls=Counter(PutItem=1),
@@ -274,6 +279,20 @@ class Walkthrough:
             calls=Counter(PutItem=1),
             check=same_body,
         )
+        self.step(
+            "7",
+            "POST /orders no key, 2 books",
+            lambda: [self.post("/orders", None, "2 books") for _ in range(2)],
+            [
+                "no key: passes through, the handler runs ...",
+                "... and runs again: nothing is stored",
+            ],
+            statuses=[201, 201],
+            runs=4,
+            calls=Counter(),
+            check=ran_every_time,
+            then="  same, sent again",
+        )
         return self.rows
 
     def concurrent_pair(self) -> list[httpx.Response]:
@@ -295,7 +314,10 @@ class Walkthrough:
         runs: int,
         calls: Counter[str],
         check: Check,
+        then: str = f"  same, {DUPLICATE_DELAY} s later",
     ) -> list[httpx.Response]:
+        """Send the step's requests, check them, and add one row per response; rows after
+        the first are labelled ``then``."""
         mark = self.calls.mark()
         responses = send()
         made_calls = self.calls.since(mark)
@@ -317,7 +339,7 @@ class Walkthrough:
             self.rows.append(
                 Row(
                     step=step if leading else "",
-                    request=request if leading else f"  same, {DUPLICATE_DELAY} s later",
+                    request=request if leading else then,
                     status=response.status_code,
                     replayed=response.headers.get("idempotent-replayed", "-"),
                     runs=str(runs_so_far) if leading else "",
@@ -359,6 +381,15 @@ def problem_json(responses: list[httpx.Response], problems: list[str]) -> None:
     content_type = responses[-1].headers.get("content-type", "")
     if not content_type.startswith("application/problem+json"):
         problems.append(f"expected an application/problem+json body, got {content_type!r}")
+
+
+def ran_every_time(responses: list[httpx.Response], problems: list[str]) -> None:
+    """Requests without a key are not replayed: each is a new order."""
+    if any("idempotent-replayed" in response.headers for response in responses):
+        problems.append("a request without a key must not be replayed")
+    bodies = [response.content for response in responses]
+    if len(set(bodies)) != len(bodies):
+        problems.append("expected a new order for each request without a key, got the same")
 
 
 def conflict(responses: list[httpx.Response], problems: list[str]) -> None:
@@ -403,7 +434,7 @@ def print_table(title: str, rows: list[Row], keys: dict[str, str]) -> None:
 
 
 def print_legend() -> None:
-    print(f"Each POST carries an {HEADER} header and one of these JSON bodies:")
+    print(f"Each POST sends one of these JSON bodies, with an {HEADER} header (step 7 without):")
     width = max(map(len, BODIES))
     for name, body in BODIES.items():
         print(f"  {name.ljust(width)}  {body.decode()!r}")
@@ -474,7 +505,7 @@ def main() -> int:
         with local_dynamodb() as endpoint:
             with DynamoDBStore(TABLE, endpoint_url=endpoint, region_name=REGION) as store:
                 store.create_table()
-            print(f"Local DynamoDB (moto) at {endpoint}, table {TABLE!r} created.\n")
+            print(f"moto's DynamoDB server at {endpoint}, table {TABLE!r} created.\n")
             print_legend()
             rows = run_fastapi(endpoint) + run_flask(endpoint)
     except Exception as error:  # a setup failure, not a behaviour under test

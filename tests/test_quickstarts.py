@@ -1,0 +1,226 @@
+"""The README's quick starts, run as a user runs them: ``examples/fastapi_quickstart.py``
+under uvicorn (lifespan on) and ``examples/flask_quickstart.py`` under waitress, each in its
+own process, unmodified.
+
+They are pointed at moto's DynamoDB server (tests/conftest.py) by the environment alone, as
+a user points the AWS SDK at a local DynamoDB: ``AWS_ENDPOINT_URL_DYNAMODB`` (honoured by
+botocore since 1.31), dummy credentials, empty AWS config files, no instance metadata. The
+region is the one the quick starts name (no ``AWS_REGION``), so the table is created where
+the code says. Each test checks: the table is created (TTL on), a POST with a key runs once
+and its retry is the replay, the records are in DynamoDB, and the server stops cleanly on
+Ctrl-C (exit 0, nothing on stderr about unclosed clients, no traceback). The README's
+create-table snippet runs the same way, taken from the README itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import httpx
+import pytest
+
+from tests.servers import HOST, free_port
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TABLE = "idempotency"  # what both quick starts name
+REGION = "eu-west-1"
+START_TIMEOUT_SECONDS = 30.0  # a cold aioboto3 import and create_table on a loaded machine
+STOP_TIMEOUT_SECONDS = 15.0
+ORDER = {"item": "book", "quantity": 2}
+# What a leaked aiohttp client prints (aiohttp's own words), and any Python traceback.
+UNCLEAN = ("Unclosed client session", "Unclosed connector", "Traceback")
+
+
+@pytest.fixture
+def quickstart_env(moto_endpoint: str, tmp_path: Path) -> dict[str, str]:
+    """This process's environment with every AWS_ variable replaced by a local-only set."""
+    config = tmp_path / "aws-config"
+    credentials = tmp_path / "aws-credentials"
+    config.write_text("")
+    credentials.write_text("")
+    env = {name: value for name, value in os.environ.items() if not name.startswith("AWS_")}
+    env.update(
+        AWS_ENDPOINT_URL_DYNAMODB=moto_endpoint,
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_CONFIG_FILE=str(config),
+        AWS_SHARED_CREDENTIALS_FILE=str(credentials),
+        AWS_EC2_METADATA_DISABLED="true",
+        NO_PROXY="127.0.0.1,localhost",
+        no_proxy="127.0.0.1,localhost",
+    )
+    return env
+
+
+@pytest.fixture
+def dynamodb(moto_endpoint: str) -> Iterator[Any]:
+    """A boto3 client on moto in the quick starts' region, with no ``idempotency`` table
+    yet: the quick start under test has to create it."""
+    client = boto3.client("dynamodb", endpoint_url=moto_endpoint, region_name=REGION)
+    try:
+        with contextlib.suppress(client.exceptions.ResourceNotFoundException):
+            client.delete_table(TableName=TABLE)
+        yield client
+    finally:
+        client.close()
+
+
+@contextlib.contextmanager
+def serving(command: list[str], port: int, env: dict[str, str], log: Path) -> Iterator[str]:
+    """Run ``command`` (a server listening on ``port``) until the block ends, then stop it
+    with SIGINT (Ctrl-C) and require exit status 0. Its output goes to ``log``."""
+    with open(log, "wb") as log_file:
+        process = subprocess.Popen(
+            command,
+            cwd=REPO_ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=log_file,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"exited with {process.returncode}: {log.read_text()}")
+            with contextlib.suppress(OSError), socket.create_connection((HOST, port), 0.2):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nothing listening on {port}: {log.read_text()}")
+            time.sleep(0.05)
+        yield f"http://{HOST}:{port}"
+        process.send_signal(signal.SIGINT)
+        assert process.wait(STOP_TIMEOUT_SECONDS) == 0, log.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+
+
+def assert_table_ready(dynamodb: Any) -> None:
+    table = dynamodb.describe_table(TableName=TABLE)["Table"]
+    assert table["TableStatus"] == "ACTIVE"
+    assert table["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
+    ttl = dynamodb.describe_time_to_live(TableName=TABLE)["TimeToLiveDescription"]
+    assert ttl["TimeToLiveStatus"] == "ENABLED"
+
+
+def assert_runs_once_per_key(url: str, dynamodb: Any) -> None:
+    """A POST with a key runs; its retry is the replay; another key runs again."""
+    key = str(uuid.uuid4())
+    with httpx.Client(base_url=url, timeout=15, trust_env=False) as client:
+        first = client.post("/orders", json=ORDER, headers={"Idempotency-Key": key})
+        retry = client.post("/orders", json=ORDER, headers={"Idempotency-Key": key})
+        other = client.post("/orders", json=ORDER, headers={"Idempotency-Key": f"{key}-2"})
+
+    assert first.status_code == 201, first.text
+    assert "idempotent-replayed" not in first.headers
+    assert first.json()["item"] == "book"
+    assert retry.status_code == 201
+    assert retry.headers["idempotent-replayed"] == "true"
+    assert retry.content == first.content  # the same order_id: the handler ran once
+    assert other.status_code == 201
+    assert other.json()["order_id"] != first.json()["order_id"]
+    items = dynamodb.scan(TableName=TABLE, ConsistentRead=True)["Items"]
+    assert sorted(item["status"]["S"] for item in items) == ["completed", "completed"]
+
+
+def assert_clean(log: Path) -> str:
+    output = log.read_text()
+    for text in UNCLEAN:
+        assert text not in output, output
+    return output
+
+
+def test_the_fastapi_quick_start_creates_its_table_runs_once_per_key_and_stops_cleanly(
+    quickstart_env: dict[str, str], dynamodb: Any, tmp_path: Path
+) -> None:
+    port = free_port()
+    log = tmp_path / "uvicorn.log"
+    command = [
+        *(sys.executable, "-m", "uvicorn", "examples.fastapi_quickstart:app"),
+        *("--host", HOST, "--port", str(port), "--lifespan", "on"),
+    ]
+    with serving(command, port, quickstart_env, log) as url:
+        assert_table_ready(dynamodb)  # by the lifespan, before the port opened
+        assert_runs_once_per_key(url, dynamodb)
+
+    output = assert_clean(log)
+    assert "Application startup complete." in output
+    assert "Application shutdown complete." in output
+    assert "ERROR" not in output
+
+
+def test_the_flask_quick_start_creates_its_table_by_command_runs_once_per_key_and_stops_cleanly(
+    quickstart_env: dict[str, str], dynamodb: Any, tmp_path: Path
+) -> None:
+    created = subprocess.run(
+        [sys.executable, "-m", "flask", "--app", "examples.flask_quickstart", "create-table"],
+        cwd=REPO_ROOT,
+        env=quickstart_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert created.returncode == 0, created.stdout + created.stderr
+    assert created.stdout == "table idempotency is ready\n"
+    for text in UNCLEAN:
+        assert text not in created.stderr
+    assert_table_ready(dynamodb)
+
+    port = free_port()
+    log = tmp_path / "waitress.log"
+    command = [
+        *(sys.executable, "-m", "waitress", f"--listen={HOST}:{port}"),
+        "examples.flask_quickstart:app",
+    ]
+    with serving(command, port, quickstart_env, log) as url:
+        assert_runs_once_per_key(url, dynamodb)
+
+    output = assert_clean(log)
+    assert f"Serving on http://{HOST}:{port}" in output
+
+
+def readme_create_table_snippet() -> str:
+    """The README's Python snippet that creates the table at deploy time."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)
+    [snippet] = [
+        block
+        for block in blocks
+        if "await store.create_table()" in block and "asyncio.run(" in block
+    ]
+    return str(snippet)
+
+
+def test_the_readme_create_table_snippet_creates_the_table_and_closes_its_client(
+    quickstart_env: dict[str, str], dynamodb: Any
+) -> None:
+    snippet = readme_create_table_snippet()
+    result = subprocess.run(
+        [sys.executable, "-c", snippet],
+        cwd=REPO_ROOT,
+        env=quickstart_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    for text in UNCLEAN:
+        assert text not in result.stderr, result.stderr
+    assert_table_ready(dynamodb)
