@@ -93,7 +93,16 @@ class IdempotencyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._routes_unread:
-            self._read_routes()
+            try:
+                self._read_routes()
+            except ValueError as error:
+                if scope["type"] != "lifespan":
+                    raise
+                # Fail start-up, loudly: an exception from a lifespan scope would only make
+                # uvicorn's default ``--lifespan auto`` serve on without the app's lifespan.
+                await receive()  # lifespan.startup
+                await send({"type": "lifespan.startup.failed", "message": str(error)})
+                return
         if scope["type"] != "http":
             if scope["type"] == "lifespan" and self._warm_up is not None:
                 receive = messages.warming_receive(receive, self._warm_up)

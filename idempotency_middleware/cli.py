@@ -5,16 +5,7 @@
     delete KEY     delete a record (to re-drive failed work)
     demo           run the demo (needs the [demo] extra)
 
-Exit codes:
-
-    0  done
-    1  record not found
-    2  bad usage (the subcommand's usage is printed)
-    3  store unreachable or failing: unreachable, timed out, throttled, server error, a
-       locked or failing SQLite file; retrying later may work
-    4  store misconfigured: no such table, no AWS region, no or rejected credentials, access
-       denied, an SQLite file that cannot be opened, a missing extra; retrying will not work
-       until the configuration is fixed (the message says what to fix)
+Exit codes: ``EXIT_CODES_HELP`` below (printed by ``--help``).
 """
 
 from __future__ import annotations

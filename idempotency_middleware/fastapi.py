@@ -92,14 +92,7 @@ class IdempotencyKey:
 
     def for_route(self, path: str, methods: Iterable[str]) -> IdempotencyRule:
         """This opt-in as the rule of one route: its template and its coverable methods."""
-        covered = sorted(set(methods) & COVERABLE_METHODS)
-        if not covered:
-            raise ValueError(
-                f"IdempotencyKey on {' '.join(sorted(methods))} {path}: only "
-                f"{', '.join(sorted(COVERABLE_METHODS))} can be covered (the others are safe "
-                "to retry by definition); remove the dependency from this route"
-            )
-        return dataclasses.replace(self.rule, path=path, methods=covered)
+        return dataclasses.replace(self.rule, path=path, methods=sorted(methods))
 
     async def __call__(self, request: Request) -> str | None:
         scope = request.scope
@@ -122,20 +115,32 @@ class IdempotencyKey:
 
 
 def route_rules(app: object) -> list[IdempotencyRule]:
-    """The route opt-ins of ``app``, as rules: one per route carrying an ``IdempotencyKey``.
+    """The route opt-ins of ``app``, as rules, in the router's order.
 
     ``app`` is what the middleware wraps: a FastAPI or Starlette app, a router, or a chain of
     middlewares around one (followed through their ``.app``). Routes of mounted
-    sub-applications are included, under their mount path. Raises ``ValueError`` for a
-    route that cannot be covered (GET only) or carries two different ``IdempotencyKey``.
+    sub-applications are included, under their mount path. A route carrying an
+    ``IdempotencyKey`` gives its opt-in; a route before the last opt-in without one gives a
+    disabled rule, because the router would send it the requests it matches first
+    (``POST /items/special`` declared before an opted-in ``POST /items/{item_id}``), and
+    those must not get the later route's settings. Routes whose methods are all safe (GET)
+    are skipped: nothing there to protect, and their ``IdempotencyKey`` (from a router's
+    dependencies, say) returns ``None``. Raises ``ValueError`` for a route carrying two
+    different ``IdempotencyKey``.
     """
     owner = _routes_owner(app)
     if owner is None:
         return []
     rules: list[IdempotencyRule] = []
+    opted_in = 0  # how many of ``rules`` end with an opt-in
     for route, path in _api_routes(owner.routes, "", mounts=True):
-        keys = _keys_of(route.dependant)
+        covered = sorted(set(route.methods or COVERABLE_METHODS) & COVERABLE_METHODS)
+        if not covered:
+            continue
+        dependant = getattr(route, "dependant", None)
+        keys = _keys_of(dependant) if dependant is not None else []
         if not keys:
+            rules.append(IdempotencyRule(path, methods=covered, enabled=False))
             continue
         found = {key.rule for key in keys}
         if len(found) > 1:
@@ -143,8 +148,10 @@ def route_rules(app: object) -> list[IdempotencyRule]:
                 f"{path} carries {len(found)} IdempotencyKey dependencies with different "
                 f"settings ({', '.join(map(repr, keys))}); keep one"
             )
-        rules.append(keys[0].for_route(path, route.methods))
-    return rules
+        rules.append(keys[0].for_route(path, covered))
+        opted_in = len(rules)
+    # Routes after the last opt-in shadow nothing.
+    return rules[:opted_in]
 
 
 def _routes_owner(app: object) -> Any:
@@ -156,9 +163,10 @@ def _routes_owner(app: object) -> Any:
 
 
 def _api_routes(routes: Sequence[Any], prefix: str, *, mounts: bool) -> Iterator[tuple[Any, str]]:
-    """(route, its full template) for every HTTP route with dependencies (an APIRoute or
-    FastAPI's view of one inside an included router); with ``mounts``, those of mounted
-    applications too, their templates prefixed with the mount's."""
+    """(route, its full template) for every HTTP route (an APIRoute, FastAPI's view of one
+    inside an included router, or a plain Starlette Route), in the router's order; with
+    ``mounts``, those of mounted applications too, their templates prefixed with the
+    mount's."""
     # FastAPI versions that include routers lazily list them through iter_route_contexts;
     # older ones copy the routes into the app's list.
     contexts = getattr(routing, "iter_route_contexts", iter)(routes)
@@ -169,6 +177,8 @@ def _api_routes(routes: Sequence[Any], prefix: str, *, mounts: bool) -> Iterator
         if getattr(route, "dependant", None) is not None:
             if getattr(route, "methods", None):  # not a WebSocket route
                 yield route, prefix + path
+        elif getattr(route, "methods", None):  # a plain Starlette Route
+            yield route, prefix + path
         elif mounts:
             yield from _api_routes(getattr(route, "routes", None) or [], prefix + path, mounts=True)
 

@@ -60,8 +60,9 @@ class Policy(NamedTuple):
 
 
 # Route opt-ins, looked up before the rules: ((rule, its methods, policy), ...), where a
-# rule is a route's own template and methods (see Options.with_route_rules).
-RoutePolicies = tuple[tuple[IdempotencyRule, frozenset[str], Policy], ...]
+# rule is a route's own template and methods and the policy None for a route without an
+# opt-in (see Options.with_route_rules).
+RoutePolicies = tuple[tuple[IdempotencyRule, frozenset[str], Policy | None], ...]
 
 
 def _policy(
@@ -223,18 +224,23 @@ class Options:
     def with_route_rules(self, rules: Iterable[IdempotencyRule]) -> Options:
         """A copy whose requests first meet these route opt-ins (replacing any it had).
 
-        Each rule is one route: its template and its methods (``IdempotencyKey`` beside a
-        FastAPI route). Unlike ``rules``, which match on the path alone, an opt-in matches on
-        path *and* method, as the route does, and a request with another method falls through
-        to the rules and the defaults. Fields left ``None`` inherit the defaults.
+        Each rule is one route, in the router's order: its template and its methods
+        (``IdempotencyKey`` beside a FastAPI route). Unlike ``rules``, which match on the
+        path alone, a route matches on path *and* method, as the router does; the first
+        route matching decides. An enabled rule is an opt-in (fields left ``None`` inherit
+        the defaults); a disabled one is a route without an opt-in, whose requests go on to
+        the rules and the defaults, as do requests no route matches.
         """
-        route_policies: list[tuple[IdempotencyRule, frozenset[str], Policy]] = []
+        route_policies: list[tuple[IdempotencyRule, frozenset[str], Policy | None]] = []
         for rule in rules:
             if not isinstance(rule, IdempotencyRule):
                 raise ValueError(f"route rules must be IdempotencyRule objects, got {rule!r}")
+            if not rule.enabled:
+                route_policies.append((rule, frozenset(rule.methods or ()), None))
+                continue
             methods, policy = _rule_policy(rule, self.methods, self.default_policy)
-            if policy is not None:
-                route_policies.append((rule, methods, policy._replace(route_opt_in=True)))
+            assert policy is not None  # an enabled rule has one
+            route_policies.append((rule, methods, policy._replace(route_opt_in=True)))
         return dataclasses.replace(self, route_policies=tuple(route_policies))
 
     def policy_for(self, method: str, path: str, root_path: str = "") -> Policy | None:
@@ -248,7 +254,9 @@ class Options:
             route_path = _route_path(path, root_path)
             for rule, methods, policy in self.route_policies:
                 if method in methods and rule.pattern.match(route_path) is not None:
-                    return policy
+                    if policy is not None:
+                        return policy
+                    break  # the route that takes it has no opt-in
         for rule, methods, found in self.rule_policies:
             if rule.pattern.match(path) is not None:
                 return found if method in methods else None
@@ -260,7 +268,9 @@ class Options:
         ``template_matches``). For documentation (OpenAPI), not for requests."""
         for rule, methods, policy in self.route_policies:
             if method in methods and rule.path == template:
-                return policy
+                if policy is not None:
+                    return policy
+                break
         for rule, methods, found in self.rule_policies:
             if template_matches(rule, template):
                 return found if method in methods else None

@@ -13,14 +13,13 @@ on 127.0.0.1 only.
 from __future__ import annotations
 
 import os
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import orjson
 import pytest
 
-from tests.servers import HOST
+from tests.servers import BackgroundHTTPServer
 
 REGION = "us-east-1"
 
@@ -61,7 +60,7 @@ def use_environment(monkeypatch: pytest.MonkeyPatch, environment: dict[str, str]
             monkeypatch.setenv(name, value)
 
 
-class RejectingEndpoint:
+class RejectingEndpoint(BackgroundHTTPServer):
     """A DynamoDB endpoint on 127.0.0.1 that answers every request with one error."""
 
     def __init__(self, error_type: str, message: str, status: int = 400) -> None:
@@ -81,19 +80,4 @@ class RejectingEndpoint:
             def log_message(self, format: str, *args: object) -> None:
                 pass  # quiet: the tests read the store's account of it
 
-        self._server = ThreadingHTTPServer((HOST, 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://{HOST}:{self._server.server_address[1]}"
-
-    def __enter__(self) -> RejectingEndpoint:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(5)
+        super().__init__(Handler)

@@ -3,7 +3,7 @@ function, its outcome printed as one JSON line.
 
     python -m tests.function_worker '{"store": {...}, "key": "...", ...}'
 
-The spec (one JSON argument):
+The job description (one JSON argument):
 
 - ``store``: ``{"kind": "sqlite", "path": ...}`` or
   ``{"kind": "dynamodb", "endpoint": ..., "table": ...}``;

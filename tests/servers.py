@@ -15,14 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import shutil
 import socket
 import sqlite3
+import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 import uvicorn
@@ -49,7 +54,11 @@ from idempotency_middleware.stores.base import (
 from idempotency_middleware.wsgi import WSGIApp
 from tests.apps import AppState, build_asgi_app, build_wsgi_app
 
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
 HOST = "127.0.0.1"
+REPO_ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_SECONDS = 10.0
 CLIENT_TIMEOUT_SECONDS = 15.0
 
@@ -139,6 +148,78 @@ def _wait_until(condition: Callable[[], bool], message: str) -> None:
             return
         done.wait(0.01)
     raise TimeoutError(message)
+
+
+@contextlib.contextmanager
+def server_process(
+    command: list[str],
+    *,
+    env: dict[str, str],
+    log: Path,
+    listening: re.Pattern[str],
+    cwd: Path = REPO_ROOT,
+    timeout: float = 20.0,
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """Run ``command``, a server told to bind port 0, with its output appended to ``log``;
+    yield the process and the URL it listens on, which ``listening`` (a pattern with one
+    group) finds in the log ("Uvicorn running on (http://...)"): no port is chosen before
+    the server binds it, so no other process can take it in between. Killed (by pid, with
+    its session) if still running when the block ends."""
+    start = log.stat().st_size if log.exists() else 0
+    with open(log, "ab") as log_file:
+        process = subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=log_file,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            found = listening.search(log.read_bytes()[start:].decode(errors="replace"))
+            if found is not None:
+                break
+            if process.poll() is not None:
+                raise RuntimeError(f"exited with {process.returncode}: {log.read_text()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"not listening after {timeout} s: {log.read_text()}")
+            time.sleep(0.05)
+        yield process, found.group(1)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(10)
+
+
+# What uvicorn (at --log-level info) and waitress print once they listen.
+UVICORN_LISTENING = re.compile(r"Uvicorn running on (http://[0-9.]+:[0-9]+)")
+WAITRESS_LISTENING = re.compile(r"Serving on (http://[0-9.]+:[0-9]+)")
+
+
+class BackgroundHTTPServer:
+    """A ``ThreadingHTTPServer`` on 127.0.0.1 port 0 served from a daemon thread while the
+    ``with`` block runs: the base of the tests' small fake endpoints."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self._server = ThreadingHTTPServer((HOST, 0), handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self._server.server_address[1]}"
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
 
 
 def free_port() -> int:

@@ -109,7 +109,7 @@ def test_both_middlewares_refuse_the_same_bad_options(
 
 
 @pytest.mark.parametrize("build", BUILDERS, ids=["asgi", "wsgi"])
-def test_both_middlewares_have_the_spec_defaults(build: Callable[..., object]) -> None:
+def test_both_middlewares_have_the_documented_defaults(build: Callable[..., object]) -> None:
     options = build().options  # type: ignore[attr-defined]
     assert options.header_name == "Idempotency-Key"
     assert options.methods == frozenset({"POST", "PATCH"})

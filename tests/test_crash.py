@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,7 +27,7 @@ from idempotency_middleware import DynamoDBStore
 from idempotency_middleware.keys import storage_key
 from idempotency_middleware.records import Status
 from tests.faultproxy import REGION
-from tests.servers import HOST, free_port
+from tests.servers import HOST, UVICORN_LISTENING, server_process
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LOCK_SECONDS = 3.0
@@ -37,46 +36,17 @@ START_TIMEOUT_SECONDS = 20.0
 
 @contextlib.contextmanager
 def crash_server(env: dict[str, str], log: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    """``python -m uvicorn tests.crash_app:app`` on a free port; killed (by pid) at the end."""
-    port = free_port()
-    with open(log, "ab") as log_file:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "tests.crash_app:app",
-                "--host",
-                HOST,
-                "--port",
-                str(port),
-                "--log-level",
-                "warning",
-                "--lifespan",
-                "off",
-            ],
-            cwd=REPO_ROOT,
-            env={**os.environ, **env},
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=log_file,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_SECONDS
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"uvicorn exited with {process.returncode}: {log.read_text()}")
-            with contextlib.suppress(OSError), socket.create_connection((HOST, port), 0.2):
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"uvicorn did not listen on {port}: {log.read_text()}")
-            time.sleep(0.05)
-        yield process, f"http://{HOST}:{port}"
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(10)
+    """``python -m uvicorn tests.crash_app:app`` on a port of its own; killed at the end."""
+    command = [sys.executable, "-m", "uvicorn", "tests.crash_app:app", "--host", HOST]
+    command += ["--port", "0", "--log-level", "info", "--lifespan", "off"]
+    with server_process(
+        command,
+        env={**os.environ, **env},
+        log=log,
+        listening=UVICORN_LISTENING,
+        timeout=START_TIMEOUT_SECONDS,
+    ) as started:
+        yield started
 
 
 def runs(runs_file: Path) -> list[str]:

@@ -7,6 +7,8 @@ is covered by an opt-in beside its route.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import subprocess
 import sys
 import threading
@@ -16,6 +18,7 @@ from typing import Annotated, Any
 
 import httpx
 import pytest
+import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.routing import Host
@@ -384,14 +387,75 @@ def test_a_route_with_two_different_opt_ins_is_refused() -> None:
         route_rules(app)
 
 
-def test_an_opt_in_on_a_get_route_is_refused() -> None:
+def test_safe_routes_are_skipped_so_a_router_wide_opt_in_may_hold_get_routes() -> None:
     app = FastAPI()
+    router = APIRouter(prefix="/shop", dependencies=[Depends(IdempotencyKey(required=True))])
 
-    @app.get("/report", dependencies=[Depends(IdempotencyKey())])
+    @router.get("/report")
     async def report() -> None: ...
 
-    with pytest.raises(ValueError, match="IdempotencyKey on GET /report"):
-        route_rules(app)
+    @router.post("/orders")
+    async def order() -> None: ...
+
+    app.include_router(router)
+
+    assert route_rules(app) == [IdempotencyRule("/shop/orders", methods=["POST"], required=True)]
+
+
+def test_a_route_without_an_opt_in_shadows_a_later_opt_in_as_the_router_does(
+    calls: Calls, client_for: ClientFor
+) -> None:
+    app = FastAPI()
+
+    @app.post("/items/special")
+    async def special() -> dict[str, Any]:
+        return {"call": calls.record("special")}
+
+    @app.post("/items/{item_id}", dependencies=[Depends(IdempotencyKey(required=True))])
+    async def item(item_id: str) -> dict[str, Any]:
+        return {"call": calls.record("item")}
+
+    @app.post("/after")  # after the last opt-in: shadows nothing, so not read
+    async def after() -> None: ...
+
+    assert route_rules(app) == [
+        IdempotencyRule("/items/special", methods=["POST"], enabled=False),
+        IdempotencyRule("/items/{item_id}", methods=["POST"], required=True),
+    ]
+    app.add_middleware(IdempotencyMiddleware, store=MemoryStore(), **ONLY_OPT_INS)
+    client = client_for(app)
+    key = new_key()
+
+    # /items/special is its own route, without an opt-in: no 400 for want of a key, and a
+    # key changes nothing (it runs every time, nothing stored under the other template).
+    assert client.post("/items/special").status_code == 200
+    assert client.post("/items/special", headers={"Idempotency-Key": key}).json() == {"call": 2}
+    assert client.post("/items/special", headers={"Idempotency-Key": key}).json() == {"call": 3}
+    # The opted-in route still requires its key.
+    assert client.post("/items/7").status_code == 400
+    assert calls.counts == {"special": 3}
+
+
+def test_a_refused_opt_in_fails_the_servers_start_up(caplog: pytest.LogCaptureFixture) -> None:
+    app = FastAPI()
+
+    @app.post("/x", dependencies=[Depends(IdempotencyKey(ttl_seconds=5))])
+    async def x(key: Annotated[str | None, Depends(IdempotencyKey())]) -> None: ...
+
+    app.add_middleware(IdempotencyMiddleware, store=MemoryStore())
+    # uvicorn's default lifespan mode ("auto") serves on when a lifespan scope raises; the
+    # middleware answers lifespan.startup.failed instead, so the server does not start.
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None))
+    with (
+        caplog.at_level(logging.ERROR, logger="uvicorn.error"),
+        pytest.raises(SystemExit) as exited,
+    ):
+        asyncio.run(server.serve())
+
+    assert exited.value.code == 3  # uvicorn's STARTUP_FAILURE
+    assert not server.started
+    messages = [record.getMessage() for record in caplog.records]
+    assert any("/x carries 2 IdempotencyKey" in message for message in messages), messages
 
 
 def test_an_app_without_routes_has_no_opt_ins() -> None:

@@ -28,7 +28,7 @@ def user_scope(request: RequestView) -> str:
 # --- defaults ---------------------------------------------------------------------------
 
 
-def test_defaults_match_the_spec() -> None:
+def test_defaults_match_the_documented_ones() -> None:
     options = Options.build()
     assert options.header_name == "Idempotency-Key"
     assert options.header_key == b"idempotency-key"
@@ -409,9 +409,21 @@ def test_with_route_rules_replaces_and_leaves_the_original_alone() -> None:
     assert second.policy_for("POST", "/b") is not None
 
 
-def test_a_disabled_route_rule_adds_nothing() -> None:
-    options = Options.build().with_route_rules([IdempotencyRule("/a", enabled=False)])
-    assert options.route_policies == ()
+def test_a_route_without_an_opt_in_sends_the_requests_it_matches_to_the_rules() -> None:
+    options = Options.build(
+        methods=(), rules=[IdempotencyRule("/items/special", methods=["POST"], required=True)]
+    ).with_route_rules(
+        [
+            IdempotencyRule("/items/special", methods=["POST"], enabled=False),
+            IdempotencyRule("/items/{item_id}", methods=["POST", "PUT"], ttl_seconds=5),
+        ]
+    )
+    special = options.policy_for("POST", "/items/special")
+    assert special is not None and special.route == "/items/special" and special.required
+    # PUT is not the blocking route's method: the opt-in takes it.
+    put = options.policy_for("PUT", "/items/special")
+    assert put is not None and put.route == "/items/{item_id}" and put.ttl_seconds == 5
+    assert options.policy_for_template("POST", "/items/special") == special
 
 
 def test_route_rules_must_be_rule_objects() -> None:

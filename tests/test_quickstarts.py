@@ -18,10 +18,8 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +29,7 @@ import boto3
 import httpx
 import pytest
 
-from tests.servers import HOST, free_port
+from tests.servers import HOST, UVICORN_LISTENING, WAITRESS_LISTENING, server_process
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TABLE = "idempotency"  # what both quick starts name
@@ -78,36 +76,17 @@ def dynamodb(moto_endpoint: str) -> Iterator[Any]:
 
 
 @contextlib.contextmanager
-def serving(command: list[str], port: int, env: dict[str, str], log: Path) -> Iterator[str]:
-    """Run ``command`` (a server listening on ``port``) until the block ends, then stop it
-    with SIGINT (Ctrl-C) and require exit status 0. Its output goes to ``log``."""
-    with open(log, "wb") as log_file:
-        process = subprocess.Popen(
-            command,
-            cwd=REPO_ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=log_file,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_SECONDS
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"exited with {process.returncode}: {log.read_text()}")
-            with contextlib.suppress(OSError), socket.create_connection((HOST, port), 0.2):
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"nothing listening on {port}: {log.read_text()}")
-            time.sleep(0.05)
-        yield f"http://{HOST}:{port}"
+def serving(
+    command: list[str], listening: re.Pattern[str], env: dict[str, str], log: Path
+) -> Iterator[str]:
+    """Run ``command`` (a server binding port 0) until the block ends, then stop it with
+    SIGINT (Ctrl-C) and require exit status 0. Its output goes to ``log``."""
+    with server_process(
+        command, env=env, log=log, listening=listening, timeout=START_TIMEOUT_SECONDS
+    ) as (process, url):
+        yield url
         process.send_signal(signal.SIGINT)
         assert process.wait(STOP_TIMEOUT_SECONDS) == 0, log.read_text()
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(10)
 
 
 def assert_table_ready(dynamodb: Any) -> None:
@@ -148,13 +127,12 @@ def assert_clean(log: Path) -> str:
 def test_the_fastapi_quick_start_creates_its_table_runs_once_per_key_and_stops_cleanly(
     quickstart_env: dict[str, str], dynamodb: Any, tmp_path: Path
 ) -> None:
-    port = free_port()
     log = tmp_path / "uvicorn.log"
     command = [
         *(sys.executable, "-m", "uvicorn", "examples.fastapi_quickstart:app"),
-        *("--host", HOST, "--port", str(port), "--lifespan", "on"),
+        *("--host", HOST, "--port", "0", "--lifespan", "on"),
     ]
-    with serving(command, port, quickstart_env, log) as url:
+    with serving(command, UVICORN_LISTENING, quickstart_env, log) as url:
         assert_table_ready(dynamodb)  # by the lifespan, before the port opened
         assert_runs_once_per_key(url, dynamodb)
 
@@ -182,17 +160,16 @@ def test_the_flask_quick_start_creates_its_table_by_command_runs_once_per_key_an
         assert text not in created.stderr
     assert_table_ready(dynamodb)
 
-    port = free_port()
     log = tmp_path / "waitress.log"
     command = [
-        *(sys.executable, "-m", "waitress", f"--listen={HOST}:{port}"),
+        *(sys.executable, "-m", "waitress", f"--listen={HOST}:0"),
         "examples.flask_quickstart:app",
     ]
-    with serving(command, port, quickstart_env, log) as url:
+    with serving(command, WAITRESS_LISTENING, quickstart_env, log) as url:
         assert_runs_once_per_key(url, dynamodb)
 
     output = assert_clean(log)
-    assert f"Serving on http://{HOST}:{port}" in output
+    assert f"Serving on {url}" in output
 
 
 def readme_create_table_snippet() -> str:

@@ -322,6 +322,14 @@ def client_error(code: str, status: int = 400, **error: str) -> boto.ClientError
     return boto.ClientError(response, "PutItem")
 
 
+def test_a_runtime_error_that_is_not_about_event_loops_is_raised_as_itself() -> None:
+    # A bug is not an outage: it must not become a 503 with a key left claimed.
+    bug = RuntimeError("something else")
+    with pytest.raises(RuntimeError) as raised:
+        ddb.translate_error("put_item", bug, "orders")
+    assert raised.value is bug
+
+
 @pytest.mark.parametrize(
     ("error", "cause", "reason"),
     [
@@ -380,7 +388,6 @@ def client_error(code: str, status: int = 400, **error: str) -> boto.ClientError
             "the client belongs to another event loop "
             "(<asyncio.locks.Lock object> is bound to a different event loop)",
         ),
-        (RuntimeError("something else"), "unknown", "something else"),
         (
             boto.HTTPClientError(error=ValueError("odd")),
             "unknown",

@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -41,7 +41,7 @@ from idempotency_middleware.stores import (
     ThreadedStore,
 )
 from idempotency_middleware.testing import FakeClock
-from tests.servers import HOST
+from tests.servers import HOST, BackgroundHTTPServer
 
 from .conftest import REGION
 
@@ -55,7 +55,7 @@ CONDITION_FAILED_BODY = orjson.dumps(
 _NOT_COPIED = {"content-length", "connection", "transfer-encoding", "keep-alive", "x-amz-crc32"}
 
 
-class AnswerRewritingProxy:
+class AnswerRewritingProxy(BackgroundHTTPServer):
     """Forwards DynamoDB requests to moto and rewrites some answers, as switched by the test.
 
     - ``strip_held_item``: a failed conditional write comes back without its ``Item``.
@@ -77,22 +77,7 @@ class AnswerRewritingProxy:
         self.creating_answers = 0
         self.operations: list[str] = []
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer((HOST, 0), self._handler_class())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://{HOST}:{self._server.server_address[1]}"
-
-    def __enter__(self) -> AnswerRewritingProxy:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(5)
+        super().__init__(self._handler_class())
 
     def _answer(
         self, operation: str, body: bytes, headers: dict[str, str]

@@ -393,7 +393,13 @@ class ConditionFailed(Exception):
 
 
 def translate_error(operation: str, error: BaseException, table_name: str = "") -> Exception:
-    """Map a botocore failure to ``ConditionFailed`` or a classified ``StoreUnavailable``."""
+    """Map a botocore failure to ``ConditionFailed`` or a classified ``StoreUnavailable``.
+
+    A ``RuntimeError`` other than a client used off its event loop is a bug, not the store
+    failing: it is raised again as it is, instead of passing for an outage (a 503, and a
+    key left claimed by finishing retries)."""
+    if isinstance(error, RuntimeError) and _loop_error(error) is None:
+        raise error
     code = error_code(error)
     if code == CONDITION_FAILED:
         return ConditionFailed(held_item(error))

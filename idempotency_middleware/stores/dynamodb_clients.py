@@ -109,6 +109,13 @@ class AsyncClients(DynamoDBStoreBase):
 
     async def _s3(self) -> Any:
         """The aioboto3 S3 client of the running loop, for overflowing responses."""
+        current = self._current
+        if (
+            current is not None
+            and current.s3 is not None
+            and current.loop is asyncio.get_running_loop()
+        ):
+            return current.s3
         clients = await self._open()
         if clients.s3 is None:
             async with clients.lock:
