@@ -29,11 +29,13 @@ import boto3
 import httpx
 import pytest
 
+from idempotency_middleware import DynamoDBStore
 from tests.servers import HOST, UVICORN_LISTENING, WAITRESS_LISTENING, server_process
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TABLE = "idempotency"  # what both quick starts name
 REGION = "eu-west-1"
+HEADER = "Idempotency-Key"
 START_TIMEOUT_SECONDS = 30.0  # a cold aioboto3 import and create_table on a loaded machine
 STOP_TIMEOUT_SECONDS = 15.0
 ORDER = {"item": "book", "quantity": 2}
@@ -201,3 +203,52 @@ def test_the_readme_create_table_snippet_creates_the_table_and_closes_its_client
     for text in UNCLEAN:
         assert text not in result.stderr, result.stderr
     assert_table_ready(dynamodb)
+
+
+def test_the_fastapi_opt_in_example_covers_its_routes_and_documents_them(
+    quickstart_env: dict[str, str], dynamodb: Any, tmp_path: Path
+) -> None:
+    with DynamoDBStore(
+        TABLE, endpoint_url=quickstart_env["AWS_ENDPOINT_URL_DYNAMODB"], region_name=REGION
+    ) as store:
+        store.create_table()
+    log = tmp_path / "uvicorn.log"
+    command = [
+        *(sys.executable, "-m", "uvicorn", "examples.fastapi_routes:app"),
+        *("--host", HOST, "--port", "0"),
+    ]
+    key = str(uuid.uuid4())
+    with (
+        serving(command, UVICORN_LISTENING, quickstart_env, log) as url,
+        httpx.Client(base_url=url, timeout=15, trust_env=False) as client,
+    ):
+        payment = {"amount": 5}
+        caller = {"X-Api-Key": "caller-1"}
+        missing = client.post("/payments", json=payment, headers=caller)
+        first = client.post("/payments", json=payment, headers={**caller, HEADER: key})
+        retry = client.post("/payments", json=payment, headers={**caller, HEADER: key})
+        # Another caller's key namespace: the same key runs anew.
+        other = client.post("/payments", json=payment, headers={"X-Api-Key": "2", HEADER: key})
+        keyed_put = client.put("/orders/7", headers={HEADER: f'"{key}"'})
+        bare_put = client.put("/orders/7")
+        schema = client.get("/openapi.json").json()
+
+    assert missing.status_code == 400
+    assert missing.json()["type"].endswith(":missing-key")
+    assert first.status_code == 201 and "idempotent-replayed" not in first.headers
+    assert retry.headers["idempotent-replayed"] == "true" and retry.content == first.content
+    assert other.json()["payment_id"] != first.json()["payment_id"]
+    assert keyed_put.json() == {"order_id": 7, "idempotency_key": key}
+    assert bare_put.json() == {"order_id": 7, "idempotency_key": None}
+
+    def key_header(path: str, method: str) -> dict[str, Any]:
+        operation = schema["paths"][path][method]
+        [header] = [p for p in operation["parameters"] if p["name"] == HEADER]
+        assert isinstance(header, dict)
+        return header
+
+    assert key_header("/payments", "post")["required"] is True
+    assert key_header("/orders/{order_id}", "put")["required"] is False
+    unprocessable = schema["paths"]["/payments"]["post"]["responses"]["422"]["content"]
+    assert set(unprocessable) == {"application/json", "application/problem+json"}
+    assert_clean(log)

@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = [
     "fastapi_quickstart",
     "flask_quickstart",
+    "fastapi_routes",
     "sqs_consumer",
     "lambda_batch",
     "celery_task",
