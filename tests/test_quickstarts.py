@@ -77,6 +77,19 @@ def dynamodb(moto_endpoint: str) -> Iterator[Any]:
         client.close()
 
 
+def run_python(arguments: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``python <arguments>`` from the repository root, to its end, output captured."""
+    return subprocess.run(
+        [sys.executable, *arguments],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
 @contextlib.contextmanager
 def serving(
     command: list[str], listening: re.Pattern[str], env: dict[str, str], log: Path
@@ -147,14 +160,8 @@ def test_the_fastapi_quick_start_creates_its_table_runs_once_per_key_and_stops_c
 def test_the_flask_quick_start_creates_its_table_by_command_runs_once_per_key_and_stops_cleanly(
     quickstart_env: dict[str, str], dynamodb: Any, tmp_path: Path
 ) -> None:
-    created = subprocess.run(
-        [sys.executable, "-m", "flask", "--app", "examples.flask_quickstart", "create-table"],
-        cwd=REPO_ROOT,
-        env=quickstart_env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    created = run_python(
+        ["-m", "flask", "--app", "examples.flask_quickstart", "create-table"], quickstart_env
     )
     assert created.returncode == 0, created.stdout + created.stderr
     assert created.stdout == "table idempotency is ready\n"
@@ -190,15 +197,7 @@ def test_the_readme_create_table_snippet_creates_the_table_and_closes_its_client
     quickstart_env: dict[str, str], dynamodb: Any
 ) -> None:
     snippet = readme_create_table_snippet()
-    result = subprocess.run(
-        [sys.executable, "-c", snippet],
-        cwd=REPO_ROOT,
-        env=quickstart_env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_python(["-c", snippet], quickstart_env)
     assert result.returncode == 0, result.stdout + result.stderr
     for text in UNCLEAN:
         assert text not in result.stderr, result.stderr

@@ -513,7 +513,8 @@ def store_errors() -> tuple[type[BaseException], ...]:
     """The exception types that mean the store did not answer usefully.
 
     RuntimeError is among them because aiobotocore raises it, unwrapped, for a client used
-    off its own event loop (classified ``loop_closed``); any other becomes ``unknown``.
+    off its own event loop (classified ``loop_closed``); ``translate_error`` raises any other
+    RuntimeError again as it is.
     """
     from botocore.exceptions import BotoCoreError, ClientError
 
