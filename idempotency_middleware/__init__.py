@@ -11,6 +11,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .asgi import IdempotencyMiddleware
+from .deferred import defer_completion
 from .errors import (
     IdempotencyError,
     InvalidKeyError,
@@ -18,6 +19,8 @@ from .errors import (
     KeyReusedError,
     ResultNotStoredError,
     StoreUnavailableError,
+    TransactionConflictError,
+    TransactionRejectedError,
 )
 from .events import IdempotencyEvent
 from .functions import idempotent
@@ -29,6 +32,7 @@ from .stores.dynamodb_async import AsyncDynamoDBStore
 from .stores.dynamodb_sync import DynamoDBStore
 from .stores.memory import MemoryStore
 from .stores.sqlite import SQLiteStore
+from .transactions import Transaction, completion_transaction
 from .wsgi import IdempotencyWSGIMiddleware
 
 __all__ = [
@@ -51,6 +55,11 @@ __all__ = [
     "StoreUnavailable",
     "StoreUnavailableError",
     "SyncStore",
+    "Transaction",
+    "TransactionConflictError",
+    "TransactionRejectedError",
+    "completion_transaction",
+    "defer_completion",
     "idempotent",
     "scope_by_header",
     "scope_by_tenant_header",

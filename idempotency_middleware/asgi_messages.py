@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
+from .attempt_context import streams_now
 from .clock import Clock
 from .engine.effects import Ran
 from .events import logger
@@ -51,6 +52,8 @@ class ResponseCapture:
         if kind == "http.response.start":
             self.start = message
             self.live, self.buffer.expected_size = scan_response_headers(message.get("headers", []))
+            if self.live:
+                self.live = streams_now()
             if self.live:
                 await self._send(message)
         elif kind == "http.response.body":

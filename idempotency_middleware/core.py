@@ -16,7 +16,7 @@ import itertools
 import os
 import random
 from collections.abc import Callable, Sequence
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from . import problems
 from .events import EventKind
@@ -51,7 +51,15 @@ MIN_POLL_INTERVAL = 0.1
 MAX_POLL_INTERVAL = 1.0
 
 
-RefusalReason = Literal["in_progress", "reused", "not_stored", "unavailable"]
+RefusalReason = Literal[
+    "in_progress",
+    "reused",
+    "not_stored",
+    "unavailable",
+    "commit_unavailable",
+    "transaction_conflict",
+    "transaction_rejected",
+]
 
 # The HTTP status each refusal is answered with, and the event it is reported as.
 _REFUSAL_STATUS: dict[str, int] = {
@@ -59,6 +67,9 @@ _REFUSAL_STATUS: dict[str, int] = {
     "reused": 422,
     "not_stored": 410,
     "unavailable": 503,
+    "commit_unavailable": 503,
+    "transaction_conflict": 409,
+    "transaction_rejected": 500,
 }
 _REFUSAL_EVENT: dict[str, EventKind] = {
     "in_progress": "conflict",
@@ -72,13 +83,17 @@ class Refusal(NamedTuple):
 
     ``in_progress``: another attempt holds the key; ``reused``: the key was used with other
     input; ``not_stored``: completed, but its response (``size`` bytes) was not kept;
-    ``unavailable``: the store failed on the claim.
+    ``unavailable``: the store failed on the claim; ``commit_unavailable``: it failed on a
+    transaction's commit, which then landed whole or not at all;
+    ``transaction_conflict``: a condition of the handler's transaction failed, nothing was
+    written; ``transaction_rejected``: DynamoDB cannot commit it as written (too large).
     """
 
     reason: RefusalReason
     retry_after: int | None = None
     size: int = 0
-    error: BaseException | None = None  # unavailable: the store's error
+    # The error behind it: the store's (unavailable), the transaction's (transaction_*).
+    error: BaseException | None = None
 
     @property
     def status(self) -> int:
@@ -88,6 +103,7 @@ class Refusal(NamedTuple):
 KEY_IN_PROGRESS = Refusal("in_progress", IN_PROGRESS_RETRY_AFTER)
 KEY_REUSED = Refusal("reused")
 STORE_UNAVAILABLE = Refusal("unavailable", STORE_UNAVAILABLE_RETRY_AFTER)
+COMMIT_UNAVAILABLE = Refusal("commit_unavailable", STORE_UNAVAILABLE_RETRY_AFTER)
 
 
 class Admitted(NamedTuple):
@@ -243,8 +259,12 @@ def completion_for(
     now: float,
     *,
     streamed_size: int | None = None,
+    writes: tuple[dict[str, Any], ...] = (),
+    deferred: bool = False,
 ) -> Completion:
-    """What to store for a finished response; ``streamed_size`` when it went out live."""
+    """What to store for a finished response; ``streamed_size`` when it went out live,
+    ``writes`` to commit with it, ``deferred`` when it is the interim response of work
+    handed on."""
     claim = attempt.claim
     return Completion(
         claim.key_hash,
@@ -254,6 +274,8 @@ def completion_for(
         StoredResponse(status, storable_headers(headers), body),
         streamed_size is not None,
         streamed_size or 0,
+        writes,
+        deferred,
     )
 
 

@@ -22,6 +22,7 @@ from django.utils.module_loading import import_string
 
 from . import core, problems
 from . import wsgi_environ as wsgi_io
+from .attempt_context import streams_now
 from .engine import flow
 from .engine.drivers import Suspended, SyncDriver
 from .engine.effects import Ran, StreamEnd
@@ -110,6 +111,8 @@ class IdempotencyDjangoMiddleware:
         def run() -> Ran:
             nonlocal response
             response = self.get_response(request)
+            if response.streaming and not response.is_async and not streams_now():
+                response = _held(response)
             return _ran(response)
 
         running = flow.attempt(self._context, attempt)
@@ -184,6 +187,20 @@ def _ran(response: HttpResponseBase) -> Ran:
     if response.streaming:  # StreamingHttpResponse, FileResponse: sent live, not kept
         return Ran(response.status_code, headers, b"", live=True, ended=False)
     return Ran(response.status_code, headers, response.content)
+
+
+def _held(streaming: Any) -> HttpResponse:
+    """A streaming response read whole, to be sent once the attempt's transaction landed
+    (its writes must land before the first byte)."""
+    try:
+        body = b"".join(streaming.streaming_content)
+    finally:
+        streaming.close()
+    headers = [
+        (name.lower().encode("latin-1"), value.encode("latin-1"))
+        for name, value in streaming.items()
+    ]
+    return _response(streaming.status_code, headers, body)
 
 
 def replay_response(stored: StoredResponse) -> HttpResponse:

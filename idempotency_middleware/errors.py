@@ -112,6 +112,46 @@ class ResultNotStoredError(IdempotencyError):
         self.size = size
 
 
+class TransactionConflictError(IdempotencyError):
+    """A condition of the work's transaction failed, so nothing was written: not the
+    business writes, not the result. The key was released; retrying runs the work again.
+
+    ``position`` is the failed write's index (0-based, in the order the writes were added)
+    and ``reason`` DynamoDB's code for it (``"ConditionalCheckFailed"``).
+    """
+
+    def __init__(self, message: str, *, position: int, reason: str) -> None:
+        super().__init__(message)
+        self.position = position
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # (Keyword-only arguments: the default pickling would call cls(message) and fail.)
+        return (_rebuild_conflict, (str(self), self.position, self.reason))
+
+
+def _rebuild_conflict(message: str, position: int, reason: str) -> TransactionConflictError:
+    return TransactionConflictError(message, position=position, reason=reason)
+
+
+class TransactionRejectedError(IdempotencyError, ValueError):
+    """DynamoDB cannot commit the transaction as it was written (over 4 MB with no S3
+    bucket for the response, two writes on one item it could not tell apart beforehand, a
+    malformed expression), so nothing was written and the key was released. A bug to fix,
+    not a condition to retry: ``reason`` is ``"too_large"`` or DynamoDB's code."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_rejected, (str(self), self.reason))
+
+
+def _rebuild_rejected(message: str, reason: str) -> TransactionRejectedError:
+    return TransactionRejectedError(message, reason=reason)
+
+
 # The name stores have raised since the first release; the same class.
 StoreUnavailable = StoreUnavailableError
 
@@ -125,4 +165,6 @@ __all__ = [
     "ResultNotStoredError",
     "StoreUnavailable",
     "StoreUnavailableError",
+    "TransactionConflictError",
+    "TransactionRejectedError",
 ]

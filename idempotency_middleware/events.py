@@ -23,6 +23,9 @@ EventKind = Literal[
     "mismatch",  # 422: the key was used with a different request
     "not_stored",  # 410: completed, but its response could not be kept
     "completed",  # the handler's response was stored
+    "deferred",  # the handler deferred its work; its response was stored as the interim one
+    "transaction_conflict",  # a condition of the handler's transaction failed; released
+    "transaction_rejected",  # DynamoDB cannot commit the transaction as written; released
     "released",  # the claim was released (5xx, exception, cancellation)
     "lost",  # the claim was taken over while the handler ran; response not stored
     "store_error",  # the store failed; see ``operation``
@@ -33,6 +36,9 @@ _LEVELS: dict[str, int] = {
     "claimed": logging.DEBUG,
     "replayed": logging.DEBUG,
     "completed": logging.DEBUG,
+    "deferred": logging.DEBUG,
+    "transaction_conflict": logging.INFO,
+    "transaction_rejected": logging.ERROR,
     "released": logging.DEBUG,
     "conflict": logging.INFO,
     "mismatch": logging.INFO,
@@ -51,6 +57,9 @@ _MESSAGES: dict[str, str] = {
     "mismatch": "idempotency key reused with a different request; answered 422",
     "not_stored": "idempotency key completed without a stored response; answered 410",
     "completed": "idempotent response stored",
+    "deferred": "idempotent interim response stored; the work completes the key later",
+    "transaction_conflict": "a condition of the transaction failed; nothing written, key released",
+    "transaction_rejected": "the transaction cannot be committed as written; key released",
     "released": "idempotency claim released",
     "lost": "idempotency claim was taken over while the handler ran; response sent, not stored",
     # store_error and fail_open are worded per event (see ``_store_failure``).

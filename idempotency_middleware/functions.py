@@ -309,6 +309,17 @@ class _FunctionDoor:
 
     def _error(self, refusal: core.Refusal) -> Exception:
         name = self.name
+        if refusal.reason in ("transaction_conflict", "transaction_rejected"):
+            assert isinstance(refusal.error, Exception), refusal
+            return refusal.error
+        if refusal.reason == "commit_unavailable":
+            return StoreUnavailableError(
+                f"idempotent function {name}: it ran, but the idempotency store could not "
+                "confirm the commit of its result and writes, which landed whole or not at "
+                "all; retry with the same key (it returns the result, or runs again if "
+                "nothing landed)",
+                cause="unknown",
+            )
         if refusal.reason == "in_progress":
             return KeyInProgressError(
                 f"idempotent function {name}: a call with this key is still running",

@@ -33,6 +33,8 @@ class Problem:
     title: str
     detail: str
     retry_after: int | None = None
+    # RFC 9457 extension members, after the standard ones.
+    extensions: tuple[tuple[str, str | int], ...] = ()
 
     @property
     def type(self) -> str:
@@ -44,12 +46,14 @@ class Problem:
 
     def document(self, *, base_url: str | None = None) -> dict[str, str | int]:
         """The problem's members, as its body carries them."""
-        return {
+        document: dict[str, str | int] = {
             "type": self.type_for(base_url),
             "title": self.title,
             "status": self.status,
             "detail": self.detail,
         }
+        document.update(self.extensions)
+        return document
 
     def body(self, *, base_url: str | None = None) -> bytes:
         return orjson.dumps(self.document(base_url=base_url))
@@ -137,6 +141,50 @@ def store_unavailable(retry_after: int) -> Problem:
     )
 
 
+def commit_unavailable(retry_after: int) -> Problem:
+    # The same slug as a claim's outage: a client treats both alike (retry with the key).
+    return Problem(
+        503,
+        "store-unavailable",
+        "Idempotency store unavailable",
+        "The request was processed, but the idempotency store could not confirm its writes: "
+        "they were committed whole or not at all. Retry with the same key: it replays the "
+        "response, or runs the request again if nothing was committed.",
+        retry_after=retry_after,
+    )
+
+
+def transaction_conflict(position: int, reason: str) -> Problem:
+    # 409: the request conflicts with the current state of the data (a stock level, a
+    # version); nothing was written and the key was released. Only the failed write's index
+    # and DynamoDB's code are told, never the item's values.
+    return Problem(
+        409,
+        "transaction-conflict",
+        "A condition of the request's writes failed",
+        "A condition of the request's writes did not hold, so nothing was written and the "
+        "request was not completed. The idempotency key was released: a retry runs the "
+        "request again.",
+        extensions=(("position", position), ("reason", reason)),
+    )
+
+
+def transaction_rejected(reason: str) -> Problem:
+    too_large = reason == "too_large"
+    return Problem(
+        500,
+        "transaction-too-large" if too_large else "transaction-rejected",
+        "The request's writes could not be committed",
+        (
+            "The request's writes and its response together exceed what one DynamoDB "
+            "transaction can hold (4 MB)"
+            if too_large
+            else "DynamoDB rejected the request's writes as written"
+        )
+        + ", so nothing was written. The idempotency key was released.",
+    )
+
+
 def for_refusal(refusal: Refusal) -> Problem:
     """The HTTP answer to an attempt the engine refused to run."""
     reason = refusal.reason
@@ -146,4 +194,11 @@ def for_refusal(refusal: Refusal) -> Problem:
         return fingerprint_mismatch()
     if reason == "not_stored":
         return response_not_stored(refusal.size)
+    if reason == "transaction_conflict":
+        error = refusal.error
+        return transaction_conflict(getattr(error, "position", 0), getattr(error, "reason", ""))
+    if reason == "transaction_rejected":
+        return transaction_rejected(getattr(refusal.error, "reason", ""))
+    if reason == "commit_unavailable":
+        return commit_unavailable(refusal.retry_after or 1)
     return store_unavailable(refusal.retry_after or 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import enum
 import functools
 import io
@@ -135,6 +136,9 @@ _FORMAT_ZLIB = 2
 class Status(str, enum.Enum):
     IN_PROGRESS = "in_progress"
     COMPLETED = "completed"
+    # The handler handed the work on (``defer_completion``): its response is the interim
+    # one, replayed until the work's final response completes the key.
+    DEFERRED = "deferred"
 
 
 class StoredResponse(NamedTuple):
@@ -172,9 +176,9 @@ class Record(NamedTuple):
     """One key's state in a store.
 
     ``lock_expires_at`` and ``expires_at`` are epoch seconds with sub-second precision.
-    ``response`` is set once completed; ``response_not_stored`` marks a completed key whose
-    body was not kept, because it was too large or streamed (its handler still never runs
-    again within the TTL).
+    ``response`` is set once completed (the interim response while deferred);
+    ``response_not_stored`` marks a completed key whose body was not kept, because it was
+    too large or streamed (its handler still never runs again within the TTL).
     """
 
     key_hash: str
@@ -225,3 +229,51 @@ def decode_response(blob: bytes) -> StoredResponse:
         headers=[(n.encode("latin-1"), v.encode("latin-1")) for n, v in headers],
         body=bytes(payload[4 + head_length :]),
     )
+
+
+def decode_response_document(text: str | bytes) -> StoredResponse:
+    """A response written as JSON by something other than this package (a Step Functions
+    state finishing a deferred key): ``{"status": 200, "headers": {...} or [[name, value],
+    ...], "body": "text"}``, with ``"json": value`` (its compact JSON) or ``"body_base64"``
+    instead of ``"body"``. ``ValueError`` when it is not of that shape."""
+    try:
+        document = orjson.loads(text)
+    except orjson.JSONDecodeError as error:
+        raise ValueError(f"the stored response is not JSON: {error}") from None
+    if not isinstance(document, dict):
+        raise ValueError("the stored response must be a JSON object")
+    status = document.get("status")
+    if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
+        raise ValueError(f"the stored response's status must be an integer 100-599: {status!r}")
+    raw_headers = document.get("headers", [])
+    pairs = list(raw_headers.items()) if isinstance(raw_headers, dict) else raw_headers
+    if not isinstance(pairs, list):
+        raise ValueError("the stored response's headers must be an object or a list of pairs")
+    headers: Headers = []
+    for pair in pairs:
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2) or not all(
+            isinstance(part, str) for part in pair
+        ):
+            raise ValueError(f"a stored response header must be a [name, value] pair: {pair!r}")
+        try:
+            headers.append((pair[0].lower().encode("latin-1"), pair[1].encode("latin-1")))
+        except UnicodeEncodeError:
+            raise ValueError(f"a stored response header is not Latin-1: {pair!r}") from None
+    bodies = [name for name in ("body", "json", "body_base64") if name in document]
+    if len(bodies) > 1:
+        raise ValueError(f"the stored response has more than one body: {bodies}")
+    body = b""
+    if bodies == ["body"]:
+        if not isinstance(document["body"], str):
+            raise ValueError("the stored response's body must be a string")
+        body = document["body"].encode("utf-8")
+    elif bodies == ["json"]:
+        body = orjson.dumps(document["json"])
+        if not any(name == b"content-type" for name, _ in headers):
+            headers.append((b"content-type", b"application/json"))
+    elif bodies == ["body_base64"]:
+        try:
+            body = base64.b64decode(document["body_base64"], validate=True)
+        except (ValueError, TypeError):
+            raise ValueError("the stored response's body_base64 is not base64") from None
+    return StoredResponse(status, storable_headers(headers), body)

@@ -9,6 +9,7 @@ from http import HTTPStatus
 from types import TracebackType
 from typing import Any
 
+from .attempt_context import streams_now
 from .engine.effects import Ran
 from .options import Options
 from .problems import Problem
@@ -115,6 +116,8 @@ class CapturedResponse:
         self.encoded_headers = _encode_headers(self.headers)
         self.exc_info = exc_info
         self.streaming, self.buffer.expected_size = scan_response_headers(self.encoded_headers)
+        if self.streaming:
+            self.streaming = streams_now()
         return self.buffer.add  # the legacy write() callable
 
 

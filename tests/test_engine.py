@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from idempotency_middleware import core
+from idempotency_middleware.attempt_context import CurrentAttempt
 from idempotency_middleware.engine import flow
 from idempotency_middleware.engine.drivers import AsyncDriver, Suspended, SyncDriver
 from idempotency_middleware.engine.effects import (
@@ -497,7 +498,11 @@ def test_the_thread_renewer_extends_a_running_lease_from_the_clock_time_it_renew
     store = MemoryStore()
     assert store.claim(script.attempt.claim) == CLAIMED
     renewals = ThreadRenewals(store, script.context.reporter, script.clock)
-    lease = Run(script.attempt, script.attempt.claim.now)
+    lease = Run(
+        script.attempt,
+        script.attempt.claim.now,
+        CurrentAttempt(script.attempt.claim, 60.0, http=True),
+    )
     leases = Leases()
     leases.add(lease)
     now = script.clock.advance(INTERVAL)

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, TypeVar
 
+from ..attempt_context import CURRENT
 from ..clock import Clock
 from ..renewal import LoopRenewals, ThreadRenewals
 from ..stores.base import AsyncStore, ClaimRequest, Completion, SyncStore
@@ -105,12 +106,18 @@ class SyncDriver:
 
     def _run(self, effect: Run, run: SyncRun | None) -> Ran | None:
         assert run is not None, "a flow yielded Run with nothing to run"
+        current = effect.current
+        current.store = self.store
+        entered = CURRENT.set(current)
         self.renewals.start(effect)
         try:
             ran = run()
         except BaseException:
             self.renewals.stop(effect.attempt.claim.owner)
             raise
+        finally:
+            current.finished = True
+            CURRENT.reset(entered)
         if _lease_ends_with_run(ran):
             self.renewals.stop(effect.attempt.claim.owner)
         return ran
@@ -175,12 +182,17 @@ class AsyncDriver:
                     value = await store.aclaim(effect)
                 elif type(effect) is Run:
                     assert run is not None, "a flow yielded Run with nothing to run"
+                    current = effect.current
+                    current.store = store
+                    entered = CURRENT.set(current)
                     renewals.start(effect)
                     try:
                         value = await run()
                     finally:
                         # An ASGI response, live or not, has been sent when the app returns.
                         renewals.stop(effect.attempt.claim.owner)
+                        current.finished = True
+                        CURRENT.reset(entered)
                 elif type(effect) is Completion:
                     value = await store.acomplete(effect)
                 elif type(effect) is Wait and wait is not None:

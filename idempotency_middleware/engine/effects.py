@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any, NamedTuple
 
+from ..attempt_context import CurrentAttempt
 from ..core import Attempt
 from ..stores.base import ClaimRequest, Completion
 
@@ -52,10 +53,13 @@ class Run(NamedTuple):
     it answered nothing). The driver renews the claim while it runs, counting from
     ``granted_at`` (the time the lease's deadline counts from), and stops renewing when it
     returns or raises, except for a live stream that has not ended (``EndLease`` ends that
-    one). Its exceptions are thrown into the attempt."""
+    one). Its exceptions are thrown into the attempt. While it runs, ``current`` is the
+    attempt as its handler sees it (``attempt_context.CURRENT``); the driver sets its store,
+    and marks it finished when the run ends."""
 
     attempt: Attempt
     granted_at: float
+    current: CurrentAttempt
 
 
 class EndLease(NamedTuple):

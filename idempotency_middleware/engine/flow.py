@@ -6,7 +6,8 @@
       Held    -> answer: replay | 409 | 422 | 410   (our own re-sent claim counts as Claimed)
                  or, with wait_seconds, poll the claim until it is Claimed or completed
       Claimed -> [renew first if the lease is nearly spent] -> run (lease renewed)
-                 -> complete | release, each with finishing retries; events throughout
+                 -> complete (+ the handler's transaction, or as deferred) | release,
+                    each with finishing retries; events throughout
       failed  -> lost-claim release in the background; 503 or run unprotected
 
 ``attempt`` is a generator: it yields effects (``effects.py``) and receives their results,
@@ -22,8 +23,10 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .. import core
+from ..attempt_context import CurrentAttempt
 from ..cache import ReplayCache
 from ..clock import Clock
+from ..errors import TransactionConflictError, TransactionRejectedError
 from ..events import EventKind, Reporter
 from ..options import Options
 from ..records import StoredResponse
@@ -64,6 +67,7 @@ class Context:
     clock: Clock
     cache: ReplayCache | None
     on_store_error: str
+    http: bool = True  # an HTTP door (False: ``idempotent`` functions)
 
     @classmethod
     def for_options(cls, options: Options, *, http: bool = True) -> Context:
@@ -73,6 +77,7 @@ class Context:
             options.clock,
             ReplayCache(options.replay_cache_size) if options.replay_cache_size else None,
             options.on_store_error,
+            http,
         )
 
 
@@ -139,8 +144,9 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
             store_latency_ms=latency_ms,
         )
         return answer
-    kind: EventKind = "taken_over" if taken_over else "claimed"
-    context.reporter.report(attempt, kind, store_latency_ms=latency_ms)
+    context.reporter.report(
+        attempt, "taken_over" if taken_over else "claimed", store_latency_ms=latency_ms
+    )
     policy = attempt.policy
     granted_at = claim.now
     now = context.clock.now()
@@ -166,8 +172,9 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
             context.reporter.report(attempt, "lost", status=409)
             return core.KEY_IN_PROGRESS
         granted_at = now
+    current = CurrentAttempt(claim, policy.ttl_seconds, http=context.http)
     try:
-        ran: Ran | None = yield Run(attempt, granted_at)
+        ran: Ran | None = yield Run(attempt, granted_at, current)
         end = None
         if ran is not None and not ran.ended:
             # A live stream still going out: the door resumes us with how it ended (a
@@ -177,7 +184,7 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
     except GeneratorExit:
         raise  # the flow itself is being closed: no effect can be yielded any more
     except BaseException:
-        # Raised or cancelled: nothing is kept, so a retry runs the handler again.
+        # Raised or cancelled: nothing is kept (nor written), so a retry runs it again.
         yield from _release(context, attempt)
         raise
     if ran is None or not core.keeps_response(ran.status) or (end is not None and end.failed):
@@ -185,14 +192,48 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
         return ran
     streamed_size = None if not ran.live else (ran.size if end is None else end.size)
     completion = core.completion_for(
-        attempt, ran.status, ran.headers, ran.body, context.clock.now(), streamed_size=streamed_size
+        attempt,
+        ran.status,
+        ran.headers,
+        ran.body,
+        context.clock.now(),
+        streamed_size=streamed_size,
+        writes=current.writes(),
+        deferred=current.deferred,
     )
     try:
-        stored = yield completion
-    except StoreUnavailable as error:
-        stored = yield from _retry_finish(context, attempt, completion, "complete", error)
+        try:
+            stored = yield completion
+        except StoreUnavailable as error:
+            stored = yield from _retry_finish(context, attempt, completion, "complete", error)
+    except (TransactionConflictError, TransactionRejectedError) as failed:
+        # Nothing was written: the handler's response is discarded with its writes.
+        conflict = isinstance(failed, TransactionConflictError)
+        context.reporter.report(
+            attempt,
+            "transaction_conflict" if conflict else "transaction_rejected",
+            status=409 if conflict else 500,
+            error=str(failed),
+        )
+        yield from _release(context, attempt)
+        return core.Refusal(
+            "transaction_conflict" if conflict else "transaction_rejected", error=failed
+        )
     if stored is not None:
-        context.reporter.report(attempt, "completed" if stored else "lost", status=ran.status)
+        kind: EventKind = "completed"
+        if not stored:
+            kind = "lost"
+        elif completion.deferred:
+            kind = "deferred"
+        context.reporter.report(attempt, kind, status=ran.status)
+    if completion.writes and not stored:
+        if stored is None:
+            # The commit never got an answer: it landed whole or not at all, and the key
+            # stays claimed until its lock timeout; a retry then replays or runs again.
+            return core.COMMIT_UNAVAILABLE
+        # Taken over before the commit: nothing landed. The retry sees the new owner's
+        # outcome; the discarded response must not reach the client as if it had.
+        return core.KEY_IN_PROGRESS
     return ran
 
 

@@ -18,7 +18,7 @@ A store is done when it passes the contract suite (``tests/test_store_contract.p
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 # Re-exported: a store author raises ``StoreUnavailable`` (the same class as the public
 # ``StoreUnavailableError``) when the backend cannot answer.
@@ -85,6 +85,12 @@ class Completion(NamedTuple):
     # (the key is completed, its body is not stored), like a response too large to store.
     streamed: bool = False
     streamed_size: int = 0
+    # Business writes to commit in one transaction with the completion (``TransactItems``
+    # entries); only DynamoDB stores receive any (``completion_transaction()`` refuses others).
+    writes: tuple[dict[str, Any], ...] = ()
+    # The handler deferred its work (``defer_completion()``): store ``response`` as the
+    # interim response of a deferred key, to be completed later by the deferral's token.
+    deferred: bool = False
 
     @property
     def expires_at(self) -> float:
@@ -125,6 +131,33 @@ class AsyncStore(Protocol):
     async def arelease(self, key_hash: str, owner: str) -> bool: ...
 
     async def arenew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool: ...
+
+
+@runtime_checkable
+class SyncDeferrals(Protocol):
+    """Finishing deferred keys (``defer_completion()``), for a worker holding a token."""
+
+    def complete_deferred(
+        self, token: str, status: int, headers: Any = (), body: bytes = b""
+    ) -> bool:
+        """Store the work's final response; ``False`` when the token no longer applies
+        (completed already, expired, taken over); ``ValueError`` when it is malformed."""
+        ...
+
+    def release_deferred(self, token: str) -> bool:
+        """The work did not happen: forget the key so a retry runs the handler again."""
+        ...
+
+
+@runtime_checkable
+class AsyncDeferrals(Protocol):
+    """:class:`SyncDeferrals` for an async store."""
+
+    async def acomplete_deferred(
+        self, token: str, status: int, headers: Any = (), body: bytes = b""
+    ) -> bool: ...
+
+    async def arelease_deferred(self, token: str) -> bool: ...
 
 
 @runtime_checkable

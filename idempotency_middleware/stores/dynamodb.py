@@ -6,7 +6,7 @@ issue byte-identical requests (the httpx ``Client``/``AsyncClient`` idea).
 Item layout (one item per namespaced key)::
 
     pk               S     sha256 of method, route template, scope and client key
-    status           S     "in_progress" | "completed"
+    status           S     "in_progress" | "deferred" | "completed"
     fingerprint      S     sha256 of the request (see fingerprint.py)
     owner            S     random token of the claim that wrote the item (fencing)
     lock_expires_at  N     epoch seconds, sub-second precision
@@ -16,16 +16,30 @@ Item layout (one item per namespaced key)::
     response_ref     S     S3 object key of a response too large for the item (optional)
     response_size    N     body size in bytes
     too_large        BOOL  completed, but the response could not be kept
+    response_json    S     a deferred key's final response as JSON, when a Step Functions
+                           state (or anything but this package) completed it
+    txn              S     the commit token of the transaction that completed the key
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from ..clock import SYSTEM_CLOCK, Clock
-from ..records import Record, Status, decode_response, encode_response
+from ..deferred import DeferredToken
+from ..errors import TransactionConflictError, TransactionRejectedError
+from ..records import (
+    Record,
+    Status,
+    StoredResponse,
+    decode_response,
+    decode_response_document,
+    encode_response,
+)
 from .base import ClaimRequest, Completion, StoreUnavailable
 
 # DynamoDB items are capped at 400 KB including attribute names; leave room for the rest.
@@ -40,10 +54,15 @@ CONDITION_FAILED = "ConditionalCheckFailedException"
 # many times in all before answering that the store is unavailable.
 CLAIM_ATTEMPTS = 3
 
+# DynamoDB caps a transaction's aggregate size at 4 MB.
+MAX_TRANSACTION_BYTES = 4 * 1024 * 1024
+
 # How often create_table() asks whether a new table is ACTIVE yet.
 TABLE_POLL_SECONDS = 0.5
 
 Item = dict[str, dict[str, Any]]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -72,6 +91,8 @@ _NAMES = {
     "#size": "response_size",
     "#too_large": "too_large",
     "#response_ref": "response_ref",
+    "#response_json": "response_json",
+    "#txn": "txn",
 }
 
 
@@ -128,24 +149,36 @@ class CompletionPlan:
 
 
 def plan_completion(
-    layout: TableLayout, completion: Completion, overflow: OverflowSettings | None
+    layout: TableLayout,
+    completion: Completion,
+    overflow: OverflowSettings | None,
+    *,
+    force_overflow: bool = False,
 ) -> CompletionPlan:
     """Conditional on the owner token: a taken-over owner cannot overwrite the new record.
 
-    A response too large for one item goes to S3 when the store has a bucket; otherwise it
+    A response too large for one item (or, with ``force_overflow``, one that would push a
+    transaction past its size limit) goes to S3 when the store has a bucket; otherwise it
     is not kept, and the key is still marked completed so its handler never runs again
     within the TTL.
+
+    A deferred key's interim completion, and a completion committed with a transaction,
+    also require the claim to be still in progress: neither may overwrite a final response
+    that is already there (a fast worker's, or this very commit's landed earlier).
     """
     encoded = b"" if completion.streamed else encode_response(completion.response)
-    fits = not completion.streamed and len(encoded) <= MAX_ITEM_RESPONSE_BYTES
+    fits = (
+        not completion.streamed and len(encoded) <= MAX_ITEM_RESPONSE_BYTES and not force_overflow
+    )
     overflow_key = (
         overflow.object_key(completion.key_hash, completion.owner)
         if overflow is not None and not fits and not completion.streamed
         else None
     )
+    status = Status.DEFERRED if completion.deferred else Status.COMPLETED
     values: dict[str, Any] = {
         ":owner": {"S": completion.owner},
-        ":completed": {"S": Status.COMPLETED.value},
+        ":completed": {"S": status.value},
         ":exp": _number(completion.expires_at),
         ":ttl": _ttl(completion.expires_at),
         ":size": {"N": str(completion.body_size)},
@@ -163,17 +196,235 @@ def plan_completion(
         values[":response_ref"] = {"S": overflow_key}
         update += ", #response_ref = :response_ref"
         names.append("#response_ref")
+    condition = "#owner = :owner"
+    if completion.writes or completion.deferred:
+        condition += " AND #status = :in_progress"
+        values[":in_progress"] = {"S": Status.IN_PROGRESS.value}
+    if completion.writes:
+        values[":txn"] = {"S": commit_token(completion.owner)}
+        update += ", #txn = :txn"
+        names.append("#txn")
     request = {
         "TableName": layout.table_name,
         "Key": {layout.key_attribute: {"S": completion.key_hash}},
         "UpdateExpression": update,
-        "ConditionExpression": "#owner = :owner",
+        "ConditionExpression": condition,
         "ExpressionAttributeNames": _names(layout, *names),
         "ExpressionAttributeValues": values,
     }
+    if completion.deferred:
+        request["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
     if overflow_key is None:
         return CompletionPlan(request)
     return CompletionPlan(request, overflow_key, encoded)
+
+
+def finished_by(item: Item | None, owner: str) -> bool:
+    """Whether a deferred interim completion that failed its condition finds its own key
+    already past it: deferred (the same completion re-sent) or completed (the work's final
+    response landed first). Either way the key is done and nothing needs writing."""
+    if item is None or item.get("owner", {}).get("S") != owner:
+        return False
+    return item.get("status", {}).get("S") in (Status.DEFERRED.value, Status.COMPLETED.value)
+
+
+# -- transactions: the business writes committed with the completion --------------------
+
+
+def commit_token(owner: str) -> str:
+    """The ``ClientRequestToken`` of an attempt's commit, derived from its owner token: the
+    same for every retry of the commit (DynamoDB then applies it at most once), different
+    for every attempt. Hex, 36 characters (DynamoDB's maximum)."""
+    return hashlib.sha256(b"idempotency-commit:" + owner.encode()).hexdigest()[:36]
+
+
+_TRANSACT_UPDATE_FIELDS = (
+    "TableName",
+    "Key",
+    "UpdateExpression",
+    "ConditionExpression",
+    "ExpressionAttributeNames",
+    "ExpressionAttributeValues",
+)
+
+
+def transaction_request(
+    plan: CompletionPlan, writes: tuple[dict[str, Any], ...], owner: str
+) -> dict[str, Any]:
+    """One TransactWriteItems: the business writes in their order, then the completion
+    (so a cancellation reason's index is the write's position). The completion returns
+    the record on a failed condition, to tell a lost claim from this commit landed before."""
+    update = {field: plan.request[field] for field in _TRANSACT_UPDATE_FIELDS}
+    update["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+    return {
+        "TransactItems": [*writes, {"Update": update}],
+        "ClientRequestToken": commit_token(owner),
+    }
+
+
+def transaction_size(request: dict[str, Any]) -> int:
+    """An upper estimate of a transaction's size as DynamoDB counts it: attribute names and
+    values of every item, key and expression value it carries."""
+    total = 0
+    for entry in request["TransactItems"]:
+        (body,) = entry.values()
+        for part in ("Item", "Key", "ExpressionAttributeValues"):
+            total += _attributes_size(body.get(part, {}))
+        total += len(body.get("UpdateExpression", "")) + len(body.get("ConditionExpression", ""))
+    return total
+
+
+def _attributes_size(attributes: dict[str, Any]) -> int:
+    return sum(len(name.encode()) + _value_size(value) for name, value in attributes.items())
+
+
+def _value_size(value: dict[str, Any]) -> int:
+    ((kind, content),) = value.items()
+    if kind in ("S", "N"):
+        return len(str(content).encode())
+    if kind == "B":
+        return len(content)
+    if kind in ("BOOL", "NULL"):
+        return 1
+    if kind in ("SS", "NS"):
+        return sum(len(str(member).encode()) for member in content)
+    if kind == "BS":
+        return sum(len(member) for member in content)
+    if kind == "L":
+        return 3 + sum(1 + _value_size(member) for member in content)
+    return 3 + sum(1 + len(name.encode()) + _value_size(member) for name, member in content.items())
+
+
+class TransactionCancelled(Exception):
+    """A TransactWriteItems was cancelled; ``reasons`` has one entry per action, in order."""
+
+    def __init__(self, reasons: list[dict[str, Any]]) -> None:
+        super().__init__("transaction cancelled")
+        self.reasons = reasons
+
+
+# Cancellation codes that another try may clear (contention, capacity); the finishing
+# retries try again. Any other code but a condition failure is a request DynamoDB will
+# never accept as written.
+_RETRYABLE_CANCELLATIONS = frozenset(
+    {"TransactionConflict", "ProvisionedThroughputExceeded", "ThrottlingError", "None", ""}
+)
+
+
+def commit_outcome(reasons: list[dict[str, Any]], writes: int, owner: str) -> bool:
+    """What a cancelled commit means: ``True`` when it had landed already (a re-sent commit
+    whose first try succeeded, on a backend that ignores ``ClientRequestToken``), ``False``
+    when the claim is no longer ours; a business condition raises
+    ``TransactionConflictError``, an unacceptable write ``TransactionRejectedError``,
+    contention ``StoreUnavailable`` (retried)."""
+    completion = reasons[writes] if len(reasons) > writes else {}
+    if completion.get("Code") == "ConditionalCheckFailed":
+        item = completion.get("Item") or {}
+        return bool(item.get("txn", {}).get("S") == commit_token(owner))
+    for position, reason in enumerate(reasons[:writes]):
+        if reason.get("Code") == "ConditionalCheckFailed":
+            raise TransactionConflictError(
+                f"write {position} of the transaction failed its condition; nothing was written",
+                position=position,
+                reason="ConditionalCheckFailed",
+            )
+    for position, reason in enumerate(reasons[:writes]):
+        code = str(reason.get("Code") or "")
+        if code not in _RETRYABLE_CANCELLATIONS:
+            raise TransactionRejectedError(
+                f"DynamoDB rejected write {position} of the transaction ({code}: "
+                f"{reason.get('Message', '')}); nothing was written",
+                reason=code,
+            )
+    codes = sorted({str(reason.get("Code")) for reason in reasons} - {"None"})
+    throttled = any("Throughput" in code or "Throttl" in code for code in codes)
+    return _raise_unavailable(
+        f"DynamoDB cancelled the transaction ({', '.join(codes) or 'no reason given'})",
+        "throttled" if throttled else "server_error",
+    )
+
+
+def _raise_unavailable(message: str, cause: str) -> bool:
+    raise StoreUnavailable(
+        message, code="TransactionCanceledException", cause=cause, reason=message
+    )
+
+
+def rejected(error: StoreUnavailable) -> TransactionRejectedError:
+    """A commit DynamoDB refused outright (``ValidationException``: two writes on one item,
+    a malformed expression, an item over 400 KB)."""
+    return TransactionRejectedError(
+        f"DynamoDB rejected the transaction: {error.reason}; nothing was written",
+        reason=error.code,
+    )
+
+
+def too_large(size: int) -> TransactionRejectedError:
+    return TransactionRejectedError(
+        f"the transaction would be about {size} bytes with the response, over DynamoDB's 4 MB; "
+        "give the store an S3 bucket (s3_bucket=) for large responses, or write less",
+        reason="too_large",
+    )
+
+
+# -- deferred keys: the work's final response, by token ----------------------------------
+
+
+def final_completion_request(
+    layout: TableLayout, token: DeferredToken, response: StoredResponse, overflow_key: str | None
+) -> tuple[dict[str, Any], bytes]:
+    """UpdateItem storing a deferred key's final response, fenced by the token's owner, on
+    a key not completed yet (deferred, or still in progress when the work finished before
+    the interim response was stored). The key then expires at the token's time. Returns the
+    request and the encoded response (to put in S3 under ``overflow_key`` when it does not
+    fit the item)."""
+    encoded = encode_response(response)
+    fits = len(encoded) <= MAX_ITEM_RESPONSE_BYTES
+    values: dict[str, Any] = {
+        ":owner": {"S": token.owner},
+        ":completed": {"S": Status.COMPLETED.value},
+        ":exp": {"N": str(token.expires_at)},
+        ":size": {"N": str(len(response.body))},
+        ":too_large": {"BOOL": not fits and overflow_key is None},
+    }
+    update = (
+        "SET #status = :completed, #exp = :exp, #ttl = :exp, #size = :size, #too_large = :too_large"
+    )
+    names = ["#status", "#exp", "#ttl", "#owner", "#size", "#too_large", "#response_json"]
+    if fits:
+        values[":response"] = {"B": encoded}
+        update += ", #response = :response REMOVE #response_json, #response_ref"
+        names += ["#response", "#response_ref"]
+    elif overflow_key is not None:
+        values[":response_ref"] = {"S": overflow_key}
+        update += ", #response_ref = :response_ref REMOVE #response_json, #response"
+        names += ["#response_ref", "#response"]
+    else:
+        update += " REMOVE #response_json, #response, #response_ref"
+        names += ["#response", "#response_ref"]
+    request = {
+        "TableName": layout.table_name,
+        "Key": {layout.key_attribute: {"S": token.key_hash}},
+        "UpdateExpression": update,
+        "ConditionExpression": "#owner = :owner AND #status <> :completed",
+        "ExpressionAttributeNames": _names(layout, *names),
+        "ExpressionAttributeValues": values,
+    }
+    return request, encoded
+
+
+def release_deferred_request(layout: TableLayout, token: DeferredToken) -> dict[str, Any]:
+    """DeleteItem of a deferred (or still in-progress) key, fenced by the token's owner."""
+    return {
+        "TableName": layout.table_name,
+        "Key": {layout.key_attribute: {"S": token.key_hash}},
+        "ConditionExpression": "#owner = :owner AND #status <> :completed",
+        "ExpressionAttributeNames": _names(layout, "#owner", "#status"),
+        "ExpressionAttributeValues": {
+            ":owner": {"S": token.owner},
+            ":completed": {"S": Status.COMPLETED.value},
+        },
+    }
 
 
 @dataclass(frozen=True)
@@ -257,6 +508,26 @@ def item_to_record(layout: TableLayout, item: Item, overflow_blob: bytes | None 
 
     An item whose S3 object could not be read is reported as completed without a response.
     """
+    key_hash = item[layout.key_attribute]["S"]
+    document = item.get("response_json", {}).get("S")
+    if document is not None:
+        # A final response written by a Step Functions state (or any other writer).
+        try:
+            response: StoredResponse | None = decode_response_document(document)
+        except ValueError as error:
+            logger.error("idempotency record %s: unreadable response_json: %s", key_hash, error)
+            response = None
+        return Record(
+            key_hash,
+            Status(item["status"]["S"]),
+            item["fingerprint"]["S"],
+            item["owner"]["S"],
+            float(item["lock_expires_at"]["N"]),
+            float(item["expires_at"]["N"]),
+            response,
+            response is None,
+            len(response.body) if response is not None else len(document),
+        )
     blob = item.get("response", {}).get("B")
     if blob is None:
         blob = overflow_blob
@@ -264,7 +535,7 @@ def item_to_record(layout: TableLayout, item: Item, overflow_blob: bytes | None 
         blob is None and overflow_reference(item) is not None
     )
     return Record(
-        key_hash=item[layout.key_attribute]["S"],
+        key_hash=key_hash,
         status=Status(item["status"]["S"]),
         fingerprint=item["fingerprint"]["S"],
         owner=item["owner"]["S"],
@@ -403,6 +674,9 @@ def translate_error(operation: str, error: BaseException, table_name: str = "") 
     code = error_code(error)
     if code == CONDITION_FAILED:
         return ConditionFailed(held_item(error))
+    if code == "TransactionCanceledException":
+        response = getattr(error, "response", {})
+        return TransactionCancelled(list(response.get("CancellationReasons") or []))
     cause, reason = classify(error, table_name)
     return StoreUnavailable(
         f"DynamoDB {operation} failed: {error!r}", code=code, cause=cause, reason=reason

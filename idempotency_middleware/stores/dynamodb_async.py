@@ -8,8 +8,11 @@ which ``scripts/unasync.py`` generates from it: edit here, then run ``scripts/un
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 from typing import Any
 
+from .. import deferred
+from ..errors import TransactionConflictError, TransactionRejectedError
 from ..records import Record
 from . import dynamodb as ddb
 from .base import Claimed, ClaimRequest, ClaimResult, Completion, Held, StoreUnavailable
@@ -80,20 +83,71 @@ class AsyncDynamoDBStore(AsyncClients):
         raise StoreUnavailable("DynamoDB claim kept racing with other writers")
 
     async def acomplete(self, completion: Completion) -> bool:
-        """Store the response; ``False`` when the claim is no longer ``owner``'s."""
+        """Store the response; ``False`` when the claim is no longer ``owner``'s. With
+        business writes, commit them and the completion in one transaction."""
+        if completion.writes:
+            return await self._commit(completion)
         overflow = self._overflow
         plan = ddb.plan_completion(self.layout, completion, overflow)
+        await self._put_overflow(plan)
+        try:
+            await self._call("update_item", plan.request)
+            stored = True
+        except ddb.ConditionFailed as failed:
+            stored = completion.deferred and ddb.finished_by(failed.item, completion.owner)
+        if not stored:
+            await self._drop_overflow(plan)
+        return stored
+
+    async def _commit(self, completion: Completion) -> bool:
+        """The business writes and the completion in one TransactWriteItems."""
+        overflow = self._overflow
+        plan = ddb.plan_completion(self.layout, completion, overflow)
+        request = ddb.transaction_request(plan, completion.writes, completion.owner)
+        size = ddb.transaction_size(request)
+        if size > ddb.MAX_TRANSACTION_BYTES:
+            if overflow is None or plan.overflow_key is not None or completion.streamed:
+                raise ddb.too_large(size)
+            plan = ddb.plan_completion(self.layout, completion, overflow, force_overflow=True)
+            request = ddb.transaction_request(plan, completion.writes, completion.owner)
+            size = ddb.transaction_size(request)
+            if size > ddb.MAX_TRANSACTION_BYTES:
+                raise ddb.too_large(size)
+        await self._put_overflow(plan)
+        try:
+            await self._call("transact_write_items", request)
+            return True
+        except ddb.TransactionCancelled as cancelled:
+            try:
+                stored = ddb.commit_outcome(
+                    cancelled.reasons, len(completion.writes), completion.owner
+                )
+            except (TransactionConflictError, TransactionRejectedError):
+                await self._drop_overflow(plan)
+                raise
+        except StoreUnavailable as error:
+            if error.code != "ValidationException":
+                raise  # unknown outcome: the object may belong to a landed commit
+            await self._drop_overflow(plan)
+            raise ddb.rejected(error) from error
+        if not stored:
+            await self._drop_overflow(plan)
+        return stored
+
+    async def _put_overflow(self, plan: ddb.CompletionPlan) -> None:
+        overflow = self._overflow
         if plan.overflow_key is not None and overflow is not None:
             await self._s3_call(
                 "put_object", Bucket=overflow.bucket, Key=plan.overflow_key, Body=plan.overflow_body
             )
-        stored = await self._conditional("update_item", plan.request)
-        if not stored and plan.overflow_key is not None and overflow is not None:
-            # Fenced out: the object belongs to no record. Best effort; a lifecycle rule
-            # on the prefix catches what this misses.
+
+    async def _drop_overflow(self, plan: ddb.CompletionPlan) -> None:
+        """The object belongs to no record (fenced out, nothing committed). Best effort; a
+        lifecycle rule on the prefix catches what this misses."""
+        overflow = self._overflow
+        if plan.overflow_key is not None and overflow is not None:
             with contextlib.suppress(StoreUnavailable):
                 await self._s3_call("delete_object", Bucket=overflow.bucket, Key=plan.overflow_key)
-        return stored
 
     async def arelease(self, key_hash: str, owner: str) -> bool:
         """Delete the claim; ``False`` when it is no longer ``owner``'s."""
@@ -108,6 +162,47 @@ class AsyncDynamoDBStore(AsyncClients):
         """Extend an in-progress claim; ``False`` when it is no longer ``owner``'s."""
         return await self._conditional(
             "update_item", ddb.renew_request(self.layout, key_hash, owner, lock_expires_at)
+        )
+
+    # -- deferred keys ------------------------------------------------------------------
+
+    async def acomplete_deferred(
+        self,
+        token: str,
+        status: int,
+        headers: Iterable[tuple[bytes, bytes]] = (),
+        body: bytes = b"",
+    ) -> bool:
+        """Store the final response of work deferred with ``defer_completion()``; from then
+        on retries get it replayed. ``False`` when the token no longer applies (completed
+        already, expired, taken over); ``ValueError`` when it is malformed."""
+        parsed = deferred.parse_token(token)
+        response = deferred.final_response(status, headers, body)
+        if parsed.expires_at <= self._clock.now():
+            return False
+        overflow = self._overflow
+        overflow_key = None
+        if overflow is not None:
+            overflow_key = overflow.object_key(parsed.key_hash, parsed.owner + "-final")
+        request, encoded = ddb.final_completion_request(self.layout, parsed, response, overflow_key)
+        spilled = len(encoded) > ddb.MAX_ITEM_RESPONSE_BYTES and overflow is not None
+        plan = (
+            ddb.CompletionPlan(request, overflow_key, encoded)
+            if spilled
+            else ddb.CompletionPlan(request)
+        )
+        await self._put_overflow(plan)
+        stored = await self._conditional("update_item", request)
+        if not stored:
+            await self._drop_overflow(plan)
+        return stored
+
+    async def arelease_deferred(self, token: str) -> bool:
+        """The deferred work did not happen: forget the key, so a retry runs the handler
+        again. ``False`` when the token no longer applies."""
+        parsed = deferred.parse_token(token)
+        return await self._conditional(
+            "delete_item", ddb.release_deferred_request(self.layout, parsed)
         )
 
     # -- operators --------------------------------------------------------------------

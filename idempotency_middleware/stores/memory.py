@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 
+from .. import deferred
 from ..clock import SYSTEM_CLOCK, Clock
 from ..records import Record, Status
 from .base import CLAIMED, TAKEN_OVER, ClaimRequest, ClaimResult, Completion, Held
@@ -35,6 +37,7 @@ class MemoryStore:
         # hot path reads no clock of its own.)
         self._purge_interval = purge_interval_seconds
         self._next_purge = clock.now() + purge_interval_seconds
+        self._clock = clock
 
     def claim(self, request: ClaimRequest) -> ClaimResult:
         key_hash, now = request.key_hash, request.now
@@ -69,10 +72,14 @@ class MemoryStore:
             existing = self._records.get(completion.key_hash)
             if existing is None or existing.owner != completion.owner:
                 return False
+            if completion.deferred and existing.status is not Status.IN_PROGRESS:
+                # Deferred already (this completion again), or the work's final response
+                # landed first: done either way, and the final response is kept.
+                return True
             # Built directly: NamedTuple._replace costs several times as much.
             self._records[completion.key_hash] = Record(
                 existing.key_hash,
-                Status.COMPLETED,
+                Status.DEFERRED if completion.deferred else Status.COMPLETED,
                 existing.fingerprint,
                 existing.owner,
                 existing.lock_expires_at,
@@ -104,6 +111,59 @@ class MemoryStore:
                 lock_expires_at=lock_expires_at, expires_at=lock_expires_at
             )
             return True
+
+    def complete_deferred(
+        self,
+        token: str,
+        status: int,
+        headers: Iterable[tuple[bytes, bytes]] = (),
+        body: bytes = b"",
+    ) -> bool:
+        """Store the final response of work deferred with ``defer_completion()``; ``False``
+        when the token no longer applies (completed, expired, taken over)."""
+        parsed = deferred.parse_token(token)
+        response = deferred.final_response(status, headers, body)
+        if parsed.expires_at <= self._clock.now():
+            return False
+        size = len(response.body)
+        too_large = self._max_response_bytes is not None and size > self._max_response_bytes
+        with self._lock:
+            existing = self._records.get(parsed.key_hash)
+            if not _deferred_by(existing, parsed.owner):
+                return False
+            assert existing is not None
+            self._records[parsed.key_hash] = existing._replace(
+                status=Status.COMPLETED,
+                expires_at=float(parsed.expires_at),
+                response=None if too_large else response,
+                response_not_stored=too_large,
+                response_size=size,
+            )
+            return True
+
+    def release_deferred(self, token: str) -> bool:
+        """Forget a deferred key whose work did not happen; ``False`` when the token no
+        longer applies."""
+        parsed = deferred.parse_token(token)
+        with self._lock:
+            if not _deferred_by(self._records.get(parsed.key_hash), parsed.owner):
+                return False
+            del self._records[parsed.key_hash]
+            return True
+
+    async def acomplete_deferred(
+        self,
+        token: str,
+        status: int,
+        headers: Iterable[tuple[bytes, bytes]] = (),
+        body: bytes = b"",
+    ) -> bool:
+        """:meth:`complete_deferred` (no I/O: called directly)."""
+        return self.complete_deferred(token, status, headers, body)
+
+    async def arelease_deferred(self, token: str) -> bool:
+        """:meth:`release_deferred` (no I/O: called directly)."""
+        return self.release_deferred(token)
 
     def _purge(self, now: float) -> None:
         self._next_purge = now + self._purge_interval
@@ -152,3 +212,9 @@ class MemoryStore:
 
     async def acreate_table(self) -> None:
         """:meth:`create_table`: nothing to create."""
+
+
+def _deferred_by(record: Record | None, owner: str) -> bool:
+    """A key a deferral token may still finish: its owner's, not completed yet (deferred,
+    or in progress when the work finished before the interim response was stored)."""
+    return record is not None and record.owner == owner and record.status is not Status.COMPLETED

@@ -7,7 +7,7 @@ one writer, and the busy timeout makes a writer wait for the lock instead of fai
 Table layout (one row per namespaced key)::
 
     key              TEXT     primary key: the namespaced key the middleware claims
-    status           TEXT     "in_progress" | "completed"
+    status           TEXT     "in_progress" | "deferred" | "completed"
     fingerprint      TEXT     sha256 of the request (see fingerprint.py)
     owner            TEXT     random token of the claim that wrote the row (fencing)
     lock_expires_at  REAL     epoch seconds, sub-second precision
@@ -26,12 +26,13 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
+from .. import deferred
 from ..clock import SYSTEM_CLOCK, Clock
-from ..records import Record, Status, decode_response, encode_response
+from ..records import Record, Status, StoredResponse, decode_response, encode_response
 from .base import Claimed, ClaimRequest, ClaimResult, Completion, Held, StoreUnavailable
 from .threaded import ThreadedStore
 
@@ -108,6 +109,18 @@ class _Statements:
             "response = :response, response_size = :response_size, too_large = :too_large "
             "WHERE key = :key AND owner = :owner"
         )
+        # A deferred key's interim response: only over the claim still in progress (never
+        # over the work's final response, which may land first).
+        self.complete_interim = self.complete + " AND status = :in_progress"
+        self.owner_status = f"SELECT owner, status FROM {table} WHERE key = ?"
+        # The work's final response, or forgetting a deferred key, by a deferral token:
+        # fenced by its owner, on a key not completed yet.
+        self.complete_final = (
+            f"UPDATE {table} SET status = :completed, expires_at = :expires_at, "
+            "response = :response, response_size = :response_size, too_large = :too_large "
+            "WHERE key = :key AND owner = :owner AND status <> :completed"
+        )
+        self.release_deferred = f"DELETE FROM {table} WHERE key = ? AND owner = ? AND status <> ?"
         self.release = f"DELETE FROM {table} WHERE key = ? AND owner = ?"
         self.renew = (
             f"UPDATE {table} SET lock_expires_at = :lock_expires_at, "
@@ -475,28 +488,77 @@ class SQLiteStore(ThreadedStore):
 
     def complete(self, completion: Completion) -> bool:
         """Store the response; ``False`` when the claim is no longer ``owner``'s."""
-        size = completion.body_size
-        too_large = completion.streamed or (
-            self.max_response_bytes is not None and size > self.max_response_bytes
-        )
-        blob: bytes | None = None
-        if not too_large:
-            blob = encode_response(completion.response)
-            if len(blob) > _MAX_BLOB_BYTES:
-                blob, too_large = None, True
+        blob, too_large = self._encoded(completion.response, completion.streamed)
         params = {
             "key": completion.key_hash,
             "owner": completion.owner,
-            "completed": Status.COMPLETED.value,
+            "completed": (Status.DEFERRED if completion.deferred else Status.COMPLETED).value,
             "expires_at": completion.expires_at,
             "response": blob,
-            "response_size": size,
+            "response_size": completion.body_size,
             "too_large": int(too_large),
         }
         with self._connection("complete") as connection:
-            updated = connection.execute(self._sql.complete, params).rowcount == 1
+            if not completion.deferred:
+                updated = connection.execute(self._sql.complete, params).rowcount == 1
+            else:
+                params["in_progress"] = Status.IN_PROGRESS.value
+                updated = connection.execute(self._sql.complete_interim, params).rowcount == 1
+                if not updated:
+                    # Deferred already (this completion again) or completed by the work's
+                    # final response first: done either way, if the key is still ours.
+                    row = connection.execute(
+                        self._sql.owner_status, (completion.key_hash,)
+                    ).fetchone()
+                    updated = row is not None and row[0] == completion.owner
             self._maybe_purge(connection, completion.now)
         return updated
+
+    def _encoded(self, response: StoredResponse, streamed: bool) -> tuple[bytes | None, bool]:
+        """The response's blob, or ``None`` and too large (streamed, over the limits)."""
+        too_large = streamed or (
+            self.max_response_bytes is not None and len(response.body) > self.max_response_bytes
+        )
+        if too_large:
+            return None, True
+        blob = encode_response(response)
+        if len(blob) > _MAX_BLOB_BYTES:
+            return None, True
+        return blob, False
+
+    def complete_deferred(
+        self,
+        token: str,
+        status: int,
+        headers: Iterable[tuple[bytes, bytes]] = (),
+        body: bytes = b"",
+    ) -> bool:
+        """Store the final response of work deferred with ``defer_completion()``; ``False``
+        when the token no longer applies (completed, expired, taken over)."""
+        parsed = deferred.parse_token(token)
+        response = deferred.final_response(status, headers, body)
+        if parsed.expires_at <= self._clock.now():
+            return False
+        blob, too_large = self._encoded(response, False)
+        params = {
+            "key": parsed.key_hash,
+            "owner": parsed.owner,
+            "completed": Status.COMPLETED.value,
+            "expires_at": float(parsed.expires_at),
+            "response": blob,
+            "response_size": len(response.body),
+            "too_large": int(too_large),
+        }
+        with self._connection("complete_deferred") as connection:
+            return connection.execute(self._sql.complete_final, params).rowcount == 1
+
+    def release_deferred(self, token: str) -> bool:
+        """Forget a deferred key whose work did not happen; ``False`` when the token no
+        longer applies."""
+        parsed = deferred.parse_token(token)
+        arguments = (parsed.key_hash, parsed.owner, Status.COMPLETED.value)
+        with self._connection("release_deferred") as connection:
+            return connection.execute(self._sql.release_deferred, arguments).rowcount == 1
 
     def release(self, key_hash: str, owner: str) -> bool:
         """Delete the claim; ``False`` when it is no longer ``owner``'s."""

@@ -15,7 +15,7 @@ import asyncio
 import concurrent.futures
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -76,6 +76,21 @@ class ThreadedStore(abc.ABC):
     def create_table(self) -> None:
         """Create the table or schema; safe to repeat."""
 
+    def complete_deferred(
+        self,
+        token: str,
+        status: int,
+        headers: Iterable[tuple[bytes, bytes]] = (),
+        body: bytes = b"",
+    ) -> bool:
+        """Store a deferred key's final response (``defer_completion()``); a store that
+        supports deferral overrides this and :meth:`release_deferred`."""
+        raise NotImplementedError(f"{type(self).__name__} does not support deferred completion")
+
+    def release_deferred(self, token: str) -> bool:
+        """Forget a deferred key whose work did not happen."""
+        raise NotImplementedError(f"{type(self).__name__} does not support deferred completion")
+
     # -- the async half, derived --------------------------------------------------------
 
     def _thread_pool(self) -> concurrent.futures.ThreadPoolExecutor:
@@ -109,6 +124,18 @@ class ThreadedStore(abc.ABC):
     async def arenew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
         """:meth:`renew`, off the event loop."""
         return await self._in_thread(self.renew, key_hash, owner, lock_expires_at)
+
+    async def acomplete_deferred(
+        self,
+        token: str,
+        status: int,
+        headers: Iterable[tuple[bytes, bytes]] = (),
+        body: bytes = b"",
+    ) -> bool:
+        return await self._in_thread(self.complete_deferred, token, status, headers, body)
+
+    async def arelease_deferred(self, token: str) -> bool:
+        return await self._in_thread(self.release_deferred, token)
 
     async def aget(self, key_hash: str) -> Record | None:
         """:meth:`get`, off the event loop."""
