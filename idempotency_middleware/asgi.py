@@ -167,8 +167,9 @@ class IdempotencyMiddleware:
             capture = messages.ResponseCapture(send)  # (built only when the app runs)
             inner_receive = messages.replaying_receive(body, receive)
             await self.app(messages.without_bypass(scope), inner_receive, capture.send)
+            ran = capture.ran()
             start = capture.start
-            return capture.ran()
+            return ran
 
         waiter = (
             messages.disconnect_waiter(receive, self.options.clock)

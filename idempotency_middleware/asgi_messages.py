@@ -38,13 +38,14 @@ class ResponseCapture:
     """Buffers the app's response instead of sending it, except a streaming one (see
     ``records.STREAMING_MEDIA_TYPES``), which goes to the client live as it comes."""
 
-    __slots__ = ("_send", "buffer", "live", "size", "start")
+    __slots__ = ("_send", "buffer", "held", "live", "size", "start")
 
     def __init__(self, send: Send) -> None:
         self._send = send
         self.start: Message | None = None
         self.buffer = BodyBuffer()
         self.live = False
+        self.held = False  # a stream held back until its transaction's writes land
         self.size = 0
 
     async def send(self, message: Message) -> None:
@@ -54,6 +55,7 @@ class ResponseCapture:
             self.live, self.buffer.expected_size = scan_response_headers(message.get("headers", []))
             if self.live:
                 self.live = streams_now()
+                self.held = not self.live
             if self.live:
                 await self._send(message)
         elif kind == "http.response.body":
@@ -73,7 +75,21 @@ class ResponseCapture:
         headers = start.get("headers", [])
         if self.live:
             return Ran(start["status"], headers, b"", live=True, ended=True, size=self.size)
-        return Ran(start["status"], headers, self.buffer.take())
+        body = self.buffer.take()
+        if self.held:
+            # A stream declares no length; sent whole, it gets one (as a replay does).
+            headers = with_content_length(headers, len(body))
+            self.start = {**start, "headers": headers}
+        return Ran(start["status"], headers, body)
+
+
+def with_content_length(
+    headers: Iterable[tuple[bytes, bytes]], length: int
+) -> list[tuple[bytes, bytes]]:
+    """``headers`` without any Content-Length, then the one of a body of ``length`` bytes."""
+    kept = [(name, value) for name, value in headers if name.lower() != b"content-length"]
+    kept.append((b"content-length", str(length).encode("ascii")))
+    return kept
 
 
 def read_headers(

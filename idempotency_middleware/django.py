@@ -111,7 +111,7 @@ class IdempotencyDjangoMiddleware:
         def run() -> Ran:
             nonlocal response
             response = self.get_response(request)
-            if response.streaming and not response.is_async and not streams_now():
+            if response.streaming and not streams_now():
                 response = _held(response)
             return _ran(response)
 
@@ -193,7 +193,16 @@ def _held(streaming: Any) -> HttpResponse:
     """A streaming response read whole, to be sent once the attempt's transaction landed
     (its writes must land before the first byte)."""
     try:
-        body = b"".join(streaming.streaming_content)
+        if streaming.is_async:
+            from asgiref.sync import async_to_sync
+
+            async def read(chunks: AsyncIterable[bytes]) -> bytes:
+                return b"".join([chunk async for chunk in chunks])
+
+            # The door runs in a thread of its own (Django's sync middleware), with no loop.
+            body = async_to_sync(read)(streaming.streaming_content)
+        else:
+            body = b"".join(streaming.streaming_content)
     finally:
         streaming.close()
     headers = [

@@ -129,7 +129,7 @@ inside() {
     fi
     # pytest -q closes with e.g. "58 passed, 84 deselected in 5.59s"; keep the counts.
     local summary
-    summary=$(grep -E ' in [0-9.]+s' -- "$output" | tail -n 1 | sed -E 's/^[= ]+//; s/ in [0-9.]+s.*$//; s/, [0-9]+ deselected//') || true
+    summary=$(grep -a -E ' in [0-9.]+s' -- "$output" | tail -n 1 | sed -E 's/^[= ]+//; s/ in [0-9.]+s.*$//; s/, [0-9]+ deselected//') || true
     say "${summary:-no pytest summary, exit status $status}"
     # The URL is set in here, so a skipped case did not run against DynamoDB Local after all.
     if ((status == 0)) && [[ $summary == *skipped* ]]; then

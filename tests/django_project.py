@@ -16,6 +16,10 @@ Views (a call counter per endpoint in ``state()``, named ``"METHOD /route"``):
   exception with ``fail``
 - ``POST file``: a ``FileResponse`` of ``FILE_CONTENT``
 - ``POST async-stream?fail=1``: an async view streaming an async generator, likewise
+- ``POST txn?table=T&stream=1`` (or ``stream=async``): adds a put of ``{"id": <body's
+  id>}`` (if absent) to the attempt's ``completion_transaction()`` and answers 201 JSON, or
+  with ``stream`` a ``text/event-stream`` of two chunks (sync or async); it answers 501
+  naming the exception when there is no transaction to use (no key: ``LookupError``)
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from django.conf import settings
 from django.http import FileResponse, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.urls import path
 
+from idempotency_middleware import completion_transaction
 from tests.apps import STREAM_FIRST_CHUNK, STREAM_LAST_CHUNK, AppState
 
 MIDDLEWARE = "idempotency_middleware.django.IdempotencyDjangoMiddleware"
@@ -130,6 +135,32 @@ async def async_stream(request: HttpRequest) -> StreamingHttpResponse:
     return StreamingHttpResponse(chunks(), content_type="text/event-stream")
 
 
+POST_TXN = "POST /txn"
+
+
+def txn(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
+    call = state().record_call(POST_TXN)
+    body = orjson.loads(request.body)
+    try:
+        completion_transaction().put(
+            request.GET["table"], {"id": body["id"]}, condition="attribute_not_exists(id)"
+        )
+    except LookupError as error:
+        return HttpResponse(type(error).__name__, status=501)
+    if request.GET.get("stream") == "async":
+
+        async def chunks() -> AsyncIterator[bytes]:
+            yield STREAM_FIRST_CHUNK
+            yield STREAM_LAST_CHUNK
+
+        return StreamingHttpResponse(chunks(), content_type="text/event-stream")
+    if request.GET.get("stream") == "1":
+        return StreamingHttpResponse(
+            iter([STREAM_FIRST_CHUNK, STREAM_LAST_CHUNK]), content_type="text/event-stream"
+        )
+    return HttpResponse(orjson.dumps({"call": call}), status=201, content_type="application/json")
+
+
 urlpatterns = [
     path("orders/<int:order_id>", order),
     path("orders", orders),
@@ -139,6 +170,7 @@ urlpatterns = [
     path("stream", stream),
     path("file", file),
     path("async-stream", async_stream),
+    path("txn", txn),
 ]
 
 if not settings.configured:

@@ -15,7 +15,10 @@ Modes:
 - ``pass``: forward.
 - ``refuse``: reset the connection at once (new connections are reset before a byte is read;
   pooled ones when their next request arrives).
-- ``hang``: accept and read the request, never answer.
+- ``hang``: accept and read the request, never forward it, never answer.
+- ``swallow``: forward the request and read upstream's answer (so the write lands, and it is
+  in ``answered()``), never send that answer back: a peer killed between its write landing
+  and its response going out looks like this to its client.
 - ``delay``: wait ``delay_ms`` before forwarding each request.
 - ``cut``: forward, then send the status line, the headers and half the body, and reset.
 - ``throttle``: answer HTTP 400 with DynamoDB's ``ThrottlingException`` body, as DynamoDB does.
@@ -61,7 +64,7 @@ from tests.servers import HOST, serve_asgi, serve_wsgi
 
 REGION = "us-east-1"
 
-Mode = Literal["pass", "refuse", "hang", "delay", "cut", "throttle", "error"]
+Mode = Literal["pass", "refuse", "hang", "swallow", "delay", "cut", "throttle", "error"]
 
 THROTTLING_BODY = (
     b'{"__type":"com.amazonaws.dynamodb.v20120810#ThrottlingException","message":"Rate exceeded"}'
@@ -368,6 +371,10 @@ class FaultProxy:
                     raise ConnectionError("upstream closed the connection")
                 with self._lock:
                     self._answered.append(operation)
+                if fault.mode == "swallow":
+                    while await reader.read(65536):
+                        pass  # the answer is dropped; wait for the client to give up
+                    return
                 if fault.mode == "cut":
                     writer.write(response.head + response.body[: len(response.body) // 2])
                     await writer.drain()

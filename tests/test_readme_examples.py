@@ -18,6 +18,8 @@ EXAMPLES = [
     "lambda_batch",
     "celery_task",
     "service_method",
+    "exactly_once_orders",
+    "long_running_work",
 ]
 
 
@@ -33,3 +35,9 @@ def quoted_part(name: str) -> str:
 def test_the_readme_quotes_the_tested_example_verbatim(name: str) -> None:
     readme = (ROOT / "README.md").read_text()
     assert f"```python\n# examples/{name}.py\n{quoted_part(name)}```" in readme
+
+
+def test_the_readme_quotes_the_step_functions_definition_verbatim() -> None:
+    readme = (ROOT / "README.md").read_text()
+    definition = (ROOT / "examples" / "step_functions_complete.asl.json").read_text()
+    assert f"```json\n{definition}```" in readme
