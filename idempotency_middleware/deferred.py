@@ -24,7 +24,7 @@ from .records import Headers, StoredResponse, storable_headers
 
 __all__ = ["DeferredToken", "defer_completion", "final_response", "new_token", "parse_token"]
 
-_TOKEN = re.compile(r"([0-9a-f]{64})\.([0-9a-f]{1,64}-[0-9a-f]{1,32})\.([0-9]{1,15})")
+_TOKEN = re.compile(r"([0-9a-f]{64})\.([0-9a-f]{1,64}-[0-9a-f]{1,32})\.([0-9]{1,38})")
 
 
 class DeferredToken(NamedTuple):

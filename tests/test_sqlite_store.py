@@ -503,11 +503,13 @@ async def test_async_methods_follow_the_protocol(store: SQLiteStore) -> None:
     assert isinstance(held, Held)
     assert held.record.response == RESPONSE
     assert await store.arelease("k", "intruder") is False
-    assert await store.arelease("k", "owner-a") is True
+    # Release takes back a claim in progress only, never a completed response.
+    assert await store.arelease("k", "owner-a") is False
+    assert await store.adelete("k") is True
     assert await store.aget("k") is None
     await store.acreate_table()
     assert await store.aclaim(claim_request(owner="c")) == Claimed()
-    assert await store.adelete("k") is True
+    assert await store.arelease("k", "c") is True
 
 
 async def test_async_context_manager_stops_the_stores_threads(tmp_path: Path) -> None:

@@ -450,13 +450,17 @@ def overflow_reference(item: Item) -> str | None:
 
 
 def release_request(layout: TableLayout, key_hash: str, owner: str) -> dict[str, Any]:
-    """DeleteItem conditional on the owner token."""
+    """DeleteItem conditional on the owner token, of a claim still in progress (never a
+    final response a deferral's worker stored while the handler was still running)."""
     return {
         "TableName": layout.table_name,
         "Key": {layout.key_attribute: {"S": key_hash}},
-        "ConditionExpression": "#owner = :owner",
-        "ExpressionAttributeNames": _names(layout, "#owner"),
-        "ExpressionAttributeValues": {":owner": {"S": owner}},
+        "ConditionExpression": "#owner = :owner AND #status = :in_progress",
+        "ExpressionAttributeNames": _names(layout, "#owner", "#status"),
+        "ExpressionAttributeValues": {
+            ":owner": {"S": owner},
+            ":in_progress": {"S": Status.IN_PROGRESS.value},
+        },
     }
 
 

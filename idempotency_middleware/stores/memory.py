@@ -93,7 +93,13 @@ class MemoryStore:
     def release(self, key_hash: str, owner: str) -> bool:
         with self._lock:
             existing = self._records.get(key_hash)
-            if existing is None or existing.owner != owner:
+            # Only a claim still in progress: never a final response a deferral's worker
+            # stored while the handler was still running.
+            if (
+                existing is None
+                or existing.owner != owner
+                or existing.status is not Status.IN_PROGRESS
+            ):
                 return False
             del self._records[key_hash]
             return True

@@ -121,7 +121,9 @@ class _Statements:
             "WHERE key = :key AND owner = :owner AND status <> :completed"
         )
         self.release_deferred = f"DELETE FROM {table} WHERE key = ? AND owner = ? AND status <> ?"
-        self.release = f"DELETE FROM {table} WHERE key = ? AND owner = ?"
+        # Only a claim still in progress: never a final response a deferral's worker stored
+        # while the handler was still running.
+        self.release = f"DELETE FROM {table} WHERE key = ? AND owner = ? AND status = ?"
         self.renew = (
             f"UPDATE {table} SET lock_expires_at = :lock_expires_at, "
             "expires_at = :lock_expires_at "
@@ -563,7 +565,8 @@ class SQLiteStore(ThreadedStore):
     def release(self, key_hash: str, owner: str) -> bool:
         """Delete the claim; ``False`` when it is no longer ``owner``'s."""
         with self._connection("release") as connection:
-            return connection.execute(self._sql.release, (key_hash, owner)).rowcount == 1
+            arguments = (key_hash, owner, Status.IN_PROGRESS.value)
+            return connection.execute(self._sql.release, arguments).rowcount == 1
 
     def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
         """Extend an in-progress claim; ``False`` when it is no longer ``owner``'s."""
