@@ -11,6 +11,7 @@ DynamoDB's limits) as they are added, so a mistake raises in the handler, where 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
 from .attempt_context import current_attempt
@@ -204,7 +205,7 @@ class Transaction:
             if not names or not names <= target.keys():
                 return None  # a put on a table whose key no write named: DynamoDB checks it
             key = {name: target[name] for name in names}
-        identity = (table, repr(sorted(key.items())))
+        identity = (table, repr(sorted((name, _canonical(value)) for name, value in key.items())))
         own_record = {self._key_attribute: {"S": self._attempt.claim.key_hash}}
         if table == self._table and key == own_record:
             raise ValueError(
@@ -217,6 +218,17 @@ class Transaction:
                 f"write per item ({action} of {identity[1]})"
             )
         return identity
+
+
+def _canonical(value: dict[str, Any]) -> tuple[str, object]:
+    """A key value as DynamoDB compares it: numbers by value (1 and 1.0 and 1E+0 are one),
+    binary by its bytes (bytes and bytearray alike)."""
+    ((kind, content),) = value.items()
+    if kind == "N":
+        return kind, Decimal(content).normalize()
+    if kind == "B":
+        return kind, bytes(content)
+    return kind, content
 
 
 def _serialize(value: Any, what: str) -> dict[str, Any]:

@@ -72,7 +72,10 @@ stop_java() {
 inside() {
     local jar=$1
     shift
-    local log=$CACHE/server.log output=$CACHE/pytest.log
+    # Per run (the namespace's PID 1 is always 1, so the outer shell's PID names it), so runs
+    # at the same time do not read each other's summary.
+    local run=${RUN_ID:-$$}
+    local log=$CACHE/server.$run.log output=$CACHE/pytest.$run.log
     trap stop_java EXIT
     trap 'exit 130' INT
     trap 'exit 143' TERM
@@ -135,6 +138,9 @@ inside() {
     if ((status == 0)) && [[ $summary == *skipped* ]]; then
         say "FAILED (cases were skipped although DynamoDB Local is running)"
         exit 1
+    fi
+    if ((status == 0)); then
+        rm -f -- "$log" "$output" # kept when something failed, for reading
     fi
     exit "$status"
 }
@@ -210,7 +216,7 @@ fi
 
 # In the background so that a signal to this script tears the namespaces down at once:
 # killing unshare makes the kernel kill everything inside (--kill-child, PID namespace).
-unshare "${namespaces[@]}" -- bash "${BASH_SOURCE[0]}" __inside__ "$jar" "$@" &
+RUN_ID=$$ unshare "${namespaces[@]}" -- bash "${BASH_SOURCE[0]}" __inside__ "$jar" "$@" &
 unshare_pid=$!
 # shellcheck disable=SC2317  # called from the traps below
 interrupted() {

@@ -75,7 +75,9 @@ class StepClock(FakeClock):
     poll), to let a test act exactly while a call waits."""
 
     def __init__(self) -> None:
-        super().__init__()
+        # Real time to start from: DynamoDB Local's TTL sweeper deletes items whose ``ttl``
+        # is in the real past, which would remove claims of a clock started in 2023.
+        super().__init__(start=time.time())
         self._hook: Callable[[], None] | None = None
         self._async_hook: Callable[[], Awaitable[None]] | None = None
 
