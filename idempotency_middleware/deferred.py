@@ -48,6 +48,14 @@ def parse_token(token: object) -> DeferredToken:
     return DeferredToken(key_hash, owner, int(expires_at))
 
 
+# The worker may finish the key before the interim response is committed; with writes, that
+# commit would then fail and its writes be lost while the final response is replayed.
+_DEFERRED_WITH_WRITES = (
+    "a deferred request cannot also commit writes with its completion: its worker may "
+    "finish the key before they land; make the writes in the worker, or do not defer"
+)
+
+
 def defer_completion() -> str:
     """Hand the current request's work on: its response becomes the interim one (replayed
     while the work runs), and the returned token lets a worker store the final response
@@ -62,6 +70,8 @@ def defer_completion() -> str:
             "defer_completion() is for HTTP handlers; an @idempotent function's result is "
             "its final answer"
         )
+    if attempt.has_writes():
+        raise ValueError(_DEFERRED_WITH_WRITES)
     attempt.deferred = True
     claim = attempt.claim
     return new_token(claim.key_hash, claim.owner, claim.now + attempt.ttl_seconds)

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar, cast, overload
 
 from . import core
+from .attempt_context import CURRENT
 from .clock import SYSTEM_CLOCK, Clock
 from .engine import flow
 from .engine.drivers import AsyncDriver, SyncDriver
@@ -223,7 +224,7 @@ class _FunctionDoor:
     def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         attempt = self._attempt(args, kwargs)
         if attempt is None:
-            return self.function(*args, **kwargs)
+            return self._unprotected(args, kwargs)
         results: list[Any] = []
 
         def run() -> Ran:
@@ -243,13 +244,13 @@ class _FunctionDoor:
         assert self.sync_driver is not None
         outcome = self.sync_driver.drive(flow.attempt(self.context, attempt), run)
         if outcome is flow.RUN_UNPROTECTED:
-            return self.function(*args, **kwargs)
+            return self._unprotected(args, kwargs)
         return self._result(outcome, results)
 
     async def acall(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         attempt = self._attempt(args, kwargs)
         if attempt is None:
-            return await self.function(*args, **kwargs)
+            return await self._aunprotected(args, kwargs)
         results: list[Any] = []
 
         async def run() -> Ran:
@@ -261,8 +262,24 @@ class _FunctionDoor:
         assert self.async_driver is not None
         outcome = await self.async_driver.drive(flow.attempt(self.context, attempt), run)
         if outcome is flow.RUN_UNPROTECTED:
-            return await self.function(*args, **kwargs)
+            return await self._aunprotected(args, kwargs)
         return self._result(outcome, results)
+
+    # A call run without a claim is no attempt: inside a covered request's handler it must
+    # not take the request's attempt for its own (its writes, a deferral).
+    def _unprotected(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        entered = CURRENT.set(None)
+        try:
+            return self.function(*args, **kwargs)
+        finally:
+            CURRENT.reset(entered)
+
+    async def _aunprotected(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        entered = CURRENT.set(None)
+        try:
+            return await self.function(*args, **kwargs)
+        finally:
+            CURRENT.reset(entered)
 
     def _attempt(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> core.Attempt | None:
         """The call's attempt; ``None`` when it runs unprotected (no key, not required)."""

@@ -161,6 +161,11 @@ class Transaction:
                 "the response is already streaming to its client: writes must be added "
                 "before the response starts, so that they land before its first byte"
             )
+        if attempt.deferred:
+            raise ValueError(
+                "this request deferred its completion (defer_completion()): it cannot also "
+                "commit writes with it, because its worker may finish the key first"
+            )
         if attempt.finished:
             raise RuntimeError("this transaction's attempt has finished: it takes no more writes")
         if not isinstance(table, str) or not table:

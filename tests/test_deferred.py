@@ -1284,3 +1284,36 @@ def test_a_missing_status_is_a_value_error() -> None:
 def test_a_malformed_document_is_a_value_error(document: str | bytes, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         decode_response_document(document)
+
+
+def test_a_redelivered_final_response_in_s3_leaves_the_stored_one_in_place(
+    moto_endpoint: str,
+) -> None:
+    """A final response over the item limit goes to S3; the same token completed again (a
+    redelivered job) loses the race and deletes only its own object, so the first stays
+    readable."""
+    bucket = f"finals-{uuid.uuid4().hex[:12]}"
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint, region_name=REGION)
+    s3.create_bucket(Bucket=bucket)
+    clock = FakeClock(start=time.time())
+    with DynamoDBStore(
+        make_table(moto_endpoint),
+        endpoint_url=moto_endpoint,
+        region_name=REGION,
+        s3_bucket=bucket,
+        s3_endpoint_url=moto_endpoint,
+        clock=clock,
+    ) as store:
+        claim = claim_for(clock.now())
+        assert store.claim(claim) == Claimed(taken_over=False)
+        assert store.complete(interim_completion(claim, clock.now())) is True
+        first = os.urandom(MAX_ITEM_RESPONSE_BYTES + 1024)
+
+        assert store.complete_deferred(token_for(claim), 200, (), first) is True
+        assert store.complete_deferred(token_for(claim), 200, (), os.urandom(len(first))) is False
+
+        record = store.get(claim.key_hash)
+        assert record is not None and record.response is not None
+        assert record.response.body == first
+        assert len(s3.list_objects_v2(Bucket=bucket).get("Contents", [])) == 1
+    s3.close()

@@ -37,11 +37,14 @@ from idempotency_middleware import (
     AsyncDynamoDBStore,
     DynamoDBStore,
     KeyInProgressError,
+    MemoryStore,
     StoreUnavailableError,
     Transaction,
     TransactionConflictError,
     TransactionRejectedError,
     completion_transaction,
+    defer_completion,
+    idempotent,
 )
 from idempotency_middleware.attempt_context import CURRENT, CurrentAttempt
 from idempotency_middleware.keys import storage_key
@@ -893,3 +896,71 @@ def test_what_each_backend_does_with_a_client_request_token_and_a_cancelled_tran
     finally:
         client.close()
         tables.close()
+
+
+# --- refusals that leave nothing behind, and calls that are not the request's attempt -----
+
+
+def test_a_write_on_a_table_that_does_not_exist_is_rejected_and_the_key_released(
+    fstore: FunctionStore, tables: BusinessTables
+) -> None:
+    """Refused before anything applied (and refused again as it stands): not an outage
+    answered 503 with the key locked, but a TransactionRejectedError naming DynamoDB's
+    own message, with the key released."""
+    name = unique_name("no-table")
+    missing = f"missing-{uuid.uuid4().hex[:8]}"
+
+    @fstore.decorate(key="key", name=name)
+    def place(key: str) -> str:
+        completion_transaction().put(missing, {"id": key})
+        return "unreachable"
+
+    key = fresh_key()
+    with pytest.raises(TransactionRejectedError) as raised:
+        fstore.run(place, key)
+    assert raised.value.reason == "ResourceNotFoundException"
+    assert fstore.store.layout.table_name not in str(raised.value)
+    assert fstore.get(function_key_hash(name, key)) is None
+
+
+def test_a_deferral_and_writes_in_one_attempt_are_refused_in_either_order() -> None:
+    transaction, attempt = bare_transaction()
+    attempt.http, attempt.transaction = True, transaction
+    transaction.put("orders", {"id": "o-1"})
+    token = CURRENT.set(attempt)
+    try:
+        with pytest.raises(ValueError, match="cannot also commit writes"):
+            defer_completion()
+        other, deferring = bare_transaction()
+        deferring.http = True
+        CURRENT.set(deferring)
+        defer_completion()
+        with pytest.raises(ValueError, match="deferred its completion"):
+            other.put("orders", {"id": "o-2"})
+    finally:
+        CURRENT.reset(token)
+
+
+def test_a_function_running_unprotected_inside_an_attempt_does_not_take_it_for_its_own() -> None:
+    """A call without a key (required=False) inside another attempt runs with no attempt:
+    completion_transaction() there is a LookupError, not the outer attempt's transaction."""
+    store = MemoryStore()
+    seen: list[str] = []
+
+    @idempotent(store=store, key="key", required=False, name=unique_name("inner"))
+    def inner(key: str | None) -> str:
+        try:
+            completion_transaction()
+        except LookupError:
+            seen.append("no attempt")
+        except TypeError:
+            seen.append("the outer attempt")
+        return "inner"
+
+    @idempotent(store=store, key="key", name=unique_name("outer"))
+    def outer(key: str) -> str:
+        inner(None)
+        return "outer"
+
+    assert outer(fresh_key()) == "outer"
+    assert seen == ["no attempt"]

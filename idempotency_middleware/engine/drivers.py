@@ -109,8 +109,8 @@ class SyncDriver:
         current = effect.current
         current.store = self.store
         entered = CURRENT.set(current)
-        self.renewals.start(effect)
         try:
+            self.renewals.start(effect)
             ran = run()
         except BaseException:
             self.renewals.stop(effect.attempt.claim.owner)
@@ -185,8 +185,8 @@ class AsyncDriver:
                     current = effect.current
                     current.store = store
                     entered = CURRENT.set(current)
-                    renewals.start(effect)
                     try:
+                        renewals.start(effect)
                         value = await run()
                     finally:
                         # An ASGI response, live or not, has been sent when the app returns.

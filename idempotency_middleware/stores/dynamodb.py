@@ -350,11 +350,24 @@ def _raise_unavailable(message: str, cause: str) -> bool:
     )
 
 
+def refused_outright(error: StoreUnavailable) -> bool:
+    """A commit DynamoDB refused before applying anything, and will refuse again as it
+    stands: ``ValidationException`` (two writes on one item, a malformed expression, an item
+    over 400 KB), a business table that does not exist, or no permission on it."""
+    return error.code == "ValidationException" or error.cause in ("no_table", "access_denied")
+
+
 def rejected(error: StoreUnavailable) -> TransactionRejectedError:
-    """A commit DynamoDB refused outright (``ValidationException``: two writes on one item,
-    a malformed expression, an item over 400 KB)."""
+    """The error of a commit :func:`refused_outright`, with DynamoDB's own message (the
+    store's reason would name the idempotency table, not the business one)."""
+    cause = error.__cause__
+    response = getattr(cause, "response", None)
+    message = ""
+    if isinstance(response, dict):
+        message = str(response.get("Error", {}).get("Message", ""))
     return TransactionRejectedError(
-        f"DynamoDB rejected the transaction: {error.reason}; nothing was written",
+        f"DynamoDB rejected the transaction ({error.code}: {message or error}); "
+        "nothing was written",
         reason=error.code,
     )
 

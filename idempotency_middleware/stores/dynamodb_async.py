@@ -8,6 +8,7 @@ which ``scripts/unasync.py`` generates from it: edit here, then run ``scripts/un
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -126,7 +127,7 @@ class AsyncDynamoDBStore(AsyncClients):
                 await self._drop_overflow(plan)
                 raise
         except StoreUnavailable as error:
-            if error.code != "ValidationException":
+            if not ddb.refused_outright(error):
                 raise  # unknown outcome: the object may belong to a landed commit
             await self._drop_overflow(plan)
             raise ddb.rejected(error) from error
@@ -183,7 +184,11 @@ class AsyncDynamoDBStore(AsyncClients):
         overflow = self._overflow
         overflow_key = None
         if overflow is not None:
-            overflow_key = overflow.object_key(parsed.key_hash, parsed.owner + "-final")
+            # Its own object per call: a redelivered call that loses the race deletes only
+            # its own, never the one the completed record points at.
+            overflow_key = overflow.object_key(
+                parsed.key_hash, f"{parsed.owner}-final-{uuid.uuid4().hex}"
+            )
         request, encoded = ddb.final_completion_request(self.layout, parsed, response, overflow_key)
         spilled = len(encoded) > ddb.MAX_ITEM_RESPONSE_BYTES and overflow is not None
         plan = (
