@@ -22,7 +22,14 @@ from typing import NamedTuple
 from .attempt_context import current_attempt
 from .records import Headers, StoredResponse, storable_headers
 
-__all__ = ["DeferredToken", "defer_completion", "final_response", "new_token", "parse_token"]
+__all__ = [
+    "DeferredToken",
+    "defer_completion",
+    "final_response",
+    "new_token",
+    "parse_token",
+    "prepare_final",
+]
 
 _TOKEN = re.compile(r"([0-9a-f]{64})\.([0-9a-f]{1,64}-[0-9a-f]{1,32})\.([0-9]{1,38})")
 
@@ -95,3 +102,16 @@ def final_response(
             raise TypeError(f"headers must be (bytes, bytes) pairs as in ASGI, got {pair!r}")
         checked.append((pair[0].lower(), pair[1]))
     return StoredResponse(status, storable_headers(checked), bytes(body))
+
+
+def prepare_final(
+    token: str, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes, now: float
+) -> tuple[DeferredToken, StoredResponse] | None:
+    """What every store's ``complete_deferred`` checks before writing: the token
+    (``ValueError``), the response (``TypeError``/``ValueError``), and the token's expiry
+    at ``now`` (``None``: expired, nothing to write)."""
+    parsed = parse_token(token)
+    response = final_response(status, headers, body)
+    if parsed.expires_at <= now:
+        return None
+    return parsed, response

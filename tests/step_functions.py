@@ -32,14 +32,21 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import boto3
 import httpx
+import pytest
 from moto.core.config import default_user_config
 from moto.server import ThreadedMotoServer
 
 from tests.servers import HOST
+
+# The README's state machine, as a user copies it.
+DEFINITION_FILE = (
+    Path(__file__).resolve().parent.parent / "examples" / "step_functions_complete.asl.json"
+)
 
 REGION = "us-east-1"
 # moto checks neither the role nor its account; the ARN only has to be well-formed.
@@ -178,3 +185,18 @@ def _wait_for_end(client: Any, execution_arn: str, timeout: float) -> dict[str, 
             client.stop_execution(executionArn=execution_arn, error="TestTimeout")
             raise TimeoutError(f"{execution_arn} still RUNNING after {timeout}s")
         time.sleep(_POLL_INTERVAL)
+
+
+@pytest.fixture(scope="module")
+def sfn_endpoint() -> Iterator[str]:
+    """A moto Step Functions server running the ASL interpreter, for this module only."""
+    with step_functions_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(params=["moto", "dynamodb-local"])
+def dynamodb_endpoint(request: pytest.FixtureRequest) -> str:
+    """A DynamoDB on 127.0.0.1: moto's server, or DynamoDB Local under its script."""
+    fixture = "dynamodb_local_endpoint" if request.param == "dynamodb-local" else "moto_endpoint"
+    endpoint: str = request.getfixturevalue(fixture)
+    return endpoint

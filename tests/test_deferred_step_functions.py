@@ -21,7 +21,6 @@ import time
 import uuid
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -48,13 +47,18 @@ from idempotency_middleware.records import Status, StoredResponse
 from idempotency_middleware.stores.base import Claimed, ClaimRequest, Completion, Held
 from tests.conftest import REGION
 from tests.servers import CLIENT_TIMEOUT_SECONDS, serve_asgi, serve_wsgi
-from tests.step_functions import ExecutionFailed, run_state_machine, step_functions_server
+from tests.step_functions import (
+    DEFINITION_FILE,
+    ExecutionFailed,
+    dynamodb_endpoint,
+    run_state_machine,
+    sfn_endpoint,
+)
+
+__all__ = ["dynamodb_endpoint", "sfn_endpoint"]  # fixtures, imported for these tests
 
 T = TypeVar("T")
 
-DEFINITION_FILE = (
-    Path(__file__).resolve().parent.parent / "examples" / "step_functions_complete.asl.json"
-)
 TASK = "CompleteIdempotencyKey"
 CONDITION_FAILED = "DynamoDB.ConditionalCheckFailedException"
 KEY_HEADER = "Idempotency-Key"
@@ -81,21 +85,6 @@ def load_definition(table: str) -> dict[str, Any]:
     assert changed["States"][TASK]["Parameters"]["TableName"] == "idempotency"
     changed["States"][TASK]["Parameters"]["TableName"] = table
     return changed
-
-
-@pytest.fixture(scope="module")
-def sfn_endpoint() -> Iterator[str]:
-    """A moto Step Functions server running the ASL interpreter, for this module only."""
-    with step_functions_server() as endpoint:
-        yield endpoint
-
-
-@pytest.fixture(params=["moto", "dynamodb-local"])
-def dynamodb_endpoint(request: pytest.FixtureRequest) -> str:
-    """A DynamoDB on 127.0.0.1: moto's server, or DynamoDB Local under its script."""
-    fixture = "dynamodb_local_endpoint" if request.param == "dynamodb-local" else "moto_endpoint"
-    endpoint: str = request.getfixturevalue(fixture)
-    return endpoint
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ import json
 import os
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -26,11 +25,17 @@ from moto.core.config import default_user_config
 
 from tests.conftest import REGION
 from tests.faultproxy import FaultProxy
-from tests.step_functions import ExecutionFailed, run_state_machine, step_functions_server
-
-DEFINITION_FILE = (
-    Path(__file__).resolve().parent.parent / "examples" / "step_functions_complete.asl.json"
+from tests.step_functions import (
+    DEFINITION_FILE,
+    ExecutionFailed,
+    dynamodb_endpoint,
+    run_state_machine,
+    sfn_endpoint,
+    step_functions_server,
 )
+
+__all__ = ["dynamodb_endpoint", "sfn_endpoint"]  # fixtures, imported for these tests
+
 TASK = "CompleteIdempotencyKey"
 OWNER = "0123456789abcdef01234567-1f"
 OTHER_OWNER = "fedcba9876543210fedcba98-2a"
@@ -40,21 +45,6 @@ CONDITION_FAILED = "DynamoDB.ConditionalCheckFailedException"
 # The interim answer stored with a deferred key: the 202 its request got.
 INTERIM = {"status": 202, "headers": [["content-type", "application/json"]], "json": {"id": 7}}
 RESULT: dict[str, Any] = {"order": 7, "state": "shipped", "note": "café ☕", "lines": [1, 2.5]}
-
-
-@pytest.fixture(scope="module")
-def sfn_endpoint() -> Iterator[str]:
-    """A moto Step Functions server running the ASL interpreter, for this module only."""
-    with step_functions_server() as endpoint:
-        yield endpoint
-
-
-@pytest.fixture(params=["moto", "dynamodb-local"])
-def dynamodb_endpoint(request: pytest.FixtureRequest) -> str:
-    """A DynamoDB on 127.0.0.1: moto's server, or DynamoDB Local under its script."""
-    fixture = "dynamodb_local_endpoint" if request.param == "dynamodb-local" else "moto_endpoint"
-    endpoint: str = request.getfixturevalue(fixture)
-    return endpoint
 
 
 @pytest.fixture

@@ -177,10 +177,10 @@ class AsyncDynamoDBStore(AsyncClients):
         """Store the final response of work deferred with ``defer_completion()``; from then
         on retries get it replayed. ``False`` when the token no longer applies (completed
         already, expired, taken over); ``ValueError`` when it is malformed."""
-        parsed = deferred.parse_token(token)
-        response = deferred.final_response(status, headers, body)
-        if parsed.expires_at <= self._clock.now():
+        prepared = deferred.prepare_final(token, status, headers, body, self._clock.now())
+        if prepared is None:
             return False
+        parsed, response = prepared
         overflow = self._overflow
         overflow_key = None
         if overflow is not None:

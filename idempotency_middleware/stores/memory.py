@@ -127,10 +127,10 @@ class MemoryStore:
     ) -> bool:
         """Store the final response of work deferred with ``defer_completion()``; ``False``
         when the token no longer applies (completed, expired, taken over)."""
-        parsed = deferred.parse_token(token)
-        response = deferred.final_response(status, headers, body)
-        if parsed.expires_at <= self._clock.now():
+        prepared = deferred.prepare_final(token, status, headers, body, self._clock.now())
+        if prepared is None:
             return False
+        parsed, response = prepared
         size = len(response.body)
         too_large = self._max_response_bytes is not None and size > self._max_response_bytes
         with self._lock:

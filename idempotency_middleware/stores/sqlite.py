@@ -537,10 +537,10 @@ class SQLiteStore(ThreadedStore):
     ) -> bool:
         """Store the final response of work deferred with ``defer_completion()``; ``False``
         when the token no longer applies (completed, expired, taken over)."""
-        parsed = deferred.parse_token(token)
-        response = deferred.final_response(status, headers, body)
-        if parsed.expires_at <= self._clock.now():
+        prepared = deferred.prepare_final(token, status, headers, body, self._clock.now())
+        if prepared is None:
             return False
+        parsed, response = prepared
         blob, too_large = self._encoded(response, False)
         params = {
             "key": parsed.key_hash,
