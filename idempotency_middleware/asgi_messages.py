@@ -12,7 +12,7 @@ from .clock import Clock
 from .engine.effects import Ran
 from .events import logger
 from .problems import Problem
-from .records import BodyBuffer, StoredResponse, scan_response_headers
+from .records import BodyBuffer, StoredResponse, scan_response_headers, with_content_length
 from .request_view import HeaderView, RequestView
 
 Scope = MutableMapping[str, Any]
@@ -81,15 +81,6 @@ class ResponseCapture:
             headers = with_content_length(headers, len(body))
             self.start = {**start, "headers": headers}
         return Ran(start["status"], headers, body)
-
-
-def with_content_length(
-    headers: Iterable[tuple[bytes, bytes]], length: int
-) -> list[tuple[bytes, bytes]]:
-    """``headers`` without any Content-Length, then the one of a body of ``length`` bytes."""
-    kept = [(name, value) for name, value in headers if name.lower() != b"content-length"]
-    kept.append((b"content-length", str(length).encode("ascii")))
-    return kept
 
 
 def read_headers(

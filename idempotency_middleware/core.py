@@ -75,6 +75,8 @@ _REFUSAL_EVENT: dict[str, EventKind] = {
     "in_progress": "conflict",
     "reused": "mismatch",
     "not_stored": "not_stored",
+    "transaction_conflict": "transaction_conflict",
+    "transaction_rejected": "transaction_rejected",
 }
 
 
@@ -98,6 +100,11 @@ class Refusal(NamedTuple):
     @property
     def status(self) -> int:
         return _REFUSAL_STATUS[self.reason]
+
+    @property
+    def event_kind(self) -> EventKind:
+        """The event it is reported as (an outage is reported as the store's error)."""
+        return _REFUSAL_EVENT[self.reason]
 
 
 KEY_IN_PROGRESS = Refusal("in_progress", IN_PROGRESS_RETRY_AFTER)
@@ -243,7 +250,7 @@ def is_own_claim(record: Record, claim: ClaimRequest) -> bool:
 def held_event_kind(answer: StoredResponse | Refusal) -> EventKind:
     if isinstance(answer, StoredResponse):
         return "replayed"
-    return _REFUSAL_EVENT[answer.reason]
+    return answer.event_kind
 
 
 def keeps_response(status: int) -> bool:

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from .attempt_context import current_attempt
-from .records import Headers, StoredResponse, storable_headers
+from .records import Headers, StoredResponse, is_status, storable_headers
 
 __all__ = [
     "DeferredToken",
@@ -88,7 +88,7 @@ def final_response(
     status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes
 ) -> StoredResponse:
     """The work's final response, checked: ``TypeError``/``ValueError`` naming what is wrong."""
-    if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
+    if not is_status(status):
         raise ValueError(f"status must be an HTTP status code (100-599), got {status!r}")
     if not isinstance(body, (bytes, bytearray, memoryview)):
         raise TypeError(f"body must be bytes, got {type(body).__name__}")

@@ -179,11 +179,16 @@ def _store(value: object) -> SyncStore:
     return value
 
 
-def _ran(response: HttpResponseBase) -> Ran:
-    headers = [
+def _headers(response: HttpResponseBase) -> Headers:
+    """A Django response's headers as the engine and the stores take them."""
+    return [
         (name.lower().encode("latin-1"), value.encode("latin-1"))
         for name, value in response.items()
     ]
+
+
+def _ran(response: HttpResponseBase) -> Ran:
+    headers = _headers(response)
     if response.streaming:  # StreamingHttpResponse, FileResponse: sent live, not kept
         return Ran(response.status_code, headers, b"", live=True, ended=False)
     return Ran(response.status_code, headers, response.content)
@@ -205,11 +210,7 @@ def _held(streaming: Any) -> HttpResponse:
             body = b"".join(streaming.streaming_content)
     finally:
         streaming.close()
-    headers = [
-        (name.lower().encode("latin-1"), value.encode("latin-1"))
-        for name, value in streaming.items()
-    ]
-    return _response(streaming.status_code, headers, body)
+    return _response(streaming.status_code, _headers(streaming), body)
 
 
 def replay_response(stored: StoredResponse) -> HttpResponse:

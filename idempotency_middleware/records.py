@@ -7,7 +7,7 @@ import enum
 import functools
 import io
 import zlib
-from typing import NamedTuple
+from typing import NamedTuple, TypeGuard
 
 import orjson
 
@@ -151,20 +151,27 @@ class StoredResponse(NamedTuple):
     def replay_headers(self) -> Headers:
         """Headers for a replay: the stored ones in order, a correct Content-Length, and the
         ``Idempotent-Replayed: true`` marker."""
-        length = str(len(self.body)).encode("ascii")
-        headers: Headers = []
-        has_length = False
-        for name, value in self.headers:
-            if name.lower() == b"content-length":
-                if has_length:
-                    continue
-                has_length = True
-                value = length
-            headers.append((name, value))
-        if not has_length:
-            headers.append((b"content-length", length))
+        headers = with_content_length(self.headers, len(self.body))
         headers.append(REPLAYED_HEADER)
         return headers
+
+
+def with_content_length(headers: Headers, length: int) -> Headers:
+    """``headers`` in order with one Content-Length, ``length``: in place of the first one
+    (later ones dropped), or at the end when there was none."""
+    value = str(length).encode("ascii")
+    fixed: Headers = []
+    has_length = False
+    for name, old in headers:
+        if name.lower() == b"content-length":
+            if has_length:
+                continue
+            has_length = True
+            old = value
+        fixed.append((name, old))
+    if not has_length:
+        fixed.append((b"content-length", value))
+    return fixed
 
 
 def storable_headers(headers: Headers) -> Headers:
@@ -231,6 +238,11 @@ def decode_response(blob: bytes) -> StoredResponse:
     )
 
 
+def is_status(value: object) -> TypeGuard[int]:
+    """Whether ``value`` is an HTTP status code a stored response may have (100-599)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 100 <= value <= 599
+
+
 def decode_response_document(text: str | bytes) -> StoredResponse:
     """A response written as JSON by something other than this package (a Step Functions
     state finishing a deferred key): ``{"status": 200, "headers": {...} or [[name, value],
@@ -243,7 +255,7 @@ def decode_response_document(text: str | bytes) -> StoredResponse:
     if not isinstance(document, dict):
         raise ValueError("the stored response must be a JSON object")
     status = document.get("status")
-    if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
+    if not is_status(status):
         raise ValueError(f"the stored response's status must be an integer 100-599: {status!r}")
     raw_headers = document.get("headers", [])
     pairs = list(raw_headers.items()) if isinstance(raw_headers, dict) else raw_headers

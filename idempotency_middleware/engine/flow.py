@@ -208,17 +208,17 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
             stored = yield from _retry_finish(context, attempt, completion, "complete", error)
     except (TransactionConflictError, TransactionRejectedError) as failed:
         # Nothing was written: the handler's response is discarded with its writes.
-        conflict = isinstance(failed, TransactionConflictError)
+        refusal = core.Refusal(
+            "transaction_conflict"
+            if isinstance(failed, TransactionConflictError)
+            else "transaction_rejected",
+            error=failed,
+        )
         context.reporter.report(
-            attempt,
-            "transaction_conflict" if conflict else "transaction_rejected",
-            status=409 if conflict else 500,
-            error=str(failed),
+            attempt, refusal.event_kind, status=refusal.status, error=str(failed)
         )
         yield from _release(context, attempt)
-        return core.Refusal(
-            "transaction_conflict" if conflict else "transaction_rejected", error=failed
-        )
+        return refusal
     if stored is not None:
         kind: EventKind = "completed"
         if not stored:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -383,16 +384,25 @@ def too_large(size: int) -> TransactionRejectedError:
 # -- deferred keys: the work's final response, by token ----------------------------------
 
 
-def final_completion_request(
-    layout: TableLayout, token: DeferredToken, response: StoredResponse, overflow_key: str | None
-) -> tuple[dict[str, Any], bytes]:
+def plan_final_completion(
+    layout: TableLayout,
+    token: DeferredToken,
+    response: StoredResponse,
+    overflow: OverflowSettings | None,
+) -> CompletionPlan:
     """UpdateItem storing a deferred key's final response, fenced by the token's owner, on
     a key not completed yet (deferred, or still in progress when the work finished before
-    the interim response was stored). The key then expires at the token's time. Returns the
-    request and the encoded response (to put in S3 under ``overflow_key`` when it does not
-    fit the item)."""
+    the interim response was stored). The key then expires at the token's time. A response
+    too large for the item goes to S3 as in :func:`plan_completion`, under an object key of
+    its own per call: a redelivered call that loses the race deletes only its own object,
+    never the one the completed record points at."""
     encoded = encode_response(response)
     fits = len(encoded) <= MAX_ITEM_RESPONSE_BYTES
+    overflow_key = (
+        overflow.object_key(token.key_hash, f"{token.owner}-final-{uuid.uuid4().hex}")
+        if overflow is not None and not fits
+        else None
+    )
     values: dict[str, Any] = {
         ":owner": {"S": token.owner},
         ":completed": {"S": Status.COMPLETED.value},
@@ -423,7 +433,9 @@ def final_completion_request(
         "ExpressionAttributeNames": _names(layout, *names),
         "ExpressionAttributeValues": values,
     }
-    return request, encoded
+    if overflow_key is None:
+        return CompletionPlan(request)
+    return CompletionPlan(request, overflow_key, encoded)
 
 
 def release_deferred_request(layout: TableLayout, token: DeferredToken) -> dict[str, Any]:

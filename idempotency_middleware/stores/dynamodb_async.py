@@ -8,7 +8,6 @@ which ``scripts/unasync.py`` generates from it: edit here, then run ``scripts/un
 from __future__ import annotations
 
 import contextlib
-import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -181,23 +180,9 @@ class AsyncDynamoDBStore(AsyncClients):
         if prepared is None:
             return False
         parsed, response = prepared
-        overflow = self._overflow
-        overflow_key = None
-        if overflow is not None:
-            # Its own object per call: a redelivered call that loses the race deletes only
-            # its own, never the one the completed record points at.
-            overflow_key = overflow.object_key(
-                parsed.key_hash, f"{parsed.owner}-final-{uuid.uuid4().hex}"
-            )
-        request, encoded = ddb.final_completion_request(self.layout, parsed, response, overflow_key)
-        spilled = len(encoded) > ddb.MAX_ITEM_RESPONSE_BYTES and overflow is not None
-        plan = (
-            ddb.CompletionPlan(request, overflow_key, encoded)
-            if spilled
-            else ddb.CompletionPlan(request)
-        )
+        plan = ddb.plan_final_completion(self.layout, parsed, response, self._overflow)
         await self._put_overflow(plan)
-        stored = await self._conditional("update_item", request)
+        stored = await self._conditional("update_item", plan.request)
         if not stored:
             await self._drop_overflow(plan)
         return stored

@@ -112,7 +112,7 @@ class _Statements:
         # A deferred key's interim response: only over the claim still in progress (never
         # over the work's final response, which may land first).
         self.complete_interim = self.complete + " AND status = :in_progress"
-        self.owner_status = f"SELECT owner, status FROM {table} WHERE key = ?"
+        self.owner = f"SELECT owner FROM {table} WHERE key = ?"
         # The work's final response, or forgetting a deferred key, by a deferral token:
         # fenced by its owner, on a key not completed yet.
         self.complete_final = (
@@ -509,9 +509,7 @@ class SQLiteStore(ThreadedStore):
                 if not updated:
                     # Deferred already (this completion again) or completed by the work's
                     # final response first: done either way, if the key is still ours.
-                    row = connection.execute(
-                        self._sql.owner_status, (completion.key_hash,)
-                    ).fetchone()
+                    row = connection.execute(self._sql.owner, (completion.key_hash,)).fetchone()
                     updated = row is not None and row[0] == completion.owner
             self._maybe_purge(connection, completion.now)
         return updated
