@@ -68,7 +68,7 @@ class IdempotencyMiddleware:
         self.options = Options.build(**options)
         # A store with a client to create (AsyncDynamoDBStore) creates it at start-up.
         self._warm_up: Callable[[], Awaitable[None]] | None = getattr(store, "awarm_up", None)
-        self._context = flow.Context.for_options(self.options)
+        self._context = flow.Context.for_options(self.options, store)
         self._driver = AsyncDriver(
             store,
             self.options.clock,

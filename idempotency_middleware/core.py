@@ -189,6 +189,7 @@ def begin_attempt(
         new_owner(),
         now,
         policy.lock_timeout_seconds,
+        policy.clock_skew_seconds,
     )
     return Attempt(method, route, policy, claim)
 

@@ -52,7 +52,7 @@ class IdempotencyDjangoMiddleware:
     def __init__(self, get_response: GetResponse) -> None:
         self.get_response = get_response
         self.store, self.options = configuration()
-        self._context = flow.Context.for_options(self.options)
+        self._context = flow.Context.for_options(self.options, self.store)
         self._renewals = ThreadRenewals(self.store, self._context.reporter, self.options.clock)
         self._driver = SyncDriver(self.store, self.options.clock, self._renewals)
 

@@ -46,6 +46,8 @@ CAUSES: dict[str, str] = {
     "server_error": "the store had an internal error",
     "busy": "the database is locked by another writer",
     "io_error": "the database could not be read or written",
+    "write_conflict": "another region wrote the same item at the same time",
+    "breaker_open": "the store failed repeatedly and the circuit breaker is open",
     "unknown": "the store failed",
 }
 
@@ -72,20 +74,29 @@ class StoreUnavailableError(IdempotencyError):
     ``"unreachable"``, ``"throttled"`` ...; ``"unknown"`` when the store did not say), and
     ``reason`` says it in words (``"no such table 'idempotency'"``). ``misconfigured`` is true
     when fixing the configuration fixes it and retrying does not. ``code`` carries the
-    backend's error code when it sent one (``ThrottlingException``).
+    backend's error code when it sent one (``ThrottlingException``). ``retry_after`` is
+    the seconds to wait before retrying when the store knows them (the circuit breaker's
+    cool-down, cause ``"breaker_open"``), else ``None``.
     """
 
     code: str = ""
     cause: str = "unknown"
+    retry_after: int | None = None
 
     def __init__(
-        self, *args: object, code: str = "", cause: str = "unknown", reason: str = ""
+        self,
+        *args: object,
+        code: str = "",
+        cause: str = "unknown",
+        reason: str = "",
+        retry_after: int | None = None,
     ) -> None:
         super().__init__(*args)
         # Instance attributes (not only class defaults), so a pickled error keeps them.
         self.code = code
         self.cause = cause if cause in CAUSES else "unknown"
         self._reason = reason
+        self.retry_after = retry_after
 
     @property
     def reason(self) -> str:

@@ -30,6 +30,8 @@ EventKind = Literal[
     "lost",  # the claim was taken over while the handler ran; response not stored
     "store_error",  # the store failed; see ``operation``
     "fail_open",  # the claim failed and on_store_error="run" ran the handler unprotected
+    "breaker_open",  # the store's circuit breaker opened: claims answer 503 without a call
+    "breaker_closed",  # the store answered again: the breaker closed
 ]
 
 _LEVELS: dict[str, int] = {
@@ -47,6 +49,8 @@ _LEVELS: dict[str, int] = {
     "lost": logging.WARNING,
     "store_error": logging.ERROR,
     "fail_open": logging.ERROR,
+    "breaker_open": logging.ERROR,
+    "breaker_closed": logging.WARNING,
 }
 
 _MESSAGES: dict[str, str] = {
@@ -62,7 +66,8 @@ _MESSAGES: dict[str, str] = {
     "transaction_rejected": "the transaction cannot be committed as written; key released",
     "released": "idempotency claim released",
     "lost": "idempotency claim was taken over while the handler ran; response sent, not stored",
-    # store_error and fail_open are worded per event (see ``_store_failure``).
+    # store_error and fail_open are worded per event (see ``_store_failure``); the breaker's
+    # events are logged once by the breaker itself (``breaker.py``), not per door.
 }
 
 # A store failure's log line names the operation, why it failed and the key, so the cause
@@ -88,6 +93,10 @@ class IdempotencyEvent:
     cause: str | None = None  # why the store failed (StoreUnavailableError.cause), if it did
 
 
+# A breaker event is about the store, not one request: it carries no key, method or route.
+_NO_KEY = ""
+
+
 EventHook = Callable[[IdempotencyEvent], None]
 
 
@@ -108,7 +117,7 @@ class Reporter:
     level): on the hot path with neither, reporting costs one level check.
     """
 
-    __slots__ = ("_hook", "_http")
+    __slots__ = ("__weakref__", "_hook", "_http")
 
     def __init__(self, hook: EventHook | None, *, http: bool = True) -> None:
         if hook is not None and not callable(hook):
@@ -116,6 +125,32 @@ class Reporter:
         self._hook = hook
         # A function call (``idempotent``) sends no HTTP status: its events carry none.
         self._http = http
+
+    @property
+    def hook(self) -> EventHook | None:
+        return self._hook
+
+    def report_store(self, kind: EventKind, *, failure: BaseException | None = None) -> None:
+        """Hand on an event about the store itself (the breaker's), which has no request:
+        its ``key_hash``, ``method`` and ``route`` are empty. Not logged here: the breaker
+        logs each transition once, however many doors share the store."""
+        if self._hook is None:
+            return
+        cause = None
+        if failure is not None:
+            cause = failure.cause if isinstance(failure, StoreUnavailableError) else "unknown"
+        event = IdempotencyEvent(
+            kind,
+            _NO_KEY,
+            _NO_KEY,
+            _NO_KEY,
+            error=repr(failure) if failure is not None else None,
+            cause=cause,
+        )
+        try:
+            self._hook(event)
+        except Exception:
+            logger.exception("on_event hook raised; event dropped")
 
     def report(
         self,

@@ -28,7 +28,12 @@ from .errors import (
 )
 from .events import EventHook
 from .keys import storage_key
-from .options import DEFAULT_LOCK_TIMEOUT_SECONDS, DEFAULT_TTL_SECONDS, Options
+from .options import (
+    DEFAULT_CLOCK_SKEW_SECONDS,
+    DEFAULT_LOCK_TIMEOUT_SECONDS,
+    DEFAULT_TTL_SECONDS,
+    Options,
+)
 from .payloads import fingerprint_arguments, fingerprint_payload
 from .records import StoredResponse
 from .renewal import LoopRenewals, ThreadRenewals
@@ -66,6 +71,7 @@ def idempotent(
     replay_cache_size: int = 0,
     on_event: EventHook | None = None,
     clock: Clock = SYSTEM_CLOCK,
+    clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS,
 ) -> _Decorator:
     """Run the decorated function once per key; calls with a completed key get its result.
 
@@ -82,6 +88,7 @@ def idempotent(
         replay_cache_size=replay_cache_size,
         on_event=on_event,
         clock=clock,
+        clock_skew_seconds=clock_skew_seconds,
     )
     if not (isinstance(key, str) and key) and not callable(key):
         raise TypeError(
@@ -202,8 +209,8 @@ class _FunctionDoor:
         self.codec = ResultCodec(function, decorator._serializer, name)
         self.policy = options.default_policy._replace(route=self.name)
         self.clock = options.clock
-        self.context = flow.Context.for_options(options, http=False)
         store = decorator._store
+        self.context = flow.Context.for_options(options, store, http=False)
         self.async_driver: AsyncDriver | None = None
         self.sync_driver: SyncDriver | None = None
         if is_async:
@@ -313,6 +320,7 @@ class _FunctionDoor:
             core.new_owner(),
             self.clock.now(),
             self.policy.lock_timeout_seconds,
+            self.policy.clock_skew_seconds,
         )
         return core.Attempt(CALL_METHOD, self.name, self.policy, claim)
 
@@ -362,6 +370,7 @@ class _FunctionDoor:
             code=getattr(error, "code", ""),
             cause=getattr(error, "cause", "unknown"),
             reason=getattr(error, "reason", ""),
+            retry_after=getattr(error, "retry_after", None),
         )
         unavailable.__cause__ = error
         return unavailable

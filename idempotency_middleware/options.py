@@ -29,6 +29,9 @@ DEFAULT_METHODS = ("POST", "PATCH")
 DEFAULT_TTL_SECONDS = 86400
 DEFAULT_LOCK_TIMEOUT_SECONDS = 60
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+# How far apart two hosts' clocks may be: a stale in-progress claim is taken over only once
+# its lock expired at least this long ago by the claimer's clock.
+DEFAULT_CLOCK_SKEW_SECONDS = 1.0
 
 # A claim is renewed this many times per lock timeout, so one slow or failed renewal still
 # leaves time for the next before the lock runs out.
@@ -57,6 +60,8 @@ class Policy(NamedTuple):
     # A route opt-in's (Options.with_route_rules): its requests are marked in the ASGI scope
     # for the route's IdempotencyKey dependency (asgi.COVERED_KEY).
     route_opt_in: bool = False
+    # The takeover margin a claim carries (ClaimRequest.clock_skew_seconds).
+    clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS
 
 
 # Route opt-ins, looked up before the rules: ((rule, its methods, policy), ...), where a
@@ -72,6 +77,7 @@ def _policy(
     lock_timeout_seconds: float,
     scope: ScopeFunction | None,
     wait_seconds: float,
+    clock_skew_seconds: float,
 ) -> Policy:
     return Policy(
         route,
@@ -81,6 +87,7 @@ def _policy(
         scope,
         lock_timeout_seconds / RENEWALS_PER_LOCK,
         wait_seconds,
+        clock_skew_seconds=clock_skew_seconds,
     )
 
 
@@ -102,6 +109,7 @@ class MiddlewareOptions(TypedDict, total=False):
     clock: Clock
     wait_seconds: float
     problem_base_url: str | None
+    clock_skew_seconds: float
 
 
 @dataclass(frozen=True)
@@ -145,6 +153,7 @@ class Options:
         clock: Clock = SYSTEM_CLOCK,
         wait_seconds: float = 0,
         problem_base_url: str | None = None,
+        clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS,
     ) -> Options:
         if not isinstance(header_name, str) or not _TOKEN.match(header_name):
             raise ValueError(f"header_name {header_name!r} is not a valid HTTP header name")
@@ -182,6 +191,15 @@ class Options:
                 "wait_seconds must be a non-negative, finite number of seconds, "
                 f"got {wait_seconds!r}"
             )
+        if (
+            isinstance(clock_skew_seconds, bool)
+            or not isinstance(clock_skew_seconds, (int, float))
+            or not 0 <= clock_skew_seconds < math.inf
+        ):
+            raise ValueError(
+                "clock_skew_seconds must be a non-negative, finite number of seconds, "
+                f"got {clock_skew_seconds!r}"
+            )
         if not isinstance(clock, Clock):
             raise ValueError("clock must have now(), sleep() and asleep() (see clock.Clock)")
         if scope is not None and not callable(scope):
@@ -195,7 +213,13 @@ class Options:
         check_reachable(rules)
         normalized_methods = normalize_methods(methods, "methods")
         default_policy = _policy(
-            None, bool(required), ttl_seconds, lock_timeout_seconds, scope, float(wait_seconds)
+            None,
+            bool(required),
+            ttl_seconds,
+            lock_timeout_seconds,
+            scope,
+            float(wait_seconds),
+            float(clock_skew_seconds),
         )
         rule_policies = tuple(
             (rule, *_rule_policy(rule, normalized_methods, default_policy)) for rule in rules
@@ -331,4 +355,5 @@ def _rule_policy(
         ),
         scope=default.scope if rule.scope is None else rule.scope,
         wait_seconds=default.wait_seconds,
+        clock_skew_seconds=default.clock_skew_seconds,
     )

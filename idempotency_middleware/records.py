@@ -201,12 +201,19 @@ class Record(NamedTuple):
     def is_expired(self, now: float) -> bool:
         return self.expires_at <= now
 
-    def is_lock_stale(self, now: float) -> bool:
-        return self.status is Status.IN_PROGRESS and self.lock_expires_at <= now
+    def is_lock_stale(self, now: float, clock_skew_seconds: float = 0.0) -> bool:
+        """An in-progress claim whose lock expired at least ``clock_skew_seconds`` ago."""
+        return (
+            self.status is Status.IN_PROGRESS and self.lock_expires_at <= now - clock_skew_seconds
+        )
 
-    def is_claimable(self, now: float) -> bool:
-        """Whether a new claim may replace this record (the store's claim condition)."""
-        return self.is_expired(now) or self.is_lock_stale(now)
+    def is_claimable(self, now: float, clock_skew_seconds: float = 0.0) -> bool:
+        """Whether a new claim at ``now`` may replace this record (the store's claim
+        condition): an in-progress claim once its lock is stale by the skew margin, any
+        other record once expired."""
+        if self.status is Status.IN_PROGRESS:
+            return self.lock_expires_at <= now - clock_skew_seconds
+        return self.expires_at <= now
 
 
 def encode_response(response: StoredResponse) -> bytes:

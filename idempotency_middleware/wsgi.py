@@ -47,7 +47,7 @@ class IdempotencyWSGIMiddleware:
         self.app = wsgi_app
         self.store = store
         self.options = Options.build(**options)
-        self._context = flow.Context.for_options(self.options)
+        self._context = flow.Context.for_options(self.options, store)
         self._renewals = ThreadRenewals(store, self._context.reporter, self.options.clock)
         self._driver = SyncDriver(store, self.options.clock, self._renewals)
 

@@ -573,11 +573,18 @@ def test_4xx_responses_are_stored_and_replayed(harness: Harness) -> None:
 
 LOCK_TIMEOUT_SECONDS = 0.5
 PAST_DEADLINE_SECONDS = 0.7
+# These servers share one clock: no margin for clock skew, so a lock crossed is stale at
+# once (the margin has its own tests, tests/test_clock_skew.py).
+NO_SKEW = 0.0
 
 
 def test_dead_owners_stale_claim_is_taken_over_by_the_next_request(harness: Harness) -> None:
     # The owner cannot renew its lease (as if it had died), so its claim goes stale.
-    url = harness.start(lock_timeout_seconds=LOCK_TIMEOUT_SECONDS, renewals_cut_off=True)
+    url = harness.start(
+        lock_timeout_seconds=LOCK_TIMEOUT_SECONDS,
+        renewals_cut_off=True,
+        clock_skew_seconds=NO_SKEW,
+    )
     client = harness.client(url)
     key = new_key()
 
@@ -594,7 +601,11 @@ def test_dead_owners_stale_claim_is_taken_over_by_the_next_request(harness: Harn
 def test_taken_over_owner_answers_its_client_but_cannot_store_its_response(
     harness: Harness,
 ) -> None:
-    url = harness.start(lock_timeout_seconds=LOCK_TIMEOUT_SECONDS, renewals_cut_off=True)
+    url = harness.start(
+        lock_timeout_seconds=LOCK_TIMEOUT_SECONDS,
+        renewals_cut_off=True,
+        clock_skew_seconds=NO_SKEW,
+    )
     client = harness.client(url)
     key = new_key()
 
@@ -639,7 +650,9 @@ def test_owner_whose_event_loop_is_blocked_is_taken_over(harness: Harness) -> No
     # Two instances of one deployment share the store; the owner's handler blocks its loop,
     # so its lease renewal cannot run and the other instance takes the key over.
     owner_url = harness.start(lock_timeout_seconds=LOCK_TIMEOUT_SECONDS)
-    other = harness.client(harness.start(lock_timeout_seconds=LOCK_TIMEOUT_SECONDS))
+    other = harness.client(
+        harness.start(lock_timeout_seconds=LOCK_TIMEOUT_SECONDS, clock_skew_seconds=NO_SKEW)
+    )
     key = new_key()
 
     with held_request(harness, owner_url, key, {"n": 1}, path="/block") as first:

@@ -25,7 +25,7 @@ from idempotency_middleware.engine.effects import (
     StreamEnd,
 )
 from idempotency_middleware.events import IdempotencyEvent
-from idempotency_middleware.options import Options
+from idempotency_middleware.options import DEFAULT_CLOCK_SKEW_SECONDS, Options
 from idempotency_middleware.records import Record, Status, StoredResponse
 from idempotency_middleware.renewal import Leases, LoopRenewals, ThreadRenewals
 from idempotency_middleware.stores.base import (
@@ -61,7 +61,7 @@ class Scripted:
             on_event=self.events.append,
             clock=self.clock,
         )
-        self.context = flow.Context.for_options(self.options)
+        self.context = flow.Context.for_options(self.options, None)
         self.effects: list[Effect] = []
         self.attempt = self.new_attempt()
 
@@ -482,7 +482,8 @@ def test_a_dead_owner_is_taken_over_once_the_fake_clock_crosses_its_lock() -> No
     store = MemoryStore()
     first = script.attempt
     assert isinstance(store.claim(first.claim), type(CLAIMED))
-    script.clock.advance(LOCK + 0.001)
+    # Past the lock and the default clock-skew margin.
+    script.clock.advance(LOCK + DEFAULT_CLOCK_SKEW_SECONDS + 0.001)
     script.attempt = script.new_attempt()
     driver = SyncDriver(
         store, script.clock, ThreadRenewals(store, script.context.reporter, script.clock)

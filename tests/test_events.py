@@ -103,7 +103,8 @@ def test_a_take_over_is_reported(harness: Harness) -> None:
     # than one renewal interval, so the owner renewed before running, which the cut-off
     # refused: 503, and the handler never ran.
     owner = harness.client(harness.start(lock_timeout_seconds=1.5, renewals_cut_off=True))
-    client = harness.serve(on_event=recorder, lock_timeout_seconds=1.5)
+    # (One machine, one clock: no skew margin, so the lock crossed is stale at once.)
+    client = harness.serve(on_event=recorder, lock_timeout_seconds=1.5, clock_skew_seconds=0)
     gate = harness.state.arm_gate()
     first = threading.Thread(
         target=owner.post, args=("/slow",), kwargs={"headers": {"Idempotency-Key": key}}

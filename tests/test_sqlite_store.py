@@ -470,10 +470,12 @@ def test_purge_that_cannot_get_the_lock_does_not_fail_the_write(tmp_path: Path) 
         holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         purge_after_write = store._maybe_purge
 
-        def another_worker_writes_first(connection: sqlite3.Connection, now: float) -> None:
+        def another_worker_writes_first(
+            connection: sqlite3.Connection, cutoff: float, statement: str
+        ) -> None:
             holder.execute("BEGIN IMMEDIATE")
             try:
-                purge_after_write(connection, now)
+                purge_after_write(connection, cutoff, statement)
             finally:
                 holder.execute("ROLLBACK")
 

@@ -34,6 +34,7 @@ import pytest
 
 from idempotency_middleware import AsyncDynamoDBStore, DynamoDBStore
 from idempotency_middleware.keys import storage_key
+from idempotency_middleware.options import DEFAULT_CLOCK_SKEW_SECONDS
 from idempotency_middleware.records import Status
 from idempotency_middleware.stores.base import ClaimRequest, StoreUnavailable
 from tests.conftest import new_table
@@ -135,11 +136,12 @@ def retry_until_it_runs(
         if response.status_code == 409:
             assert_problem(response, 409)
             assert int(response.headers["retry-after"]) >= 1
-            assert sent < lock_expires_at, "409 after the lock expired"
+            # (The door's clock-skew margin keeps the claim a second past its lock.)
+            assert sent < lock_expires_at + DEFAULT_CLOCK_SKEW_SECONDS, "409 after the lock"
             conflicts += 1
             time.sleep(0.1)
             continue
-        assert received >= lock_expires_at, "the key was taken over before its lock expired"
+        assert received >= lock_expires_at + DEFAULT_CLOCK_SKEW_SECONDS, "taken over early"
         return conflicts, response
     raise AssertionError(f"{path} was never run again within {timeout} s")
 

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 from .. import core
 from ..attempt_context import CurrentAttempt
+from ..breaker import CircuitBreaker
 from ..cache import ReplayCache
 from ..clock import Clock
 from ..errors import TransactionConflictError, TransactionRejectedError
@@ -70,10 +71,15 @@ class Context:
     http: bool = True  # an HTTP door (False: ``idempotent`` functions)
 
     @classmethod
-    def for_options(cls, options: Options, *, http: bool = True) -> Context:
-        """``http=False`` for a door whose events carry no HTTP status (functions)."""
+    def for_options(cls, options: Options, store: object, *, http: bool = True) -> Context:
+        """``http=False`` for a door whose events carry no HTTP status (functions). The
+        door's events include those of ``store``'s circuit breaker, when it has one."""
+        reporter = Reporter(options.on_event, http=http)
+        breaker = getattr(store, "breaker", None)
+        if isinstance(breaker, CircuitBreaker):
+            breaker.subscribe(reporter)
         return cls(
-            Reporter(options.on_event, http=http),
+            reporter,
             options.clock,
             ReplayCache(options.replay_cache_size) if options.replay_cache_size else None,
             options.on_store_error,
@@ -99,13 +105,17 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
             result = yield claim
         except StoreUnavailable as error:
             context.reporter.report(attempt, "store_error", operation="claim", failure=error)
-            yield Spawn(release_lost_claim(attempt))
+            if error.cause != "breaker_open":
+                # (A claim the breaker refused was never sent: there is nothing to release.)
+                yield Spawn(release_lost_claim(attempt))
             if context.on_store_error == "run" and wait_until is None:
                 context.reporter.report(attempt, "fail_open", operation="claim", failure=error)
                 return RUN_UNPROTECTED
             # (A waiter whose poll failed saw the key held by a running attempt: running
             # unprotected beside it would be the duplicate run this exists to prevent.)
-            return core.STORE_UNAVAILABLE._replace(error=error)
+            return core.STORE_UNAVAILABLE._replace(
+                error=error, retry_after=error.retry_after or core.STORE_UNAVAILABLE_RETRY_AFTER
+            )
         except GeneratorExit:
             raise  # the flow itself is being closed: no effect can be yielded any more
         except BaseException:

@@ -31,7 +31,9 @@ class ClaimRequest(NamedTuple):
     """Claim ``key_hash`` for ``owner`` at ``now``, holding it for ``lock_timeout_seconds``.
 
     The claim succeeds when the key is absent, its record expired, or it is an in-progress
-    claim whose lock expired (a dead owner's: the claim takes it over).
+    claim whose lock expired at least ``clock_skew_seconds`` ago (a dead owner's: the claim
+    takes it over). The margin is the claimer's: a host whose clock runs ahead by less than
+    it cannot take over a live owner's claim early.
     """
 
     key_hash: str
@@ -39,10 +41,16 @@ class ClaimRequest(NamedTuple):
     owner: str
     now: float
     lock_timeout_seconds: float
+    clock_skew_seconds: float = 0.0
 
     @property
     def lock_expires_at(self) -> float:
         return self.now + self.lock_timeout_seconds
+
+    @property
+    def stale_before(self) -> float:
+        """An in-progress claim whose lock expired at or before this time may be taken over."""
+        return self.now - self.clock_skew_seconds
 
     @property
     def expires_at(self) -> float:

@@ -30,6 +30,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from ..breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD, BreakerOwner, CircuitBreaker
 from ..clock import SYSTEM_CLOCK, Clock
 from ..deferred import DeferredToken
 from ..errors import TransactionConflictError, TransactionRejectedError
@@ -81,6 +82,16 @@ def _ttl(value: float) -> dict[str, str]:
     return {"N": str(math.ceil(value))}
 
 
+# An in-progress claim's TTL is this long past its lock: the sweeper deletes by AWS's clock,
+# and a live owner whose clock is behind may still hold its claim a little past the lock by
+# AWS's time (a claim itself waits the clock-skew margin out). Expiry is checked on read.
+IN_PROGRESS_TTL_GRACE_SECONDS = 60.0
+
+
+def _claim_ttl(lock_expires_at: float) -> dict[str, str]:
+    return _ttl(lock_expires_at + IN_PROGRESS_TTL_GRACE_SECONDS)
+
+
 _NAMES = {
     "#pk": "",  # filled per layout
     "#status": "status",
@@ -103,7 +114,8 @@ def _names(layout: TableLayout, *used: str) -> dict[str, str]:
 
 
 def claim_request(layout: TableLayout, request: ClaimRequest) -> dict[str, Any]:
-    """One conditional PutItem: succeed when absent, expired, or a stale in-progress claim.
+    """One conditional PutItem: succeed when absent, expired, or an in-progress claim whose
+    lock expired at least the claim's clock-skew margin ago.
 
     On failure DynamoDB returns the holding item in the same call (ALL_OLD), so a duplicate
     costs one round trip; on success ALL_OLD tells whether a dead owner was taken over.
@@ -117,15 +129,16 @@ def claim_request(layout: TableLayout, request: ClaimRequest) -> dict[str, Any]:
             "owner": {"S": request.owner},
             "lock_expires_at": _number(request.lock_expires_at),
             "expires_at": _number(request.expires_at),
-            layout.ttl_attribute: _ttl(request.expires_at),
+            layout.ttl_attribute: _claim_ttl(request.expires_at),
         },
         "ConditionExpression": (
-            "attribute_not_exists(#pk) OR #exp <= :now "
-            "OR (#status = :in_progress AND #lock <= :now)"
+            "attribute_not_exists(#pk) OR (#status <> :in_progress AND #exp <= :now) "
+            "OR (#status = :in_progress AND #lock <= :stale)"
         ),
         "ExpressionAttributeNames": _names(layout, "#pk", "#exp", "#status", "#lock"),
         "ExpressionAttributeValues": {
             ":now": _number(request.now),
+            ":stale": _number(request.stale_before),
             ":in_progress": {"S": Status.IN_PROGRESS.value},
         },
         "ReturnValues": "ALL_OLD",
@@ -503,7 +516,7 @@ def renew_request(
             ":owner": {"S": owner},
             ":in_progress": {"S": Status.IN_PROGRESS.value},
             ":lock": _number(lock_expires_at),
-            ":ttl": _ttl(lock_expires_at),
+            ":ttl": _claim_ttl(lock_expires_at),
         },
     }
 
@@ -739,6 +752,9 @@ _CAUSES_BY_CODE = {
     "InternalError": "server_error",
     "ServiceUnavailable": "server_error",
     "ServiceUnavailableException": "server_error",
+    # A multi-Region strong-consistency global table: another Region is writing the same
+    # item. botocore already retried it; the claim answers 503 and finishing writes retry.
+    "ReplicatedWriteConflictException": "write_conflict",
 }
 
 # What RuntimeError says when an aiohttp session is used on a loop other than its own.
@@ -843,12 +859,13 @@ def require_modules(store: str, modules: tuple[str, ...], extra: str) -> None:
             )
 
 
-class DynamoDBStoreBase:
+class DynamoDBStoreBase(BreakerOwner):
     """What both DynamoDB stores share: table layout, connection settings, S3 overflow, the
-    clock (the httpx ``Client``/``AsyncClient`` idea: everything but the transport).
+    clock, the circuit breaker (the httpx ``Client``/``AsyncClient`` idea: everything but the
+    transport).
 
-    ``clock`` times ``create_table()``'s wait for the table to become ACTIVE; claims and
-    completions carry their own ``now``.
+    ``clock`` times ``create_table()``'s wait for the table to become ACTIVE and the
+    breaker's cool-down; claims and completions carry their own ``now``.
     """
 
     # The client libraries a flavour needs, and the extra that installs them (per flavour).
@@ -873,8 +890,11 @@ class DynamoDBStoreBase:
         s3_prefix: str = "idempotency/",
         s3_endpoint_url: str | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        breaker_threshold: int = DEFAULT_THRESHOLD,
+        breaker_cooldown_seconds: float = DEFAULT_COOLDOWN_SECONDS,
     ) -> None:
         require_modules(type(self).__name__, self._libraries, self._extra)
+        self.breaker = CircuitBreaker(breaker_threshold, breaker_cooldown_seconds, clock)
         self.layout = TableLayout(table_name, key_attribute, ttl_attribute)
         self._settings = ClientSettings(
             endpoint_url,

@@ -53,7 +53,13 @@ class DynamoDBStore(SyncClients):
             client = self._dynamodb()
             result: dict[str, Any] = getattr(client, operation)(**request)
         except self._errors as error:
-            raise ddb.translate_error(operation, error, self.layout.table_name) from error
+            translated = ddb.translate_error(operation, error, self.layout.table_name)
+            if isinstance(translated, StoreUnavailable):
+                self.breaker.failed(translated)
+            else:
+                self.breaker.succeeded()  # a failed condition is an answer
+            raise translated from error
+        self.breaker.succeeded()
         return result
 
     def _conditional(self, operation: str, request: dict[str, Any]) -> bool:
@@ -67,6 +73,7 @@ class DynamoDBStore(SyncClients):
 
     def claim(self, request: ClaimRequest) -> ClaimResult:
         """One conditional PutItem; on failure the holder comes back in the same call."""
+        self.breaker.admit()
         for _ in range(ddb.CLAIM_ATTEMPTS):
             try:
                 response = self._call("put_item", ddb.claim_request(self.layout, request))
@@ -75,7 +82,8 @@ class DynamoDBStore(SyncClients):
                     return Held(self._record(failed.item))
                 # A backend without ALL_OLD on failure: read the holder instead.
                 record = self.get(request.key_hash)
-                if record is not None and not record.is_claimable(request.now):
+                skew = request.clock_skew_seconds
+                if record is not None and not record.is_claimable(request.now, skew):
                     return Held(record)
                 continue
             return Claimed(taken_over=ddb.claim_took_over(response))

@@ -6,12 +6,13 @@ import threading
 from collections.abc import Iterable
 
 from .. import deferred
+from ..breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD, BreakerOwner, CircuitBreaker
 from ..clock import SYSTEM_CLOCK, Clock
 from ..records import Record, Status
 from .base import CLAIMED, TAKEN_OVER, ClaimRequest, ClaimResult, Completion, Held
 
 
-class MemoryStore:
+class MemoryStore(BreakerOwner):
     """A dict behind a lock. One instance is safe to share across threads and event loops.
 
     Every operation is a few dict operations under a ``threading.Lock``, never held across
@@ -19,7 +20,8 @@ class MemoryStore:
 
     ``max_response_bytes`` mimics a backend's item limit (``None``: keep every response);
     expired records are dropped at most once per ``purge_interval_seconds``. ``clock`` says
-    when the first purge is due; later ones follow the claims' own ``now``.
+    when the first purge is due; later ones follow the claims' own ``now``. It takes the
+    circuit breaker's options like every store, but never fails, so its breaker stays closed.
     """
 
     def __init__(
@@ -28,7 +30,10 @@ class MemoryStore:
         max_response_bytes: int | None = None,
         purge_interval_seconds: float = 60.0,
         clock: Clock = SYSTEM_CLOCK,
+        breaker_threshold: int = DEFAULT_THRESHOLD,
+        breaker_cooldown_seconds: float = DEFAULT_COOLDOWN_SECONDS,
     ) -> None:
+        self.breaker = CircuitBreaker(breaker_threshold, breaker_cooldown_seconds, clock)
         self._records: dict[str, Record] = {}
         self._lock = threading.Lock()
         self._max_response_bytes = max_response_bytes
@@ -45,9 +50,10 @@ class MemoryStore:
             # Read before purging: a stale claim the purge drops is still taken over here,
             # and reported so.
             existing = self._records.get(key_hash)
+            skew = request.clock_skew_seconds
             if now >= self._next_purge:
-                self._purge(now)
-            if existing is not None and not existing.is_claimable(now):
+                self._purge(now, skew)
+            if existing is not None and not existing.is_claimable(now, skew):
                 return Held(existing)
             # Positional: a NamedTuple built by keyword costs noticeably more per request.
             lock_expires_at = request.lock_expires_at
@@ -171,9 +177,13 @@ class MemoryStore:
         """:meth:`release_deferred` (no I/O: called directly)."""
         return self.release_deferred(token)
 
-    def _purge(self, now: float) -> None:
+    def _purge(self, now: float, clock_skew_seconds: float) -> None:
         self._next_purge = now + self._purge_interval
-        expired = [kh for kh, record in self._records.items() if record.is_claimable(now)]
+        expired = [
+            kh
+            for kh, record in self._records.items()
+            if record.is_claimable(now, clock_skew_seconds)
+        ]
         for key_hash in expired:
             del self._records[key_hash]
 

@@ -31,7 +31,9 @@ from contextlib import contextmanager, suppress
 from typing import Any
 
 from .. import deferred
+from ..breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD, BreakerOwner, CircuitBreaker
 from ..clock import SYSTEM_CLOCK, Clock
+from ..options import DEFAULT_CLOCK_SKEW_SECONDS
 from ..records import Record, Status, StoredResponse, decode_response, encode_response
 from .base import Claimed, ClaimRequest, ClaimResult, Completion, Held, StoreUnavailable
 from .threaded import ThreadedStore
@@ -98,8 +100,8 @@ class _Statements:
             "lock_expires_at = excluded.lock_expires_at, "
             "expires_at = excluded.expires_at, "
             "response = NULL, response_size = 0, too_large = 0 "
-            f"WHERE {table}.expires_at <= :now "
-            f"OR ({table}.status = :in_progress AND {table}.lock_expires_at <= :now)"
+            f"WHERE ({table}.status <> :in_progress AND {table}.expires_at <= :now) "
+            f"OR ({table}.status = :in_progress AND {table}.lock_expires_at <= :stale)"
         )
         self.claim_returning = self.claim + " RETURNING taken_over"
         self.taken_over = f"SELECT taken_over FROM {table} WHERE key = ?"
@@ -134,6 +136,12 @@ class _Statements:
         self.purge = (
             f"DELETE FROM {table} WHERE rowid IN "
             f"(SELECT rowid FROM {table} WHERE expires_at <= ? LIMIT ?)"
+        )
+        # After a completion, whose time carries no clock-skew margin: finished rows only.
+        self.purge_finished = (
+            f"DELETE FROM {table} WHERE rowid IN "
+            f"(SELECT rowid FROM {table} WHERE expires_at <= ? "
+            f"AND status <> '{Status.IN_PROGRESS.value}' LIMIT ?)"
         )
 
 
@@ -294,7 +302,7 @@ class _ConnectionPool:
 _leaked_across_fork: list[sqlite3.Connection] = []
 
 
-class SQLiteStore(ThreadedStore):
+class SQLiteStore(ThreadedStore, BreakerOwner):
     """Idempotency store in one SQLite file, shared by the worker processes of one machine.
 
     ``SQLiteStore("/var/lib/myapp/idempotency.sqlite3")`` serves both middlewares: the sync
@@ -335,6 +343,8 @@ class SQLiteStore(ThreadedStore):
         max_idle_connections: int = 16,
         async_threads: int = 4,
         clock: Clock = SYSTEM_CLOCK,
+        breaker_threshold: int = DEFAULT_THRESHOLD,
+        breaker_cooldown_seconds: float = DEFAULT_COOLDOWN_SECONDS,
     ) -> None:
         if sqlite3.sqlite_version_info < _UPSERT_VERSION:
             raise RuntimeError(
@@ -372,6 +382,7 @@ class SQLiteStore(ThreadedStore):
         self._schema_ready = False
         self._schema_lock = threading.Lock()
         self._clock = clock
+        self.breaker = CircuitBreaker(breaker_threshold, breaker_cooldown_seconds, clock)
         self._purge_lock = threading.Lock()
         self._next_purge = 0.0  # the first write of a process purges
         super().__init__(async_threads=async_threads, thread_name_prefix="idempotency-sqlite")
@@ -432,7 +443,7 @@ class SQLiteStore(ThreadedStore):
             connection, generation = self._pool.acquire()
         except sqlite3.Error as error:
             if _is_unavailable(error):
-                raise _unavailable(operation, error, self.path) from error
+                raise self._outage(_unavailable(operation, error, self.path)) from error
             raise
         try:
             yield connection
@@ -445,14 +456,21 @@ class SQLiteStore(ThreadedStore):
                 # a connection that failed otherwise is not reused.
                 _close_quietly(connection)
             if isinstance(error, sqlite3.Error) and _is_unavailable(error):
-                raise _unavailable(operation, error, self.path) from error
+                raise self._outage(_unavailable(operation, error, self.path)) from error
             raise
         self._pool.give_back(connection, generation)
+        self.breaker.succeeded()
+
+    def _outage(self, error: StoreUnavailable) -> StoreUnavailable:
+        """Count ``error`` on the circuit breaker (when it is an outage), and return it."""
+        self.breaker.failed(error)
+        return error
 
     # -- the store protocol (sync, for WSGI) ------------------------------------------
 
     def claim(self, request: ClaimRequest) -> ClaimResult:
         """Claim ``request.key_hash`` in one upsert; ``Held`` with the holding row otherwise."""
+        self.breaker.admit()
         params = {
             "key": request.key_hash,
             "fingerprint": request.fingerprint,
@@ -460,6 +478,7 @@ class SQLiteStore(ThreadedStore):
             "lock_expires_at": request.lock_expires_at,
             "expires_at": request.expires_at,
             "now": request.now,
+            "stale": request.stale_before,
             "in_progress": Status.IN_PROGRESS.value,
         }
         with self._connection("claim") as connection:
@@ -481,7 +500,8 @@ class SQLiteStore(ThreadedStore):
                 else connection.execute(self._sql.select, (request.key_hash,)).fetchone()
             )
             connection.execute("COMMIT")
-            self._maybe_purge(connection, request.now)
+            # (Not a claim this one may not take over yet: its clock-skew margin.)
+            self._maybe_purge(connection, request.stale_before, self._sql.purge)
         if claimed:
             return Claimed(taken_over=taken_over)
         if row is None:  # cannot happen: the upsert conflicted with this very row
@@ -511,7 +531,9 @@ class SQLiteStore(ThreadedStore):
                     # final response first: done either way, if the key is still ours.
                     row = connection.execute(self._sql.owner, (completion.key_hash,)).fetchone()
                     updated = row is not None and row[0] == completion.owner
-            self._maybe_purge(connection, completion.now)
+            # (Finished rows only: an in-progress claim past its lock may still be inside
+            # another host's clock-skew margin.)
+            self._maybe_purge(connection, completion.now, self._sql.purge_finished)
         return updated
 
     def _encoded(self, response: StoredResponse, streamed: bool) -> tuple[bytes | None, bool]:
@@ -601,23 +623,31 @@ class SQLiteStore(ThreadedStore):
         with self._connection("create_table") as connection:
             self._create_schema(connection)
 
-    def purge_expired(self, now: float | None = None) -> int:
-        """Delete every record expired at ``now`` (default: the clock's time); the count.
+    def purge_expired(
+        self, now: float | None = None, *, clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS
+    ) -> int:
+        """Delete every record expired at least ``clock_skew_seconds`` before ``now``
+        (default: the clock's time); the count. (The margin keeps an in-progress claim that
+        a host whose clock is behind still holds, as the claims' own margin does.)
 
         Runs in batches of ``purge_batch_size`` rows, each its own short write
         transaction, so other workers are never locked out for long.
         """
         now = self._clock.now() if now is None else now
+        cutoff = now - clock_skew_seconds
         total = 0
         with self._connection("purge") as connection:
             while True:
-                deleted = connection.execute(self._sql.purge, (now, self.purge_batch_size)).rowcount
+                deleted = connection.execute(
+                    self._sql.purge, (cutoff, self.purge_batch_size)
+                ).rowcount
                 total += deleted
                 if deleted < self.purge_batch_size:
                     return total
 
-    def _maybe_purge(self, connection: sqlite3.Connection, now: float) -> None:
-        """One bounded purge batch, at most once per interval per process, after a write."""
+    def _maybe_purge(self, connection: sqlite3.Connection, cutoff: float, statement: str) -> None:
+        """One bounded purge batch (``statement``: rows expired at ``cutoff``), at most once
+        per interval per process, after a write."""
         if self.purge_interval_seconds is None:
             return
         with self._purge_lock:
@@ -629,7 +659,7 @@ class SQLiteStore(ThreadedStore):
         # not queue for another worker's lock, it skips to the next interval instead.
         connection.execute(f"PRAGMA busy_timeout = {_PURGE_BUSY_TIMEOUT_MS}")
         try:
-            deleted = connection.execute(self._sql.purge, (now, self.purge_batch_size)).rowcount
+            deleted = connection.execute(statement, (cutoff, self.purge_batch_size)).rowcount
         except sqlite3.Error as error:
             logger.debug("SQLite purge of expired idempotency records skipped: %s", error)
             return
