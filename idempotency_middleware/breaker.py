@@ -37,12 +37,11 @@ DEFAULT_THRESHOLD = 5
 DEFAULT_COOLDOWN_SECONDS = 5.0
 
 # The failures that count: the store is down, slow or shedding load. A misconfiguration
-# (no table, no credentials) already fails fast and says so, and contention on one item or
-# file (``busy``, ``write_conflict``) says nothing about the store's health: neither counts,
-# nor does it close the breaker.
-OUTAGE_CAUSES = frozenset(
-    {"unreachable", "timed_out", "throttled", "server_error", "io_error", "unknown"}
-)
+# (no table, no credentials) already fails fast and says so, contention on one item or file
+# (``busy``, ``write_conflict``) says nothing about the store's health, and neither does a
+# request the store refused as written (``unknown``: a 4xx it has no cause for): none of them
+# counts, nor closes the breaker.
+OUTAGE_CAUSES = frozenset({"unreachable", "timed_out", "throttled", "server_error", "io_error"})
 
 
 class CircuitBreaker:
@@ -59,8 +58,10 @@ class CircuitBreaker:
         "_lock",
         "_open_until",
         "_probe_started",
+        "_report_lock",
         "_reporters",
         "_state",
+        "_transitions",
         "cooldown_seconds",
         "threshold",
     )
@@ -94,6 +95,11 @@ class CircuitBreaker:
         self._open_until = 0.0
         self._probe_started = 0.0
         self._last_failure: StoreUnavailableError | None = None
+        # Transitions are numbered, and reported one at a time under their own lock (hooks
+        # run outside the state lock), so a report overtaken by a newer transition is dropped:
+        # the last event a hook hears always matches the state.
+        self._transitions = 0
+        self._report_lock = threading.RLock()
         # The reporters of the doors using the store, held weakly: a door that is gone
         # stops hearing about the breaker without unsubscribing.
         self._reporters: weakref.WeakSet[Reporter] = weakref.WeakSet()
@@ -110,25 +116,27 @@ class CircuitBreaker:
         with self._lock:
             self._reporters.add(reporter)
 
-    def admit(self) -> None:
-        """Before a claim: return to let it go to the store, or raise ``StoreUnavailable``
-        (cause ``breaker_open``, with ``retry_after``) to refuse it without a store call."""
+    def admit(self) -> bool:
+        """Before a claim: return to let it go to the store (``True`` when it is the
+        half-open breaker's probe: call :meth:`end_probe` when it is over), or raise
+        ``StoreUnavailable`` (cause ``breaker_open``, with ``retry_after``) to refuse it
+        without a store call."""
         if self._state == "closed":
-            return
+            return False
         with self._lock:
             now = self._clock.now()
             state: BreakerState = self._state  # again, under the lock
             if state == "closed":
-                return
+                return False
             if state == "open" and now >= self._open_until:
                 # The cool-down is over: this claim is the probe.
                 self._state = "half_open"
                 self._probe_started = now
-                return
+                return True
             if state == "half_open" and now >= self._probe_started + self.cooldown_seconds:
-                # The probe never reported (its caller was cancelled): this one replaces it.
+                # The probe never ended (its thread hangs): this one replaces it.
                 self._probe_started = now
-                return
+                return True
             wait = (
                 self._open_until - now
                 if state == "open"
@@ -146,6 +154,14 @@ class CircuitBreaker:
         refused.__cause__ = last
         raise refused
 
+    def end_probe(self) -> None:
+        """The probe's call is over. When it settled nothing (it failed for a reason that
+        does not count, such as contention, or was cancelled), the next claim probes."""
+        with self._lock:
+            if self._state == "half_open":
+                self._state = "open"
+                self._open_until = self._clock.now()
+
     def succeeded(self) -> None:
         """The store answered a call (a failed condition is an answer too)."""
         if self._failures == 0 and self._state == "closed":
@@ -155,8 +171,11 @@ class CircuitBreaker:
             self._failures = 0
             self._state = "closed"
             self._last_failure = None
-        if was != "closed":
-            self._report("breaker_closed", None)
+            if was == "closed":
+                return
+            self._transitions += 1
+            number = self._transitions
+        self._report(number, "breaker_closed", None)
 
     def failed(self, error: StoreUnavailableError) -> None:
         """A store call failed with ``error``; counted when it is an outage."""
@@ -168,15 +187,23 @@ class CircuitBreaker:
             opens = self._state == "half_open" or (
                 self._state == "closed" and self._failures >= self.threshold
             )
-            if opens:
-                self._state = "open"
-                self._open_until = self._clock.now() + self.cooldown_seconds
-            elif self._state == "open":
-                return  # a finishing call failing while open: still open, no new event
-        if opens:
-            self._report("breaker_open", error)
+            if not opens:
+                return  # counted; or a finishing call failing while open: no new event
+            self._state = "open"
+            self._open_until = self._clock.now() + self.cooldown_seconds
+            self._transitions += 1
+            number = self._transitions
+        # The request whose failure opened it is told the cool-down too.
+        error.retry_after = max(1, math.ceil(self.cooldown_seconds))
+        self._report(number, "breaker_open", error)
 
-    def _report(self, kind: EventKind, error: BaseException | None) -> None:
+    def _report(self, number: int, kind: EventKind, error: BaseException | None) -> None:
+        with self._report_lock:
+            if number != self._transitions:
+                return  # overtaken: a newer transition is (or was) reported instead
+            self._deliver(kind, error)
+
+    def _deliver(self, kind: EventKind, error: BaseException | None) -> None:
         if kind == "breaker_open":
             logger.error(
                 "idempotency store circuit breaker opened after %d consecutive failures (%s): "
@@ -193,12 +220,13 @@ class CircuitBreaker:
             )
         with self._lock:
             reporters = list(self._reporters)
-        hooks: set[int] = set()
+        hooks: list[object] = []
         for reporter in reporters:
-            # Two doors sharing one hook hear of a transition once.
-            if id(reporter.hook) in hooks:
+            # Two doors sharing one hook hear of a transition once (compared by equality:
+            # ``obj.method`` is a new bound-method object each time it is read).
+            if reporter.hook in hooks:
                 continue
-            hooks.add(id(reporter.hook))
+            hooks.append(reporter.hook)
             reporter.report_store(kind, failure=error)
 
 

@@ -46,7 +46,7 @@ CAUSES: dict[str, str] = {
     "server_error": "the store had an internal error",
     "busy": "the database is locked by another writer",
     "io_error": "the database could not be read or written",
-    "write_conflict": "another region wrote the same item at the same time",
+    "write_conflict": "another write to the same item was in progress",
     "breaker_open": "the store failed repeatedly and the circuit breaker is open",
     "unknown": "the store failed",
 }

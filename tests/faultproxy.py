@@ -22,7 +22,11 @@ Modes:
 - ``delay``: wait ``delay_ms`` before forwarding each request.
 - ``cut``: forward, then send the status line, the headers and half the body, and reset.
 - ``throttle``: answer HTTP 400 with DynamoDB's ``ThrottlingException`` body, as DynamoDB does.
-- ``error``: answer ``error_status`` (500) with DynamoDB's ``InternalServerError`` body.
+- ``error``: answer ``error_status`` (500) with DynamoDB's error body for ``error_code``
+  (``InternalServerError``), as DynamoDB does: ``{"__type": "com.amazonaws.dynamodb.
+  v20120810#<code>", "message": ...}``, whose part after the ``#`` botocore takes as the
+  error code. ``proxy.set("error", error_status=409, error_code=REPLICATED_WRITE_CONFLICT)``
+  is a multi-Region strong-consistency table refusing a write another Region made at once.
 
 Every request is recorded (time, DynamoDB operation, body, the fault applied), so a test can
 count what reached the wire, e.g. lease renewals (``UpdateItem`` setting ``lock_expires_at``).
@@ -69,11 +73,30 @@ Mode = Literal["pass", "refuse", "hang", "swallow", "delay", "cut", "throttle", 
 THROTTLING_BODY = (
     b'{"__type":"com.amazonaws.dynamodb.v20120810#ThrottlingException","message":"Rate exceeded"}'
 )
-INTERNAL_ERROR_BODY = (
-    b'{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError",'
-    b'"message":"Internal server error"}'
-)
-_REASONS = {400: b"Bad Request", 500: b"Internal Server Error", 503: b"Service Unavailable"}
+INTERNAL_SERVER_ERROR = "InternalServerError"
+REPLICATED_WRITE_CONFLICT = "ReplicatedWriteConflictException"
+# What DynamoDB says with each error code the tests inject (any other code: its own name).
+_ERROR_MESSAGES = {
+    INTERNAL_SERVER_ERROR: "Internal server error",
+    REPLICATED_WRITE_CONFLICT: (
+        "One or more items in this request are being modified by a request in another Region."
+    ),
+}
+_REASONS = {
+    400: b"Bad Request",
+    409: b"Conflict",
+    500: b"Internal Server Error",
+    503: b"Service Unavailable",
+}
+
+
+def error_body(code: str, message: str | None = None) -> bytes:
+    """DynamoDB's JSON error body for ``code`` (botocore reads the code after the ``#``)."""
+    text = message if message is not None else _ERROR_MESSAGES.get(code, code)
+    return orjson.dumps({"__type": f"com.amazonaws.dynamodb.v20120810#{code}", "message": text})
+
+
+INTERNAL_ERROR_BODY = error_body(INTERNAL_SERVER_ERROR)
 _MAX_HEAD_BYTES = 256 * 1024
 
 
@@ -99,6 +122,10 @@ class _Fault:
     remaining: int | None  # None: until the next set()
     delay_ms: float
     error_status: int
+    error_body: bytes = INTERNAL_ERROR_BODY
+
+
+_PASS = _Fault("pass", None, None, 0.0, 500)
 
 
 class _Message:
@@ -190,7 +217,7 @@ class FaultProxy:
             raise ValueError(f"the proxy only forwards to {HOST}:<port>, not {upstream_url!r}")
         self._upstream = (parts.hostname, parts.port)
         self._lock = threading.Lock()
-        self._fault = _Fault("pass", None, None, 0.0, 500)
+        self._fault = _PASS
         self._seen: list[SeenRequest] = []
         self._answered: list[str] = []  # operations the upstream answered, in order
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -215,9 +242,13 @@ class FaultProxy:
         count: int | None = None,
         delay_ms: float = 0.0,
         error_status: int = 500,
+        error_code: str = INTERNAL_SERVER_ERROR,
+        error_message: str | None = None,
     ) -> None:
         """Apply ``mode`` to the requests for ``operations`` (all by default), for the next
-        ``count`` of them (until the next ``set`` by default); others pass."""
+        ``count`` of them (until the next ``set`` by default); others pass. ``error``
+        answers ``error_status`` with DynamoDB's body for ``error_code`` (``error_message``:
+        DynamoDB's own wording by default)."""
         with self._lock:
             self._fault = _Fault(
                 mode,
@@ -225,6 +256,7 @@ class FaultProxy:
                 count,
                 delay_ms,
                 error_status,
+                error_body(error_code, error_message),
             )
 
     def seen(self) -> list[SeenRequest]:
@@ -309,13 +341,13 @@ class FaultProxy:
             if fault.operations is not None and (
                 operation is None or operation not in fault.operations
             ):
-                return _Fault("pass", None, None, 0.0, 500)
+                return _PASS
             if operation is None:
                 return fault  # only an unfiltered refuse acts before the request
             if fault.remaining is not None:
                 fault.remaining -= 1
                 if fault.remaining <= 0:
-                    self._fault = _Fault("pass", None, None, 0.0, 500)
+                    self._fault = _PASS
             return fault
 
     def _record(self, operation: str, body: bytes, mode: Mode) -> None:
@@ -357,7 +389,7 @@ class FaultProxy:
                     await writer.drain()
                     continue
                 if fault.mode == "error":
-                    writer.write(_canned(fault.error_status, INTERNAL_ERROR_BODY))
+                    writer.write(_canned(fault.error_status, fault.error_body))
                     await writer.drain()
                     continue
                 if fault.mode == "delay":

@@ -752,9 +752,11 @@ _CAUSES_BY_CODE = {
     "InternalError": "server_error",
     "ServiceUnavailable": "server_error",
     "ServiceUnavailableException": "server_error",
-    # A multi-Region strong-consistency global table: another Region is writing the same
-    # item. botocore already retried it; the claim answers 503 and finishing writes retry.
+    # Contention on the item: another Region writes it (a multi-Region strong-consistency
+    # global table; botocore retries it first), or a transaction holds it (a claim while its
+    # owner commits completion_transaction()). The claim answers 503, finishing writes retry.
     "ReplicatedWriteConflictException": "write_conflict",
+    "TransactionConflictException": "write_conflict",
 }
 
 # What RuntimeError says when an aiohttp session is used on a loop other than its own.
@@ -823,9 +825,10 @@ def _classify_code(error: BaseException, code: str, table_name: str) -> tuple[st
         "access_denied": "access denied",
         "throttled": "throttled",
         "server_error": "server error",
+        "write_conflict": "write conflict",
         "unknown": "request failed",
     }
-    return cause, f"{phrases[cause]} ({detail})"
+    return cause, f"{phrases.get(cause, 'request failed')} ({detail})"
 
 
 def store_errors() -> tuple[type[BaseException], ...]:

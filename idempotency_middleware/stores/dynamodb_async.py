@@ -74,7 +74,14 @@ class AsyncDynamoDBStore(AsyncClients):
 
     async def aclaim(self, request: ClaimRequest) -> ClaimResult:
         """One conditional PutItem; on failure the holder comes back in the same call."""
-        self.breaker.admit()
+        if self.breaker.admit():  # the half-open breaker's probe
+            try:
+                return await self._put_claim(request)
+            finally:
+                self.breaker.end_probe()
+        return await self._put_claim(request)
+
+    async def _put_claim(self, request: ClaimRequest) -> ClaimResult:
         for _ in range(ddb.CLAIM_ATTEMPTS):
             try:
                 response = await self._call("put_item", ddb.claim_request(self.layout, request))

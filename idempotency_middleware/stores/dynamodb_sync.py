@@ -73,7 +73,14 @@ class DynamoDBStore(SyncClients):
 
     def claim(self, request: ClaimRequest) -> ClaimResult:
         """One conditional PutItem; on failure the holder comes back in the same call."""
-        self.breaker.admit()
+        if self.breaker.admit():  # the half-open breaker's probe
+            try:
+                return self._put_claim(request)
+            finally:
+                self.breaker.end_probe()
+        return self._put_claim(request)
+
+    def _put_claim(self, request: ClaimRequest) -> ClaimResult:
         for _ in range(ddb.CLAIM_ATTEMPTS):
             try:
                 response = self._call("put_item", ddb.claim_request(self.layout, request))

@@ -470,7 +470,14 @@ class SQLiteStore(ThreadedStore, BreakerOwner):
 
     def claim(self, request: ClaimRequest) -> ClaimResult:
         """Claim ``request.key_hash`` in one upsert; ``Held`` with the holding row otherwise."""
-        self.breaker.admit()
+        if self.breaker.admit():  # the half-open breaker's probe
+            try:
+                return self._claim(request)
+            finally:
+                self.breaker.end_probe()
+        return self._claim(request)
+
+    def _claim(self, request: ClaimRequest) -> ClaimResult:
         params = {
             "key": request.key_hash,
             "fingerprint": request.fingerprint,
