@@ -91,6 +91,11 @@ def _policy(
     )
 
 
+def _check_non_negative(value: object, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ValueError(f"{name} must be a non-negative, finite number of seconds, got {value!r}")
+
+
 class MiddlewareOptions(TypedDict, total=False):
     """The keyword options both middlewares take (``**options``); their defaults and
     validation are ``Options.build``'s, the one place they are written."""
@@ -182,24 +187,8 @@ class Options:
             )
         if on_event is not None and not callable(on_event):
             raise ValueError("on_event must be a callable taking an IdempotencyEvent")
-        if (
-            isinstance(wait_seconds, bool)
-            or not isinstance(wait_seconds, (int, float))
-            or not 0 <= wait_seconds < math.inf
-        ):
-            raise ValueError(
-                "wait_seconds must be a non-negative, finite number of seconds, "
-                f"got {wait_seconds!r}"
-            )
-        if (
-            isinstance(clock_skew_seconds, bool)
-            or not isinstance(clock_skew_seconds, (int, float))
-            or not 0 <= clock_skew_seconds < math.inf
-        ):
-            raise ValueError(
-                "clock_skew_seconds must be a non-negative, finite number of seconds, "
-                f"got {clock_skew_seconds!r}"
-            )
+        _check_non_negative(wait_seconds, "wait_seconds")
+        _check_non_negative(clock_skew_seconds, "clock_skew_seconds")
         if not isinstance(clock, Clock):
             raise ValueError("clock must have now(), sleep() and asleep() (see clock.Clock)")
         if scope is not None and not callable(scope):

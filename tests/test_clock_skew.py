@@ -22,7 +22,6 @@ clock) never move its lock while a test runs; the tests check the lock did not m
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import math
 import threading
@@ -60,7 +59,7 @@ from tests.function_stores import Events, FunctionStore, open_function_store
 from tests.servers import CLIENT_TIMEOUT_SECONDS, Adapter
 from tests.skew_apps import SHARED_KINDS, SharedKind, serve_door, shared_stores
 from tests.test_behaviour import assert_problem, replayed
-from tests.test_store_contract import AsyncDriver, Driver, SyncDriver
+from tests.test_store_contract import Driver, SyncDriver, drive_async
 
 # A lock well in the real future: DynamoDB Local's TTL sweeper deletes items whose ``ttl`` is
 # in the real past, and ``ttl`` follows the lock of an in-progress claim.
@@ -145,20 +144,6 @@ def local_skew_table(dynamodb_local_endpoint: str) -> str:
     return new_table(dynamodb_local_endpoint, "skew")
 
 
-def _on_loop(store: Any) -> Iterator[Driver]:
-    """An ``AsyncDriver`` on a fresh event loop; the store is closed on that loop after."""
-    loop = asyncio.new_event_loop()
-    try:
-        try:
-            yield AsyncDriver(store, loop)
-        finally:
-            aclose = getattr(store, "aclose", None)
-            if aclose is not None:
-                loop.run_until_complete(aclose())
-    finally:
-        loop.close()
-
-
 @pytest.fixture(params=STORE_KINDS)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Driver]:
     """One store kind, driven through its sync methods or (``-async``) its async ones."""
@@ -185,7 +170,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Driver]:
                 table, endpoint_url=endpoint, region_name=REGION, session=sync_session
             )
     if is_async:
-        yield from _on_loop(backend)
+        yield from drive_async(backend)
         return
     with contextlib.ExitStack() as closing:
         if not isinstance(backend, MemoryStore):
