@@ -7,7 +7,6 @@ with a ``ValueError`` instead of surprising a request in production.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from .events import EventHook
 from .rules import (
     IdempotencyRule,
     ScopeFunction,
+    check_non_negative,
     check_positive,
     check_reachable,
     normalize_methods,
@@ -89,11 +89,6 @@ def _policy(
         wait_seconds,
         clock_skew_seconds=clock_skew_seconds,
     )
-
-
-def _check_non_negative(value: object, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-        raise ValueError(f"{name} must be a non-negative, finite number of seconds, got {value!r}")
 
 
 class MiddlewareOptions(TypedDict, total=False):
@@ -187,8 +182,8 @@ class Options:
             )
         if on_event is not None and not callable(on_event):
             raise ValueError("on_event must be a callable taking an IdempotencyEvent")
-        _check_non_negative(wait_seconds, "wait_seconds")
-        _check_non_negative(clock_skew_seconds, "clock_skew_seconds")
+        check_non_negative(wait_seconds, "wait_seconds")
+        check_non_negative(clock_skew_seconds, "clock_skew_seconds")
         if not isinstance(clock, Clock):
             raise ValueError("clock must have now(), sleep() and asleep() (see clock.Clock)")
         if scope is not None and not callable(scope):

@@ -212,8 +212,8 @@ class Record(NamedTuple):
         condition): an in-progress claim once its lock is stale by the skew margin, any
         other record once expired."""
         if self.status is Status.IN_PROGRESS:
-            return self.lock_expires_at <= now - clock_skew_seconds
-        return self.expires_at <= now
+            return self.is_lock_stale(now, clock_skew_seconds)
+        return self.is_expired(now)
 
 
 def encode_response(response: StoredResponse) -> bytes:

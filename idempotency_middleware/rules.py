@@ -81,6 +81,11 @@ def check_positive(value: float | None, name: str) -> None:
         raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
 
 
+def check_non_negative(value: object, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ValueError(f"{name} must be a non-negative, finite number of seconds, got {value!r}")
+
+
 @dataclass(frozen=True)
 class IdempotencyRule:
     """Configuration for the routes matching ``path``; ``None`` fields inherit the defaults.
