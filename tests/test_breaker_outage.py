@@ -549,6 +549,16 @@ def test_sqlite_through_the_middleware_503_at_once_with_retry_after_then_recover
             assert refused.key_hash == storage_key("POST", PATH, None, refused_key)
             assert door.runs() == 0
 
+            # The first request's background releases of its claim (one per delay, each
+            # failing on the broken file; the door's fake clock sleeps at once) must be over
+            # before the file is fixed: one failing late would open the breaker again after
+            # the probe closed it. Every one of them is counted, open or not.
+            failures = 1 + len(LOST_CLAIM_RELEASE_DELAYS)
+            wait_until(
+                lambda: store.breaker._failures == failures,
+                10,
+                "the lost claim's background releases did not all fail",
+            )
             path.unlink()
             store_clock.advance(COOLDOWN_SECONDS)
             recovered = door.call(refused_key)
