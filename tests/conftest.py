@@ -92,17 +92,32 @@ def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
     ``@pytest.mark.parametrize("harness", DYNAMODB_COMBOS, indirect=True, ids=...)``.
     Servers and clients it starts are stopped at the end of the test.
     """
-    combo: Combo = request.param
+    yield from open_harness(request, request.param)
+
+
+def open_harness(request: pytest.FixtureRequest, combo: Combo) -> Iterator[Harness]:
+    """The ``Harness`` of ``combo`` (moto, Redis and PostgreSQL from the session's servers)."""
     table_name: str | None = None
     endpoint: str | None = None
     aws: AWSSessions | None = None
+    db_location: str | None = None
     if combo.store == "dynamodb":
         endpoint = request.getfixturevalue("moto_endpoint")
         table_name = request.getfixturevalue("harness_table")
         aws = request.getfixturevalue("aws_sessions")
+    elif combo.store in ("redis", "postgres"):
+        db_location = request.getfixturevalue(
+            "redis_url" if combo.store == "redis" else "postgres_dsn"
+        )
     with contextlib.ExitStack() as stack:
         yield Harness(
-            combo, stack, table_name=table_name, dynamodb_endpoint=endpoint, region=REGION, aws=aws
+            combo,
+            stack,
+            table_name=table_name,
+            dynamodb_endpoint=endpoint,
+            region=REGION,
+            aws=aws,
+            db_location=db_location,
         )
 
 
@@ -146,3 +161,9 @@ def dynamodb_local_endpoint() -> str:
     finally:
         client.close()
     return DYNAMODB_LOCAL_URL
+
+
+# --- Real Redis and PostgreSQL servers (tests/db_servers.py) ----------------------------
+from tests.db_servers import postgres_dsn, redis_url  # noqa: E402
+
+__all__ = ["postgres_dsn", "redis_url"]

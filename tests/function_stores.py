@@ -1,7 +1,8 @@
 """Every store kind as the store of an ``idempotent`` function, sync and async.
 
 ``KINDS``: ``MemoryStore`` and ``SQLiteStore`` (each once for a plain function and once for
-a coroutine function), ``DynamoDBStore`` and ``AsyncDynamoDBStore`` on moto's server, and
+a coroutine function), ``RedisStore`` and ``PostgresStore`` likewise on real servers,
+``DynamoDBStore`` and ``AsyncDynamoDBStore`` on moto's server, and
 both DynamoDB stores on Amazon's DynamoDB Local (ids containing ``dynamodb-local``: skipped
 unless ``scripts/dynamodb-local.sh`` runs them). A test module's fixture, parametrized over
 them, opens each with ``open_function_store``::
@@ -26,6 +27,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import re
 import sqlite3
 import threading
 import time
@@ -52,11 +54,12 @@ from idempotency_middleware.stores.base import ClaimRequest, ClaimResult, Comple
 from idempotency_middleware.stores.dynamodb import MAX_ITEM_RESPONSE_BYTES
 from idempotency_middleware.testing import FakeClock
 from tests.conftest import REGION
+from tests.db_stores import DB_KINDS, is_db_kind, location, new_store, raw_record, unreachable_store
 from tests.servers import free_port
 
 LOCAL_KINDS = ["dynamodb-local", "dynamodb-local-async"]
 DYNAMODB_KINDS = ["dynamodb", "dynamodb-async", *LOCAL_KINDS]
-KINDS = ["memory", "memory-async", "sqlite", "sqlite-async", *DYNAMODB_KINDS]
+KINDS = ["memory", "memory-async", "sqlite", "sqlite-async", *DYNAMODB_KINDS, *DB_KINDS]
 MEMORY_KINDS = ["memory", "memory-async"]
 
 # Real seconds a test waits at most for another thread or task (never for a deadline).
@@ -514,6 +517,20 @@ def open_function_store(request: pytest.FixtureRequest, kind: str) -> Iterator[F
         store = memory
         unavailable = DownStore
         raw = lambda key_hash: repr(memory.get(key_hash))  # noqa: E731
+    elif is_db_kind(kind):
+        base = kind.removesuffix("-async")
+        where = location(request, base)
+        db_store = new_store(base, where, max_response_bytes=MAX_ITEM_RESPONSE_BYTES, clock=clock)
+        store = db_store
+        to_close.append(db_store)
+
+        def unavailable() -> Any:
+            # Nothing listens on that port: every call is refused at once.
+            down = unreachable_store(base, free_port(), clock=clock)
+            to_close.append(down)
+            return down
+
+        raw = functools.partial(raw_record, base, db_store, where)
     elif kind.startswith("sqlite"):
         tmp_path: Path = request.getfixturevalue("tmp_path")
         path = tmp_path / "functions.sqlite3"
@@ -570,10 +587,19 @@ def open_function_store(request: pytest.FixtureRequest, kind: str) -> Iterator[F
             _close_loop(loop, to_close)
 
 
+# psycopg_pool names its tasks "<pool name>-worker-<n>" and "<pool name>-scheduler".
+_POOL_TASK = re.compile(r"-(worker-\d+|scheduler)$")
+
+
 def _close_loop(loop: asyncio.AbstractEventLoop, to_close: list[Any]) -> None:
     try:
-        # Background work the flows started (a lost claim's release) ends first.
-        pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+        # Background work the flows started (a lost claim's release) ends first; a
+        # connection pool's own tasks (psycopg_pool's workers) run until the store closes.
+        pending = [
+            task
+            for task in asyncio.all_tasks(loop)
+            if not task.done() and not _POOL_TASK.search(task.get_name())
+        ]
         if pending:
             loop.run_until_complete(asyncio.wait(pending, timeout=TIMEOUT))
         for each in to_close:

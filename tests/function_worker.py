@@ -5,8 +5,10 @@ function, its outcome printed as one JSON line.
 
 The job description (one JSON argument):
 
-- ``store``: ``{"kind": "sqlite", "path": ...}`` or
-  ``{"kind": "dynamodb", "endpoint": ..., "table": ...}``;
+- ``store``: ``{"kind": "sqlite", "path": ...}``,
+  ``{"kind": "dynamodb", "endpoint": ..., "table": ...}``,
+  ``{"kind": "redis", "url": ..., "prefix": ...}`` or
+  ``{"kind": "postgres", "dsn": ..., "table": ...}``;
 - ``key``, ``lock_timeout_seconds``, ``wait_seconds``;
 - ``runs``: a file the function appends ``ran <pid>`` to when it runs (O_APPEND, so lines
   from several processes never interleave): runs counted across processes;
@@ -106,9 +108,18 @@ class ObservedStore:
         return bool(await self.inner.arenew(key_hash, owner, lock_expires_at))
 
 
-def build_store(spec: dict[str, Any], clock: Clock = SYSTEM_CLOCK) -> SQLiteStore | DynamoDBStore:
+def build_store(spec: dict[str, Any], clock: Clock = SYSTEM_CLOCK) -> Any:
+    """The store a job description names (sync and async methods alike)."""
     if spec["kind"] == "sqlite":
         return SQLiteStore(spec["path"], clock=clock)
+    if spec["kind"] == "redis":
+        from idempotency_middleware.stores.redis import RedisStore
+
+        return RedisStore(spec["url"], prefix=spec["prefix"], clock=clock)
+    if spec["kind"] == "postgres":
+        from idempotency_middleware.stores.postgres import PostgresStore
+
+        return PostgresStore(spec["dsn"], table=spec["table"], clock=clock)
     return DynamoDBStore(
         spec["table"], endpoint_url=spec["endpoint"], region_name=REGION, clock=clock
     )

@@ -6,7 +6,8 @@ combination (FastAPI or Flask; a memory, SQLite or DynamoDB store, the DynamoDB 
 or on DynamoDB Local), wraps it in the middleware with the options a test asks for, serves
 it, and hands out httpx clients.
 
-``ALL_COMBOS`` (memory and moto) is what the shared ``harness`` fixture runs. Claims about
+``ALL_COMBOS`` (memory and moto) is what the shared ``harness`` fixture runs; the behaviour
+suite adds ``DB_COMBOS`` (Redis and PostgreSQL on real servers). Claims about
 concurrency are proven on ``ATOMIC_COMBOS`` instead: stores whose conditional writes are
 atomic (moto's threaded server is not: see tests/test_moto_atomicity.py).
 """
@@ -53,6 +54,8 @@ from idempotency_middleware.stores.base import (
 )
 from idempotency_middleware.wsgi import WSGIApp
 from tests.apps import AppState, build_asgi_app, build_wsgi_app
+from tests.db_stores import count_records, new_store
+from tests.db_stores import unreachable_store as unreachable_db_store
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -65,7 +68,7 @@ CLIENT_TIMEOUT_SECONDS = 15.0
 Adapter = Literal["asgi", "wsgi"]
 # "dynamodb" is moto's server; "dynamodb-local" is Amazon's DynamoDB Local
 # (scripts/dynamodb-local.sh), the same store classes on another endpoint.
-StoreKind = Literal["memory", "sqlite", "dynamodb", "dynamodb-local"]
+StoreKind = Literal["memory", "sqlite", "dynamodb", "dynamodb-local", "redis", "postgres"]
 DYNAMODB_KINDS: frozenset[StoreKind] = frozenset({"dynamodb", "dynamodb-local"})
 
 
@@ -257,6 +260,14 @@ WSGI_COMBOS = tuple(combo for combo in ALL_COMBOS if combo.adapter == "wsgi")
 DYNAMODB_COMBOS = tuple(combo for combo in ALL_COMBOS if combo.store == "dynamodb")
 SQLITE_COMBOS = (Combo("asgi", "sqlite"), Combo("wsgi", "sqlite"))
 DYNAMODB_LOCAL_COMBOS = (Combo("asgi", "dynamodb-local"), Combo("wsgi", "dynamodb-local"))
+# Redis and PostgreSQL on their real servers (tests/db_servers.py): atomic, and run by the
+# behaviour suite beside ALL_COMBOS.
+DB_COMBOS = (
+    Combo("asgi", "redis"),
+    Combo("wsgi", "redis"),
+    Combo("asgi", "postgres"),
+    Combo("wsgi", "postgres"),
+)
 # Stores whose conditional writes are atomic, where concurrency claims are proven. The
 # DynamoDB Local ones need its endpoint (scripts/dynamodb-local.sh): a fixture building them
 # skips them without it (see tests/test_concurrency.py).
@@ -264,6 +275,7 @@ ATOMIC_COMBOS = (
     Combo("asgi", "memory"),
     Combo("wsgi", "memory"),
     *SQLITE_COMBOS,
+    *DB_COMBOS,
     *DYNAMODB_LOCAL_COMBOS,
 )
 
@@ -276,6 +288,8 @@ TOO_LARGE_RESPONSE_BYTES: dict[StoreKind, int] = {
     "sqlite": 5000,
     "dynamodb": 600 * 1024,
     "dynamodb-local": 600 * 1024,
+    "redis": 5000,
+    "postgres": 5000,
 }
 
 
@@ -354,7 +368,10 @@ class Harness:
         region: str | None = None,
         aws: AWSSessions | None = None,
         sqlite_path: str | None = None,
+        db_location: str | None = None,
     ) -> None:
+        if combo.store in ("redis", "postgres") and db_location is None:
+            raise ValueError("a Redis or PostgreSQL combination needs its server's URL")
         if combo.on_dynamodb and (table_name is None or dynamodb_endpoint is None or aws is None):
             raise ValueError("a DynamoDB combination needs a table, an endpoint and sessions")
         self.combo = combo
@@ -367,6 +384,8 @@ class Harness:
         self._aws = aws
         self._sqlite_path = sqlite_path
         self._sqlite_store: SQLiteStore | None = None
+        self._db_location = db_location
+        self._db_store: Any = None
 
     @property
     def adapter(self) -> Adapter:
@@ -399,6 +418,21 @@ class Harness:
             self._sqlite_store = store
         return self._sqlite_store
 
+    @property
+    def db_store(self) -> Any:
+        """The combination's ``RedisStore`` or ``PostgresStore`` (a namespace of its own on
+        the session's server), made on first use and closed after every server stopped."""
+        if self._db_store is None:
+            assert self._db_location is not None
+            store = new_store(
+                self.combo.store,
+                self._db_location,
+                max_response_bytes=MEMORY_MAX_RESPONSE_BYTES,
+            )
+            self._stack.callback(store.close)
+            self._db_store = store
+        return self._db_store
+
     def start(
         self,
         *,
@@ -409,15 +443,20 @@ class Harness:
     ) -> str:
         """Serve the combination's app wrapped in the middleware with ``options``; its URL.
 
-        ``unreachable_store`` points a DynamoDB store at a closed port on 127.0.0.1.
+        ``unreachable_store`` points a DynamoDB, Redis or PostgreSQL store at a closed port on
+        127.0.0.1.
         ``renewals_cut_off`` makes this server an owner whose lease renewals never reach the
         store (see :class:`SyncRenewalsCutOff`).
         ``flask_propagate_exceptions`` (WSGI only) lets unhandled exceptions leave Flask.
         """
         endpoint = self._dynamodb_endpoint
         if unreachable_store:
-            if not self.combo.on_dynamodb:
-                raise ValueError("only a DynamoDB store can be made unreachable")
+            if self.combo.store in ("redis", "postgres"):
+                down = unreachable_db_store(self.combo.store, free_port())
+                self._stack.callback(down.close)
+                self._db_store = down
+            elif not self.combo.on_dynamodb:
+                raise ValueError("only a DynamoDB, Redis or PostgreSQL store can be unreachable")
             endpoint = f"http://{HOST}:{free_port()}"
         if self.combo.adapter == "asgi":
             return self._start_asgi(endpoint, renewals_cut_off, options)
@@ -433,6 +472,9 @@ class Harness:
             store = self.memory_store
         elif self.combo.store == "sqlite":
             store = self.sqlite_store
+        elif self.combo.store in ("redis", "postgres"):
+            store = self.db_store
+            on_shutdown = self.db_store.aclose  # its async client belongs to the server's loop
         else:
             assert self._table_name is not None
             assert self._aws is not None
@@ -462,6 +504,8 @@ class Harness:
             store = self.memory_store
         elif self.combo.store == "sqlite":
             store = self.sqlite_store
+        elif self.combo.store in ("redis", "postgres"):
+            store = self.db_store
         else:
             assert self._table_name is not None
             assert self._aws is not None
@@ -500,6 +544,9 @@ class Harness:
             with contextlib.closing(sqlite3.connect(store.path)) as connection:
                 row = connection.execute(f'SELECT COUNT(*) FROM "{store.table_name}"').fetchone()
             return int(row[0])
+        if self.combo.store in ("redis", "postgres"):
+            assert self._db_location is not None
+            return count_records(self.combo.store, self.db_store, self._db_location)
         assert self._aws is not None
         result = self._aws.dynamodb.scan(
             TableName=self._table_name, Select="COUNT", ConsistentRead=True

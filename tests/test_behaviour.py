@@ -1,8 +1,8 @@
 """End-to-end behaviour (the README's HTTP semantics), written once and run on every combination.
 
 Each test runs against real servers on 127.0.0.1 (uvicorn + FastAPI, waitress + Flask)
-through a real HTTP client, with the memory store and with DynamoDB (moto's server mode);
-the ``harness`` fixture supplies the combination.
+through a real HTTP client, with the memory store, DynamoDB (moto's server mode), Redis and
+PostgreSQL (real servers); this module's ``harness`` fixture supplies the combination.
 """
 
 from __future__ import annotations
@@ -38,7 +38,22 @@ from tests.apps import (
     POST_STATUS,
     PUT_ORDER,
 )
-from tests.servers import ASGI_COMBOS, DYNAMODB_COMBOS, WSGI_COMBOS, Combo, Harness
+from tests.conftest import open_harness
+from tests.servers import ALL_COMBOS, DB_COMBOS, DYNAMODB_COMBOS, Combo, Harness
+
+# Every combination of the shared fixture, and Redis and PostgreSQL behind both adapters.
+COMBOS = (*ALL_COMBOS, *DB_COMBOS)
+ASGI_COMBOS = tuple(combo for combo in COMBOS if combo.adapter == "asgi")
+WSGI_COMBOS = tuple(combo for combo in COMBOS if combo.adapter == "wsgi")
+# Stores that can be pointed at a server that is not there.
+NETWORK_COMBOS = (*DYNAMODB_COMBOS, *DB_COMBOS)
+
+
+@pytest.fixture(params=COMBOS, ids=lambda combo: combo.id)
+def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    """This module's combinations, in place of conftest's: its own and the database ones."""
+    yield from open_harness(request, request.param)
+
 
 HEADER = "Idempotency-Key"
 ORDER = {"item": "book", "quantity": 2, "tags": ["a", "b"]}
@@ -688,7 +703,7 @@ def test_completed_record_past_its_ttl_is_treated_as_new(harness: Harness) -> No
 # --- store unavailable -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("harness", DYNAMODB_COMBOS, indirect=True, ids=combo_id)
+@pytest.mark.parametrize("harness", NETWORK_COMBOS, indirect=True, ids=combo_id)
 def test_unreachable_store_answers_503_with_retry_after_without_running_the_handler(
     harness: Harness,
 ) -> None:

@@ -178,7 +178,8 @@ def test_a_usage_error_after_parsing_prints_the_subcommand_usage(
     err = capsys.readouterr().err
     assert err.startswith("usage: idempotency-middleware delete ")
     assert err.endswith(
-        "idempotency-middleware delete: error: give --table NAME (DynamoDB) or --sqlite PATH\n"
+        "idempotency-middleware delete: error: give --table NAME (DynamoDB), --sqlite PATH, "
+        "--redis URL or --postgres DSN\n"
     )
 
 

@@ -54,6 +54,7 @@ from idempotency_middleware.testing import FakeClock
 from idempotency_middleware.wsgi_environ import Environ, StartResponse
 from tests.apps import POST_SLOW, AppState
 from tests.conftest import REGION, new_table
+from tests.db_stores import DB_KINDS, is_db_kind, open_db_store
 from tests.function_stores import KINDS as FUNCTION_KINDS
 from tests.function_stores import Events, FunctionStore, open_function_store
 from tests.servers import CLIENT_TIMEOUT_SECONDS, Adapter
@@ -121,6 +122,7 @@ STORE_KINDS = [
     "dynamodb",
     "dynamodb-async",
     *LOCAL_KINDS,
+    *DB_KINDS,
 ]
 
 
@@ -154,6 +156,8 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Driver]:
         backend = MemoryStore()
     elif kind.startswith("sqlite"):
         backend = SQLiteStore(tmp_path / "skew.sqlite3")
+    elif is_db_kind(kind):
+        backend = open_db_store(request, kind.removesuffix("-async"))
     else:
         local = kind in LOCAL_KINDS
         endpoint: str = request.getfixturevalue(

@@ -28,6 +28,7 @@ import pytest
 from idempotency_middleware import DynamoDBStore
 from tests.apps import POST_SLEEP
 from tests.conftest import REGION
+from tests.db_stores import location
 from tests.servers import (
     ATOMIC_COMBOS,
     CLIENT_TIMEOUT_SECONDS,
@@ -62,6 +63,9 @@ def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
     table_name: str | None = None
     endpoint: str | None = None
     aws: AWSSessions | None = None
+    db_location: str | None = None
+    if combo.store in ("redis", "postgres"):
+        db_location = location(request, combo.store)
     if combo.store == "dynamodb-local":
         endpoint = request.getfixturevalue("dynamodb_local_endpoint")
         aws = request.getfixturevalue("local_aws_sessions")
@@ -72,7 +76,13 @@ def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
             creator.create_table()
     with contextlib.ExitStack() as stack:
         yield Harness(
-            combo, stack, table_name=table_name, dynamodb_endpoint=endpoint, region=REGION, aws=aws
+            combo,
+            stack,
+            table_name=table_name,
+            dynamodb_endpoint=endpoint,
+            region=REGION,
+            aws=aws,
+            db_location=db_location,
         )
 
 

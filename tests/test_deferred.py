@@ -77,6 +77,7 @@ from idempotency_middleware.stores.base import (
 from idempotency_middleware.stores.dynamodb import MAX_ITEM_RESPONSE_BYTES
 from idempotency_middleware.testing import FakeClock
 from tests.conftest import REGION
+from tests.db_stores import DB_KINDS, is_db_kind, open_db_store
 from tests.servers import CLIENT_TIMEOUT_SECONDS, serve_asgi, serve_wsgi
 
 T = TypeVar("T")
@@ -201,6 +202,7 @@ STORE_KINDS = (
     "dynamodb",
     "dynamodb-async",
     *LOCAL_KINDS,
+    *DB_KINDS,
 )
 
 
@@ -263,6 +265,8 @@ def store(request: pytest.FixtureRequest, clock: FakeClock, tmp_path: Path) -> I
         made = SQLiteStore(
             tmp_path / "deferred.sqlite3", max_response_bytes=MAX_ITEM_RESPONSE_BYTES, clock=clock
         )
+    elif is_db_kind(base):
+        made = open_db_store(request, base, max_response_bytes=MAX_ITEM_RESPONSE_BYTES, clock=clock)
     else:
         endpoint, table = dynamodb_target(request, local=base == "dynamodb-local")
         boto3_session, aioboto3_session = request.getfixturevalue("sessions")

@@ -67,30 +67,36 @@ LOCK_SECONDS = 60.0  # the lock timeout of the crash tests: crossed with a fake 
 WORKER_TIMEOUT_SECONDS = 60.0
 
 WAITS = [pytest.param(0.0, id="no-wait"), pytest.param(WAIT_SECONDS, id="wait")]
-PROCESS_BACKENDS = ["sqlite", "dynamodb-local"]
+PROCESS_BACKENDS = ["sqlite", "redis", "postgres", "dynamodb-local"]
 
 
 @dataclass
 class Backend:
     """One atomic store, as stores for this process and as a spec for a child process."""
 
-    kind: str  # "memory", "sqlite", "dynamodb-local"
+    kind: str  # "memory", "sqlite", "redis", "postgres", "dynamodb-local"
     path: Path | None = None
+    url: str | None = None  # Redis's URL or PostgreSQL's DSN
+    namespace: str = field(default_factory=lambda: f"functions_{uuid.uuid4().hex[:12]}")
     endpoint: str | None = None
     table: str | None = None
     memory: MemoryStore = field(default_factory=MemoryStore)
-    opened: list[SQLiteStore | DynamoDBStore] = field(default_factory=list)
+    opened: list[Any] = field(default_factory=list)
 
     def spec(self) -> dict[str, Any]:
         if self.kind == "sqlite":
             return {"kind": "sqlite", "path": str(self.path)}
+        if self.kind == "redis":
+            return {"kind": "redis", "url": self.url, "prefix": f"{self.namespace}:"}
+        if self.kind == "postgres":
+            return {"kind": "postgres", "dsn": self.url, "table": self.namespace}
         assert self.kind == "dynamodb-local", "a MemoryStore cannot be shared with a child"
         return {"kind": "dynamodb", "endpoint": self.endpoint, "table": self.table}
 
     def sync_store(self, clock: Clock = SYSTEM_CLOCK) -> SyncStore:
         if self.kind == "memory":
             return self.memory
-        store = build_store(self.spec(), clock)
+        store: SyncStore = build_store(self.spec(), clock)
         self.opened.append(store)
         return store
 
@@ -103,13 +109,18 @@ class Backend:
             store = SQLiteStore(self.path)
             self.opened.append(store)
             return store
+        if self.kind in ("redis", "postgres"):
+            # Closed on the test's loop by close_async (its async client belongs there).
+            built: AsyncStore = build_store(self.spec())
+            return built
         assert self.table is not None
         return AsyncDynamoDBStore(self.table, endpoint_url=self.endpoint, region_name=REGION)
 
     def record(self, key_hash: str) -> Record | None:
         store = build_store(self.spec())
         self.opened.append(store)
-        return store.get(key_hash)
+        record: Record | None = store.get(key_hash)
+        return record
 
     def close(self) -> None:
         for store in self.opened:
@@ -117,11 +128,12 @@ class Backend:
 
 
 async def close_async(store: AsyncStore) -> None:
-    if isinstance(store, AsyncDynamoDBStore):
-        await store.aclose()
+    aclose = getattr(store, "aclose", None)
+    if aclose is not None and not isinstance(store, SQLiteStore):
+        await aclose()
 
 
-@pytest.fixture(params=["memory", "sqlite", "dynamodb-local"])
+@pytest.fixture(params=["memory", "sqlite", "redis", "postgres", "dynamodb-local"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     """A fresh store: its schema or table created first, as a deployment does."""
     kind: str = request.param
@@ -129,6 +141,10 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
     if kind == "sqlite":
         backend.path = tmp_path / "idempotency.sqlite3"
         with SQLiteStore(backend.path) as creator:
+            creator.create_table()
+    elif kind in ("redis", "postgres"):
+        backend.url = request.getfixturevalue("redis_url" if kind == "redis" else "postgres_dsn")
+        with contextlib.closing(build_store(backend.spec())) as creator:
             creator.create_table()
     elif kind == "dynamodb-local":
         backend.endpoint = request.getfixturevalue("dynamodb_local_endpoint")

@@ -370,8 +370,13 @@ def test_on_store_error_run_runs_the_function_unprotected(fstore: FunctionStore)
     assert fstore.run(charge, key) == 1
     assert fstore.run(charge, key) == 2  # unprotected: every call runs
     assert runs == [key, key]
-    assert len(events.of("fail_open")) == 2
-    wait_for_lost_claim_releases(fstore, down, calls=2)
+    fail_opens = events.of("fail_open")
+    assert len(fail_opens) == 2
+    # A claim the circuit breaker refused never reached the store: nothing to release (a
+    # fast refusing server opens it with the first claim's background releases).
+    sent = sum(1 for event in fail_opens if event.cause != "breaker_open")
+    assert sent >= 1
+    wait_for_lost_claim_releases(fstore, down, calls=sent)
 
 
 @pytest.mark.parametrize("flavour", ["sync", "async"])

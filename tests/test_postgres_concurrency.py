@@ -1,0 +1,219 @@
+"""PostgresStore under real concurrency: threads, asyncio tasks, processes, several loops.
+
+Many claimers of one key at the same moment: exactly one is told it claimed it, every other
+one gets the holding record (the winner's) from its own claim, whatever the interleaving of
+their statements under READ COMMITTED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import threading
+import uuid
+from typing import Any
+
+import pytest
+
+from idempotency_middleware.stores.base import CLAIMED, Claimed, ClaimResult, Held
+from idempotency_middleware.stores.postgres import PostgresStore
+from tests.test_postgres_store import NOW, completion, key, request, table
+
+
+def _one_winner(results: list[ClaimResult], owners: list[str]) -> None:
+    winners = [owner for owner, result in zip(owners, results, strict=True) if result == CLAIMED]
+    assert len(winners) == 1, results
+    for result in results:
+        if not isinstance(result, Claimed):
+            assert isinstance(result, Held) and result.record.owner == winners[0]
+
+
+def test_fifty_threads_claiming_one_key(postgres_dsn: str) -> None:
+    with PostgresStore(postgres_dsn, table=table(), max_size=10) as store:
+        store.create_table()
+        for _ in range(3):  # three keys, three races
+            held = key()
+            owners = [f"t{n}-{uuid.uuid4().hex[:6]}" for n in range(50)]
+            results: list[Any] = [None] * 50
+            barrier = threading.Barrier(50)
+
+            def claim(
+                number: int,
+                held: str = held,
+                barrier: Any = barrier,
+                owners: list[str] = owners,
+                results: list[Any] = results,
+            ) -> None:
+                barrier.wait()
+                results[number] = store.claim(request(held, owner=owners[number]))
+
+            threads = [threading.Thread(target=claim, args=(n,)) for n in range(50)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(30)
+            _one_winner(results, owners)
+
+
+async def test_fifty_tasks_claiming_one_key(postgres_dsn: str) -> None:
+    store = PostgresStore(postgres_dsn, table=table(), max_size=10)
+    await store.acreate_table()
+    for _ in range(3):
+        held = key()
+        owners = [f"a{n}-{uuid.uuid4().hex[:6]}" for n in range(50)]
+        results = await asyncio.gather(
+            *(store.aclaim(request(held, owner=owner)) for owner in owners)
+        )
+        _one_winner(list(results), owners)
+    await store.aclose()
+
+
+def test_fifty_claimers_of_an_expired_record_take_it_over_once(postgres_dsn: str) -> None:
+    with PostgresStore(postgres_dsn, table=table(), max_size=10) as store:
+        store.create_table()
+        held = key()
+        assert store.claim(request(held)) == CLAIMED
+        assert store.complete(completion(held))
+        later = NOW + 500.0  # expired: every claimer sees a claimable row
+        owners = [f"t{n}-1" for n in range(50)]
+        results: list[Any] = [None] * 50
+        barrier = threading.Barrier(50)
+
+        def claim(number: int) -> None:
+            barrier.wait()
+            results[number] = store.claim(request(held, owner=owners[number], now=later))
+
+        threads = [threading.Thread(target=claim, args=(n,)) for n in range(50)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        _one_winner(results, owners)
+
+
+def _claim_in_process(dsn: str, name: str, key_hash: str, prefix: str, barrier: Any) -> list[str]:
+    """In a worker process: 8 threads claim ``key_hash``; each outcome as text."""
+    outcomes: list[str] = [""] * 8
+    with PostgresStore(dsn, table=name, max_size=4) as store:
+        store.get(key_hash)  # connected before the start line
+        threads_ready = threading.Barrier(8)
+
+        def claim(number: int) -> None:
+            threads_ready.wait()
+            result = store.claim(request(key_hash, owner=f"{prefix}{number}-1"))
+            outcomes[number] = (
+                f"claimed {prefix}{number}-1"
+                if isinstance(result, Claimed)
+                else f"held {result.record.owner}"
+            )
+
+        threads = [threading.Thread(target=claim, args=(n,)) for n in range(8)]
+        barrier.wait()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    return outcomes
+
+
+def test_four_processes_claiming_one_key(postgres_dsn: str) -> None:
+    name = table()
+    with PostgresStore(postgres_dsn, table=name) as store:
+        store.create_table()
+    held = key()
+    context = multiprocessing.get_context("spawn")
+    manager = context.Manager()
+    barrier = manager.Barrier(4)
+    with context.Pool(4) as workers:
+        batches = workers.starmap(
+            _claim_in_process,
+            [(postgres_dsn, name, held, f"p{n}x", barrier) for n in range(4)],
+        )
+    manager.shutdown()
+    outcomes = [outcome for batch in batches for outcome in batch]
+    winners = [outcome.split()[1] for outcome in outcomes if outcome.startswith("claimed")]
+    assert len(outcomes) == 32 and len(winners) == 1
+    assert sorted(outcomes).count(f"held {winners[0]}") == 31
+
+
+def test_one_store_serves_several_event_loops_at_once(postgres_dsn: str) -> None:
+    """Two threads, each with its own loop, share the store (two uvicorn servers do)."""
+    store = PostgresStore(postgres_dsn, table=table())
+    store.create_table()
+    held = key()
+    results: list[Any] = []
+
+    def serve(number: int) -> None:
+        async def main() -> None:
+            owners = [f"l{number}x{n}-1" for n in range(10)]
+            results.extend(
+                await asyncio.gather(*(store.aclaim(request(held, owner=o)) for o in owners))
+            )
+
+        asyncio.run(main())  # ends the loop: its pool is closed with it
+
+    threads = [threading.Thread(target=serve, args=(n,)) for n in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sum(1 for result in results if result == CLAIMED) == 1
+    assert store._async._loops == {}  # both loops' pools closed as their loops ended
+    # A loop closed without asyncio.run's clean-up: its pool is let go at the next loop.
+    loop = asyncio.new_event_loop()
+    assert isinstance(loop.run_until_complete(store.aclaim(request(held))), Held)
+    loop.close()
+    assert asyncio.run(store.aget(held)) is not None
+    store.close()
+
+
+async def test_aclose_then_use_again_opens_a_new_pool(postgres_dsn: str) -> None:
+    async with PostgresStore(postgres_dsn, table=table()) as store:
+        await store.acreate_table()
+        await store.aclose()
+        await store.aclose()  # twice: nothing left to close
+        held = key()
+        assert await store.aclaim(request(held)) == CLAIMED
+        assert await store.arenew(held, "a1-1", NOW + 30)
+        assert await store.arelease(held, "a1-1")
+        assert await store.adelete(held) is False
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_close_while_a_call_waits_for_a_connection(postgres_dsn: str, flavour: str) -> None:
+    """A call that picked the pool just before close() gets a reopened one, not an error."""
+    store = PostgresStore(postgres_dsn, table=table(), max_size=1)
+    store.create_table()
+    if flavour == "sync":
+        pool = store._sync.pool()
+        busy = pool.getconn()
+        results: list[Any] = []
+        waiter = threading.Thread(target=lambda: results.append(store.claim(request(key()))))
+        waiter.start()
+        while not pool.get_stats().get("requests_waiting"):
+            pass
+        closer = threading.Thread(target=store.close)
+        closer.start()
+        pool.putconn(busy)
+        waiter.join(10)
+        closer.join(10)
+        assert results == [CLAIMED]
+        store.close()
+        return
+
+    async def main() -> None:
+        await store.aget(key())
+        entry = await store._async._pool()
+        busy = await entry.pool.getconn(timeout=1)
+        waiting = asyncio.ensure_future(store.aclaim(request(key())))
+        for _ in range(5):  # the claim now waits for the one connection
+            await asyncio.sleep(0)
+        assert not waiting.done()
+        await store.aclose()
+        await entry.pool.putconn(busy)
+        assert await waiting == CLAIMED
+        assert busy.closed  # given back to a closed pool: closed
+        assert await store.aclaim(request(key())) == CLAIMED  # a new pool
+        await store.aclose()
+
+    asyncio.run(main())
