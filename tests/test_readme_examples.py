@@ -20,6 +20,7 @@ EXAMPLES = [
     "service_method",
     "exactly_once_orders",
     "long_running_work",
+    "one_time_actions",
 ]
 
 
