@@ -1,12 +1,14 @@
 """The application every ASGI benchmark wraps: Starlette parsing a ~100-byte JSON order.
 
 ``uvicorn --factory benchmarks._apps:uvicorn_app`` builds the variant named by
-``BENCH_VARIANT`` (bare, memory, dynamodb) for the throughput benchmark.
+``BENCH_VARIANT`` (bare, memory, dynamodb: the lean transport, dynamodb-sdk: aioboto3) for
+the throughput benchmark.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -14,7 +16,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 
@@ -33,10 +35,19 @@ async def create_order(request: Request) -> JSONResponse:
     )
 
 
+async def process_cpu(_request: Request) -> PlainTextResponse:
+    """The server process's CPU seconds so far: the throughput benchmark reads it before and
+    after a run (from outside, /proc may name another PID namespace)."""
+    return PlainTextResponse(repr(time.process_time()))
+
+
 def order_app(middleware: list[Middleware] | None = None, **kwargs: Any) -> Starlette:
     """The bare app, or the same app with ``middleware`` (built as users deploy it)."""
     return Starlette(
-        routes=[Route("/orders", create_order, methods=["POST"])],
+        routes=[
+            Route("/orders", create_order, methods=["POST"]),
+            Route("/cpu", process_cpu, methods=["GET"]),
+        ],
         middleware=middleware,
         **kwargs,
     )
@@ -51,11 +62,12 @@ def uvicorn_app() -> Starlette:
         return order_app()
     if variant == "memory":
         return order_app([Middleware(IdempotencyMiddleware, store=MemoryStore())])
-    if variant == "dynamodb":
+    if variant in ("dynamodb", "dynamodb-sdk"):
         store = AsyncDynamoDBStore(
             os.environ["BENCH_TABLE"],
             endpoint_url=os.environ["BENCH_ENDPOINT"],
             region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+            transport="sdk" if variant == "dynamodb-sdk" else "auto",
         )
 
         @asynccontextmanager

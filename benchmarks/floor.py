@@ -249,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--requests", type=int, default=500)
     args = parser.parse_args(argv)
-    heading("7. floor: the least a new key can cost with canonical JSON, raw ASGI driver")
+    heading("floor: the least a new key can cost with canonical JSON, raw ASGI driver")
     print(run(args.rounds, args.requests), flush=True)
 
 

@@ -193,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         contender, mode, requests = args.child
         asyncio.run(_drive(contender, mode, int(requests)))
         return
-    heading("6. instructions: CPU work per request, counted by cachegrind")
+    heading("instructions: CPU work per request, counted by cachegrind")
     print(run(args.requests), flush=True)
 
 

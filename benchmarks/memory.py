@@ -171,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Peak memory for large buffered responses")
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 10, 50], metavar="MB")
     args = parser.parse_args(argv)
-    heading("4. memory: buffering and storing large responses (MemoryStore, raw ASGI)")
+    heading("memory: buffering and storing large responses (MemoryStore, raw ASGI)")
     print(run(args.sizes), flush=True)
 
 

@@ -366,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--requests", type=int, default=500)
     args = parser.parse_args(argv)
-    heading("1. overhead: raw ASGI driver, in-memory backends")
+    heading("overhead: raw ASGI driver, in-memory backends")
     print(run(args.rounds, args.requests), flush=True)
 
 

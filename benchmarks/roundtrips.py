@@ -287,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="DynamoDB round trips, counted on the wire")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
-    heading("2. roundtrips: DynamoDB calls counted on the wire (moto behind a counting proxy)")
+    heading("roundtrips: DynamoDB calls counted on the wire (moto behind a counting proxy)")
     print(run(args.repeats), flush=True)
 
 

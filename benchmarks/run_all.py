@@ -1,39 +1,53 @@
-"""Run the seven benchmarks and print their tables, after the machine they ran on.
+"""Run the benchmarks and print their tables, after the machine they ran on: the real-store
+tables first (what users pay for), then the in-memory and adapter figures.
 
-    python -m benchmarks.run_all        (what ``make bench`` runs)
+    scripts/dynamodb-local.sh --exec .venv/bin/python -m benchmarks.run_all   (``make bench``)
+    python -m benchmarks.run_all        (without DynamoDB Local: its tables say skipped)
 
-A benchmark that fails prints its traceback and the others still run; the exit status is
-then 1.
+The floor (``benchmarks.floor``), instruction counts (``benchmarks.instructions``, valgrind)
+and the profiler (``benchmarks.profile_paths``) are not in this run: they are tools for
+optimizing, with make targets of their own. A benchmark that fails prints its traceback and
+the others still run; the exit status is then 1.
 """
 
 from __future__ import annotations
 
 import datetime
 import importlib.metadata
+import os
 import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
 
 from benchmarks import (
-    floor,
-    instructions,
+    dynamodb_requests,
+    functions,
     memory,
     overhead,
+    postgres_peers,
+    redis_peers,
     roundtrips,
     throughput,
+    transport,
     wsgi_overhead,
 )
 from benchmarks._common import machine_summary
 
-BENCHMARKS: list[tuple[str, Callable[[Sequence[str] | None], None]]] = [
-    ("overhead", overhead.main),
-    ("roundtrips", roundtrips.main),
-    ("throughput", throughput.main),
-    ("memory", memory.main),
-    ("wsgi_overhead", wsgi_overhead.main),
-    ("instructions", instructions.main),
-    ("floor", floor.main),
+DYNAMODB_LOCAL = "IDEMPOTENCY_DYNAMODB_LOCAL_URL"
+
+# (name, entry point, needs DynamoDB Local), in the order printed.
+BENCHMARKS: list[tuple[str, Callable[[Sequence[str] | None], None], bool]] = [
+    ("dynamodb_requests", dynamodb_requests.main, True),
+    ("functions", functions.main, True),
+    ("transport", transport.main, False),
+    ("redis_peers", redis_peers.main, False),
+    ("postgres_peers", postgres_peers.main, False),
+    ("throughput", throughput.main, False),
+    ("overhead", overhead.main, False),
+    ("wsgi_overhead", wsgi_overhead.main, False),
+    ("roundtrips", roundtrips.main, False),
+    ("memory", memory.main, False),
 ]
 
 
@@ -46,8 +60,12 @@ def main() -> int:
     print(f"- machine: {machine_summary()}")
     print(f"- idempotency-middleware {importlib.metadata.version('idempotency-middleware')}")
     failed: list[str] = []
-    for name, run in BENCHMARKS:
+    for name, run, needs_dynamodb_local in BENCHMARKS:
         section_started = time.perf_counter()
+        if needs_dynamodb_local and not os.environ.get(DYNAMODB_LOCAL):
+            print(f"\n## {name}: SKIPPED, no DynamoDB Local ({DYNAMODB_LOCAL} is not set; ")
+            print("`make bench` runs this through scripts/dynamodb-local.sh --exec)")
+            continue
         try:
             run([])
         except Exception:

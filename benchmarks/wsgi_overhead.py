@@ -202,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--requests", type=int, default=500)
     args = parser.parse_args(argv)
-    heading("5. wsgi_overhead: in-process WSGI calls, Flask")
+    heading("wsgi_overhead: in-process WSGI calls, Flask")
     print(run(args.rounds, args.requests), flush=True)
 
 

@@ -1,8 +1,9 @@
 """The store contract: what every store guarantees, run against every store.
 
-Kinds: MemoryStore and SQLiteStore, each through its sync and its async methods;
-DynamoDBStore (boto3) and AsyncDynamoDBStore (aioboto3) on moto's server over real HTTP; and
-both DynamoDB stores on Amazon's DynamoDB Local. The DynamoDB Local cases are always
+Kinds: MemoryStore, SQLiteStore, RedisStore and PostgresStore (the last two on real servers,
+tests/db_servers.py), each through its sync and its async methods; DynamoDBStore (boto3) and
+AsyncDynamoDBStore (aioboto3) on moto's server over real HTTP; and both DynamoDB stores on
+Amazon's DynamoDB Local. The DynamoDB Local cases are always
 generated and reported as skipped unless ``IDEMPOTENCY_DYNAMODB_LOCAL_URL`` is set, which
 ``scripts/dynamodb-local.sh`` does (it selects them with ``-k dynamodb-local``).
 
@@ -46,6 +47,7 @@ from idempotency_middleware.stores.dynamodb import (
     MAX_ITEM_RESPONSE_BYTES,
 )
 from tests.conftest import REGION
+from tests.db_stores import DB_KINDS, is_db_kind, open_db_store
 from tests.servers import free_port
 
 T = TypeVar("T")
@@ -155,7 +157,10 @@ class AsyncDriver:
 # is not set, through the dynamodb_local_endpoint fixture.
 LOCAL_KINDS = ["dynamodb-local", "dynamodb-local-async"]
 DYNAMODB_KINDS = ["dynamodb", "dynamodb-async", *LOCAL_KINDS]
-STORE_KINDS = ["memory", "memory-async", "sqlite", "sqlite-async", *DYNAMODB_KINDS]
+# The DynamoDB kinds above run on the stores' default, the lean transport; these keep the SDK
+# path (a store given a session) under the DynamoDB-specific tests, not the whole contract.
+SDK_KINDS = ["dynamodb-sdk", "dynamodb-sdk-async"]
+STORE_KINDS = ["memory", "memory-async", "sqlite", "sqlite-async", *DYNAMODB_KINDS, *DB_KINDS]
 
 
 def is_async(kind: str) -> bool:
@@ -231,6 +236,18 @@ def open_driver(request: pytest.FixtureRequest, kind: str) -> Iterator[Driver]:
         else:
             yield SyncDriver(memory)
         return
+    if is_db_kind(kind):
+        # Redis and PostgreSQL on their real servers, keeping responses up to DynamoDB's
+        # item limit like the memory and SQLite kinds.
+        db_store = open_db_store(
+            request, kind.removesuffix("-async"), max_response_bytes=MAX_ITEM_RESPONSE_BYTES
+        )
+        if is_async(kind):
+            yield from drive_async(db_store)
+        else:
+            with db_store:
+                yield SyncDriver(db_store)
+        return
     if kind in ("sqlite", "sqlite-async"):
         tmp_path: Path = request.getfixturevalue("tmp_path")
         sqlite = SQLiteStore(
@@ -243,17 +260,16 @@ def open_driver(request: pytest.FixtureRequest, kind: str) -> Iterator[Driver]:
                 yield SyncDriver(sqlite)
         return
     endpoint, table = target_of(request, kind)
-    sync_session, async_session = request.getfixturevalue("sessions")
+    sdk: dict[str, Any] = {}
+    if kind in SDK_KINDS:
+        sync_session, async_session = request.getfixturevalue("sessions")
+        sdk = {"session": async_session if is_async(kind) else sync_session}
     if is_async(kind):
         yield from drive_async(
-            AsyncDynamoDBStore(
-                table, endpoint_url=endpoint, region_name=REGION, session=async_session
-            )
+            AsyncDynamoDBStore(table, endpoint_url=endpoint, region_name=REGION, **sdk)
         )
         return
-    with DynamoDBStore(
-        table, endpoint_url=endpoint, region_name=REGION, session=sync_session
-    ) as store:
+    with DynamoDBStore(table, endpoint_url=endpoint, region_name=REGION, **sdk) as store:
         yield SyncDriver(store)
 
 
@@ -268,7 +284,7 @@ def store(request: pytest.FixtureRequest, store_kind: str) -> Iterator[Driver]:
     yield from open_driver(request, store_kind)
 
 
-@pytest.fixture(params=DYNAMODB_KINDS)
+@pytest.fixture(params=[*DYNAMODB_KINDS, *SDK_KINDS])
 def dynamodb_kind(request: pytest.FixtureRequest) -> str:
     kind: str = request.param
     return kind

@@ -28,7 +28,7 @@ import logging
 import math
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ..breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD, BreakerOwner, CircuitBreaker
 from ..clock import SYSTEM_CLOCK, Clock
@@ -43,6 +43,7 @@ from ..records import (
     encode_response,
 )
 from .base import ClaimRequest, Completion, StoreUnavailable
+from .dynamodb_wire import OPERATIONS
 
 # DynamoDB items are capped at 400 KB including attribute names; leave room for the rest.
 MAX_ITEM_RESPONSE_BYTES = 350 * 1024
@@ -862,6 +863,28 @@ def require_modules(store: str, modules: tuple[str, ...], extra: str) -> None:
             )
 
 
+# What carries a store's request-path calls (see DynamoDBStoreBase).
+Transport = Literal["auto", "lean", "sdk"]
+TRANSPORTS: tuple[Transport, ...] = ("auto", "lean", "sdk")
+
+# The calls the lean transport carries; anything else the stores send goes through the SDK.
+REQUEST_PATH_OPERATIONS = frozenset(OPERATIONS)
+
+
+def lean_transport(transport: str, session: Any, client_kwargs: dict[str, Any] | None) -> bool:
+    """Whether a store's request path goes through the lean transport (see
+    :class:`DynamoDBStoreBase`); a ``ValueError`` for an unknown or contradictory choice."""
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
+    customised = session is not None or bool(client_kwargs)
+    if transport == "lean" and customised:
+        raise ValueError(
+            'transport="lean" cannot honour a session or client_kwargs: '
+            'leave transport="auto" (the SDK carries them) or drop them'
+        )
+    return transport == "lean" or (transport == "auto" and not customised)
+
+
 class DynamoDBStoreBase(BreakerOwner):
     """What both DynamoDB stores share: table layout, connection settings, S3 overflow, the
     clock, the circuit breaker (the httpx ``Client``/``AsyncClient`` idea: everything but the
@@ -869,6 +892,14 @@ class DynamoDBStoreBase(BreakerOwner):
 
     ``clock`` times ``create_table()``'s wait for the table to become ACTIVE and the
     breaker's cool-down; claims and completions carry their own ``now``.
+
+    ``transport`` chooses what carries the calls of the request path (PutItem, UpdateItem,
+    DeleteItem, GetItem, TransactWriteItems): ``"lean"``, the package's own client (SigV4
+    signed, botocore's credential chain, standard-mode retries, the same requests and errors,
+    a tenth to a sixth of the SDK's CPU per call), or ``"sdk"``, boto3 / aioboto3.
+    ``"auto"`` (the default) is ``"lean"`` unless the store is given a ``session`` or
+    ``client_kwargs``, which only the SDK can honour, or a proxy applies to the endpoint.
+    Table administration and S3 always use the SDK.
     """
 
     # The client libraries a flavour needs, and the extra that installs them (per flavour).
@@ -895,8 +926,10 @@ class DynamoDBStoreBase(BreakerOwner):
         clock: Clock = SYSTEM_CLOCK,
         breaker_threshold: int = DEFAULT_THRESHOLD,
         breaker_cooldown_seconds: float = DEFAULT_COOLDOWN_SECONDS,
+        transport: Transport = "auto",
     ) -> None:
         require_modules(type(self).__name__, self._libraries, self._extra)
+        self._lean = lean_transport(transport, session, client_kwargs)
         self.breaker = CircuitBreaker(breaker_threshold, breaker_cooldown_seconds, clock)
         self.layout = TableLayout(table_name, key_attribute, ttl_attribute)
         self._settings = ClientSettings(

@@ -20,7 +20,8 @@ from .dynamodb_clients import AsyncClients
 
 
 class AsyncDynamoDBStore(AsyncClients):
-    """DynamoDB store on aioboto3, for the ASGI middleware.
+    """DynamoDB store on aioboto3, for the ASGI middleware (the request path on the lean
+    transport by default: see ``transport``).
 
     ``await store.aclose()`` or ``async with store:`` releases its connections.
     The operator interface: ``await store.acreate_table()``, ``aget``, ``adelete``.
@@ -51,7 +52,11 @@ class AsyncDynamoDBStore(AsyncClients):
 
     async def _call(self, operation: str, request: dict[str, Any]) -> dict[str, Any]:
         try:
-            client = await self._dynamodb()
+            client = await (
+                self._dynamodb()
+                if operation in ddb.REQUEST_PATH_OPERATIONS
+                else self._admin_dynamodb()
+            )
             result: dict[str, Any] = await getattr(client, operation)(**request)
         except self._errors as error:
             translated = ddb.translate_error(operation, error, self.layout.table_name)

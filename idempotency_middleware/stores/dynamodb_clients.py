@@ -2,7 +2,9 @@
 
 Everything that differs between the flavours beyond ``async``/``await`` lives here, in two
 small bases: how a client is created, closed and entered as a context manager, and how an S3
-body is read. ``AsyncDynamoDBStore`` (``dynamodb_async.py``) is written once on
+body is read. The request path's client is the lean transport's (``dynamodb_wire*.py``) unless
+the store was told otherwise; table administration has an SDK client of its own then.
+``AsyncDynamoDBStore`` (``dynamodb_async.py``) is written once on
 :class:`AsyncClients`; ``scripts/unasync.py`` derives ``DynamoDBStore`` (``dynamodb_sync.py``)
 on :class:`SyncClients` from it.
 """
@@ -18,6 +20,8 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from .dynamodb import DynamoDBStoreBase
+from .dynamodb_wire_config import WireConfig, resolve
+from .dynamodb_wire_events import events_of, forward_sdk_events
 
 AsyncSelf = TypeVar("AsyncSelf", bound="AsyncClients")
 SyncSelf = TypeVar("SyncSelf", bound="SyncClients")
@@ -33,13 +37,14 @@ class _LoopClients:
     """The clients of one event loop, and what guards them: aiohttp sessions, and an
     ``asyncio.Lock``, each belong to the loop they were made on."""
 
-    __slots__ = ("dropped", "dynamodb", "lock", "loop", "s3", "stack", "watcher")
+    __slots__ = ("admin", "dropped", "dynamodb", "lock", "loop", "s3", "stack", "watcher")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.lock = asyncio.Lock()
         self.stack = contextlib.AsyncExitStack()
-        self.dynamodb: Any = None
+        self.dynamodb: Any = None  # the request path's client (lean or SDK)
+        self.admin: Any = None  # the SDK client for table administration, beside a lean one
         self.s3: Any = None
         self.watcher: AsyncGenerator[None, None] | None = None
         self.dropped = False  # closed, or given up: the watcher has nothing left to do
@@ -66,7 +71,26 @@ def _finish_without_loop(closing: Coroutine[Any, Any, Any]) -> bool:
     return False
 
 
-class AsyncClients(DynamoDBStoreBase):
+class _WireResolution(DynamoDBStoreBase):
+    """The lean transport's configuration, resolved once per store."""
+
+    _wire_config: WireConfig | None = None
+
+    def _resolve_wire(self) -> WireConfig | None:
+        """The configuration, or ``None`` (and the store on the SDK from now on) when the
+        lean transport cannot carry the store's settings. Raises ``NoRegionError`` as
+        botocore's client creation does."""
+        if self._wire_config is None:
+            import botocore.session
+
+            config = resolve(self._settings, botocore.session.Session())
+            if config is None:
+                self._lean = False
+            self._wire_config = config
+        return self._wire_config
+
+
+class AsyncClients(_WireResolution):
     """aioboto3 clients, one DynamoDB client (and S3 client, for overflowing responses) per
     event loop that uses the store, made on first use there; the connection pool is sized
     by ``max_pool_connections``.
@@ -88,7 +112,10 @@ class AsyncClients(DynamoDBStoreBase):
         self._current: _LoopClients | None = None
 
     async def client(self) -> Any:
-        """The aioboto3 DynamoDB client of the running event loop, made on first use."""
+        """The request path's DynamoDB client of the running event loop (the lean
+        transport's, or aioboto3's), made on first use; both take ``put_item``,
+        ``update_item``, ``delete_item``, ``get_item`` and ``transact_write_items`` as
+        aioboto3's does (a lean client passes other calls to an aioboto3 client)."""
         return await self._dynamodb()
 
     async def awarm_up(self) -> None:
@@ -152,14 +179,44 @@ class AsyncClients(DynamoDBStoreBase):
             self._forget(clients)
             self._drop(clients)
 
+    async def _admin_dynamodb(self) -> Any:
+        """The aioboto3 DynamoDB client of the running loop for what the lean transport does
+        not carry (table administration); the request path's client when that is the SDK's."""
+        clients = await self._open()
+        if not self._lean:
+            return clients.dynamodb
+        if clients.admin is None:
+            async with clients.lock:
+                if clients.admin is None:
+                    clients.admin = await clients.stack.enter_async_context(self._new_sdk())
+                    forward_sdk_events(clients.admin, lambda: events_of(clients.dynamodb))
+        return clients.admin
+
+    def _new_sdk(self) -> Any:
+        return self._new_session().client(
+            "dynamodb", **self._settings.client_arguments(self._client_kwargs)
+        )
+
+    async def _new_dynamodb(self) -> Any:
+        """The request path's client, as an async context manager."""
+        if self._lean:
+            with self._loops_lock:
+                config = self._resolve_wire()
+            if config is not None:
+                from aiobotocore.session import AioSession
+
+                from .dynamodb_wire_async import AsyncWireClient
+
+                credentials = await AioSession().get_credentials()
+                return AsyncWireClient(config, credentials, self._admin_dynamodb)
+        return self._new_sdk()
+
     async def _open(self) -> _LoopClients:
         clients = self._clients_for(asyncio.get_running_loop())
         async with clients.lock:
             if clients.dynamodb is None:
                 clients.dynamodb = await clients.stack.enter_async_context(
-                    self._new_session().client(
-                        "dynamodb", **self._settings.client_arguments(self._client_kwargs)
-                    )
+                    await self._new_dynamodb()
                 )
                 # Once there is something to close (a failed creation, say for want of a
                 # region, is retried on the same clients: one watcher each).
@@ -235,19 +292,23 @@ class AsyncClients(DynamoDBStoreBase):
         await self.aclose()
 
 
-class SyncClients(DynamoDBStoreBase):
-    """boto3 clients, created on first use and reused (boto3 clients are thread-safe); the
-    connection pool is sized by ``max_pool_connections``."""
+class SyncClients(_WireResolution):
+    """boto3 clients (or the lean transport's for the request path), created on first use
+    and reused (both are thread-safe); the connection pool is sized by
+    ``max_pool_connections``."""
 
     _libraries = ("boto3", "botocore")
     _extra = "boto3"
 
     def _init_transport(self) -> None:
         self._client_lock = threading.Lock()
+        self._admin_client: Any = None
 
     @property
     def client(self) -> Any:
-        """The boto3 DynamoDB client, created once."""
+        """The request path's DynamoDB client (the lean transport's, or boto3's), created
+        once; both take ``put_item``, ``update_item``, ``delete_item``, ``get_item`` and
+        ``transact_write_items`` as boto3 does."""
         return self._dynamodb()
 
     def warm_up(self) -> None:
@@ -259,13 +320,39 @@ class SyncClients(DynamoDBStoreBase):
         if self._client is None:
             with self._client_lock:
                 if self._client is None:
-                    import boto3
-
-                    session = self._session or boto3.session.Session()
-                    self._client = session.client(
-                        "dynamodb", **self._settings.client_arguments(self._client_kwargs)
-                    )
+                    self._client = self._new_dynamodb()
         return self._client
+
+    def _new_dynamodb(self) -> Any:
+        if self._lean:
+            config = self._resolve_wire()
+            if config is not None:
+                import botocore.session
+
+                from .dynamodb_wire_sync import SyncWireClient
+
+                credentials = botocore.session.Session().get_credentials()
+                return SyncWireClient(config, credentials, self._admin_dynamodb)
+        return self._new_sdk()
+
+    def _new_sdk(self) -> Any:
+        import boto3
+
+        session = self._session or boto3.session.Session()
+        return session.client("dynamodb", **self._settings.client_arguments(self._client_kwargs))
+
+    def _admin_dynamodb(self) -> Any:
+        """The boto3 DynamoDB client for what the lean transport does not carry (table
+        administration); the request path's client when that is boto3's."""
+        if not self._lean:
+            return self._dynamodb()
+        if self._admin_client is None:
+            with self._client_lock:
+                if self._admin_client is None:
+                    admin = self._new_sdk()
+                    forward_sdk_events(admin, lambda: events_of(self._client))
+                    self._admin_client = admin
+        return self._admin_client
 
     def _s3(self) -> Any:
         """The boto3 S3 client for overflowing responses, created once."""
@@ -288,10 +375,10 @@ class SyncClients(DynamoDBStoreBase):
     def close(self) -> None:
         """Release the clients' connections. The store cannot be used afterwards."""
         with self._client_lock:
-            for client in (self._client, self._s3_client):
+            for client in (self._client, self._admin_client, self._s3_client):
                 if client is not None:
                     client.close()
-            self._client = self._s3_client = None
+            self._client = self._admin_client = self._s3_client = None
 
     def __enter__(self: SyncSelf) -> SyncSelf:
         return self

@@ -19,7 +19,8 @@ from .dynamodb_clients import SyncClients
 
 
 class DynamoDBStore(SyncClients):
-    """DynamoDB store on boto3, for the WSGI middleware.
+    """DynamoDB store on boto3, for the WSGI middleware (the request path on the lean
+    transport by default: see ``transport``).
 
     ``store.close()`` or ``with store:`` releases its connections.
     The operator interface: ``store.create_table()``, ``get``, ``delete``.
@@ -50,7 +51,11 @@ class DynamoDBStore(SyncClients):
 
     def _call(self, operation: str, request: dict[str, Any]) -> dict[str, Any]:
         try:
-            client = self._dynamodb()
+            client = (
+                self._dynamodb()
+                if operation in ddb.REQUEST_PATH_OPERATIONS
+                else self._admin_dynamodb()
+            )
             result: dict[str, Any] = getattr(client, operation)(**request)
         except self._errors as error:
             translated = ddb.translate_error(operation, error, self.layout.table_name)

@@ -1,0 +1,126 @@
+"""The lean DynamoDB transport's retries: botocore's standard mode, decided without I/O.
+
+The same retryable errors (transient statuses and codes, throttling codes, the errors
+DynamoDB's model marks retryable, a failed ``x-amz-crc32``, connection failures and
+timeouts), the same jittered exponential backoff, and the same retry quota, so a lean store
+retries when, and as often as, a store on the SDK does.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .dynamodb_wire import Answer, error_response
+
+# botocore's standard retry mode (botocore/retries/standard.py): what another try may clear.
+_TRANSIENT_CODES = frozenset(
+    {"RequestTimeout", "RequestTimeoutException", "PriorRequestNotComplete"}
+)
+_TRANSIENT_STATUSES = frozenset({500, 502, 503, 504})
+_THROTTLING_CODES = frozenset(
+    {
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottledException",
+        "TooManyRequestsException",
+        "ProvisionedThroughputExceededException",
+        "TransactionInProgressException",
+        "RequestLimitExceeded",
+        "BandwidthLimitExceeded",
+        "LimitExceededException",
+        "RequestThrottled",
+        "SlowDown",
+        "PriorRequestNotComplete",
+        "EC2ThrottledException",
+    }
+)
+# Modeled retryable in DynamoDB's service model.
+_MODELED_RETRYABLE = frozenset({"ReplicatedWriteConflictException"})
+_RETRYABLE_CODES = _TRANSIENT_CODES | _THROTTLING_CODES | _MODELED_RETRYABLE
+_MAX_BACKOFF_SECONDS = 20.0
+# The retry quota's costs (a timeout costs more: it held a connection for long).
+_RETRY_COST = 5
+_TIMEOUT_RETRY_COST = 10
+_NO_RETRY_REFUND = 1
+
+
+@dataclass
+class RetryQuota:
+    """botocore's retry quota: retries spend capacity, successes refund it, so a failing
+    endpoint stops being retried instead of tripling the load on it."""
+
+    capacity: int = 500
+    available: int = 500
+
+    def acquire(self, amount: int) -> bool:
+        # Races only misplace a few units of a soft budget: no lock on the hot path.
+        if amount > self.available:
+            return False
+        self.available -= amount
+        return True
+
+    def release(self, amount: int) -> None:
+        if self.available < self.capacity:
+            self.available = min(self.capacity, self.available + amount)
+
+
+@dataclass
+class RetryPolicy:
+    """Standard-mode retries: at most ``max_attempts`` tries in all, on the errors botocore
+    retries, after ``rand() * min(2 ** (attempt - 1), 20)`` seconds, within the quota."""
+
+    max_attempts: int
+    quota: RetryQuota = field(default_factory=RetryQuota)
+    random: Callable[[], float] = random.random
+
+    def _delay(self, attempt: int, cost: int) -> float | None:
+        if attempt >= self.max_attempts or not self.quota.acquire(cost):
+            return None
+        return self.random() * min(2.0 ** (attempt - 1), _MAX_BACKOFF_SECONDS)
+
+    def after_exception(self, attempt: int, error: BaseException) -> tuple[float | None, int]:
+        """Seconds to wait before the next try after ``error`` (``None``: raise it now),
+        and the quota that retry took."""
+        from botocore.exceptions import (
+            ConnectionError,
+            ConnectTimeoutError,
+            HTTPClientError,
+            ReadTimeoutError,
+        )
+
+        if not isinstance(error, (ConnectionError, HTTPClientError)):
+            return None, 0
+        cost = (
+            _TIMEOUT_RETRY_COST
+            if isinstance(error, (ConnectTimeoutError, ReadTimeoutError))
+            else _RETRY_COST
+        )
+        return self._delay(attempt, cost), cost
+
+    def after_answer(self, attempt: int, answer: Answer) -> tuple[float | None, int]:
+        """Seconds to wait before the next try after an answer that was not a success, or
+        one whose checksum failed (``None``: take it as it is)."""
+        if answer.status < 300:
+            retryable = answer.checksum_failed()
+        elif answer.status in _TRANSIENT_STATUSES:
+            retryable = True
+        else:
+            retryable = error_code(answer) in _RETRYABLE_CODES
+        if not retryable:
+            return None, 0
+        return self._delay(attempt, _RETRY_COST), _RETRY_COST
+
+    def succeeded(self, last_cost: int) -> None:
+        """A call ended in a 2xx: refund its last retry's cost, or a little if it had none."""
+        self.quota.release(last_cost or _NO_RETRY_REFUND)
+
+
+def error_code(answer: Answer) -> str:
+    """The error code of an answer (the part of ``__type`` after ``#``)."""
+    marker = b'"__type"'
+    if marker not in answer.body:
+        return str(answer.status)
+    return str(error_response(answer, 1)["Error"]["Code"])
