@@ -10,6 +10,20 @@ from __future__ import annotations
 # ([tool.setuptools.dynamic]), as does `idempotency-middleware --version`.
 __version__ = "0.1.0"
 
+from .actions import (
+    Action,
+    ActionAlreadyUsedError,
+    ActionCanceledError,
+    ActionError,
+    ActionExistsError,
+    ActionExpiredError,
+    ActionLockedError,
+    ActionNotActiveError,
+    ActionNotFoundError,
+    ActionState,
+    InvalidPinError,
+    OneTimeActions,
+)
 from .asgi import IdempotencyMiddleware
 from .deferred import defer_completion
 from .errors import (
@@ -31,11 +45,23 @@ from .stores.base import AsyncStore, StoreUnavailable, SyncStore
 from .stores.dynamodb_async import AsyncDynamoDBStore
 from .stores.dynamodb_sync import DynamoDBStore
 from .stores.memory import MemoryStore
+from .stores.postgres import PostgresStore
+from .stores.redis import RedisStore
 from .stores.sqlite import SQLiteStore
 from .transactions import Transaction, completion_transaction
 from .wsgi import IdempotencyWSGIMiddleware
 
 __all__ = [
+    "Action",
+    "ActionAlreadyUsedError",
+    "ActionCanceledError",
+    "ActionError",
+    "ActionExistsError",
+    "ActionExpiredError",
+    "ActionLockedError",
+    "ActionNotActiveError",
+    "ActionNotFoundError",
+    "ActionState",
     "AsyncDynamoDBStore",
     "AsyncStore",
     "DynamoDBStore",
@@ -46,9 +72,13 @@ __all__ = [
     "IdempotencyRule",
     "IdempotencyWSGIMiddleware",
     "InvalidKeyError",
+    "InvalidPinError",
     "KeyInProgressError",
     "KeyReusedError",
     "MemoryStore",
+    "OneTimeActions",
+    "PostgresStore",
+    "RedisStore",
     "RequestView",
     "ResultNotStoredError",
     "SQLiteStore",

@@ -1,8 +1,9 @@
 """Command line for operators: ``idempotency-middleware`` / ``python -m idempotency_middleware``.
 
-    create-table   create the DynamoDB table (on-demand, TTL enabled)
+    create-table   create the DynamoDB table (on-demand, TTL enabled), or the PostgreSQL one
     show KEY       print the stored record of a client key, decoded
     delete KEY     delete a record (to re-drive failed work)
+    action show ID / action cancel ID   print or cancel a one-time action
     demo           run the demo (needs the [demo] extra)
 
 Exit codes: ``EXIT_CODES_HELP`` below (printed by ``--help``).
@@ -29,15 +30,17 @@ EXIT_NOT_FOUND = 1
 EXIT_USAGE = 2
 EXIT_STORE = 3
 EXIT_MISCONFIGURED = 4
+EXIT_REFUSED = 5
 
 EXIT_CODES_HELP = """exit codes:
   0  done
-  1  record not found
+  1  record (or action) not found
   2  bad usage
   3  store unreachable or failing (unreachable, timed out, throttled, server error,
      SQLite locked or I/O error): retry later
   4  store misconfigured (no such table, no region, no or rejected credentials, access
      denied, SQLite file cannot be opened, missing extra): fix what the message says
+  5  the action cannot be canceled: it was consumed, or it expired
 """
 
 
@@ -53,10 +56,19 @@ class OperatorStore(SyncOperations, Protocol):
 
 def _store_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("store")
-    group.add_argument("--table", help="DynamoDB table name")
+    group.add_argument(
+        "--table", help="DynamoDB table name, or the PostgreSQL table (default: idempotency)"
+    )
     group.add_argument("--endpoint-url", help="DynamoDB endpoint (local DynamoDB, moto)")
     group.add_argument("--region", help="AWS region (default: from the AWS configuration)")
     group.add_argument("--sqlite", metavar="PATH", help="use an SQLiteStore database instead")
+    group.add_argument("--redis", metavar="URL", help="use a RedisStore (redis://host:6379/0)")
+    group.add_argument(
+        "--prefix", default="idempotency:", help="the RedisStore's key prefix (idempotency:)"
+    )
+    group.add_argument(
+        "--postgres", metavar="DSN", help="use a PostgresStore (postgresql://user@host/db)"
+    )
 
 
 def _key_arguments(parser: argparse.ArgumentParser) -> None:
@@ -110,6 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
     _key_arguments(delete)
     _store_arguments(delete)
 
+    from .actions import cli as action_cli
+
+    action_cli.add_commands(
+        command("action", "show or cancel a one-time action"), _store_arguments, EXIT_CODES_HELP
+    )
+
     command("demo", "run the demo on moto's DynamoDB server on 127.0.0.1")
     return parser
 
@@ -119,8 +137,18 @@ def _open_store(arguments: argparse.Namespace) -> OperatorStore:
         from .stores.sqlite import SQLiteStore
 
         return SQLiteStore(arguments.sqlite)
+    if arguments.redis:
+        from .stores.redis import RedisStore
+
+        return RedisStore(arguments.redis, prefix=arguments.prefix)
+    if arguments.postgres:
+        from .stores.postgres import PostgresStore
+
+        return PostgresStore(arguments.postgres, table=arguments.table or "idempotency")
     if not arguments.table:
-        raise _UsageError("give --table NAME (DynamoDB) or --sqlite PATH")
+        raise _UsageError(
+            "give --table NAME (DynamoDB), --sqlite PATH, --redis URL or --postgres DSN"
+        )
     return DynamoDBStore(
         arguments.table, endpoint_url=arguments.endpoint_url, region_name=arguments.region
     )
@@ -199,6 +227,12 @@ def describe_failure(
     """What the operator reads: what failed, and what to do about it."""
     cause = error.cause
     dynamodb = store if isinstance(store, DynamoDBStore) else None
+    if cause == "no_table" and arguments.postgres:
+        table = arguments.table or "idempotency"
+        return (
+            f"{error.reason}: create it with `idempotency-middleware create-table "
+            f"--postgres DSN --table {table}`"
+        )
     if cause == "no_table" and dynamodb is not None:
         region, endpoint = _where(dynamodb)
         return (
@@ -225,7 +259,8 @@ def describe_failure(
     if error.misconfigured:
         return f"{error.reason}: {_HINTS.get(cause, 'fix the store configuration')}"
     if cause == "unreachable":  # (its reason starts "unreachable: ...")
-        return f"store {error.reason}: check --endpoint-url and the network"
+        option = "--redis" if arguments.redis else "--postgres" if arguments.postgres else None
+        return f"store {error.reason}: check {option or '--endpoint-url'} and the network"
     return f"store unavailable: {error.reason}: retry later"
 
 
@@ -253,9 +288,18 @@ def _run(arguments: argparse.Namespace) -> int:
 def _operate(store: OperatorStore, arguments: argparse.Namespace) -> int:
     if arguments.command == "create-table":
         store.create_table()
-        name = arguments.sqlite or arguments.table
-        print(f"table {name} ready: partition key 'pk' (S), on-demand billing, TTL on 'ttl'")
+        if arguments.sqlite or arguments.redis or arguments.postgres:
+            print(f"{store!r} ready")
+        else:
+            print(
+                f"table {arguments.table} ready: partition key 'pk' (S), on-demand billing, "
+                "TTL on 'ttl'"
+            )
         return EXIT_OK
+    if arguments.command == "action":
+        from .actions import cli as action_cli
+
+        return action_cli.run(store, arguments, not_found=EXIT_NOT_FOUND, refused=EXIT_REFUSED)
     key = _storage_key(arguments)
     record = store.get(key)
     if record is None:
