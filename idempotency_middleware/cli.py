@@ -276,6 +276,9 @@ def _run(arguments: argparse.Namespace) -> int:
         # A store whose extra is not installed: the message names the pip command.
         print(str(error), file=sys.stderr)
         return EXIT_MISCONFIGURED
+    except ValueError as error:
+        # A --redis URL or --postgres DSN that is not one (the store says what it expects).
+        raise _UsageError(str(error)) from None
     try:
         return _operate(store, arguments)
     except StoreUnavailable as error:

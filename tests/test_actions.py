@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sqlite3
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import pytest
 
@@ -32,11 +33,13 @@ from idempotency_middleware import (
     ActionState,
     InvalidPinError,
     OneTimeActions,
+    SQLiteStore,
     StoreUnavailableError,
 )
 from idempotency_middleware.actions import flows
 from idempotency_middleware.actions.model import DEFAULT_RETENTION_SECONDS
 from idempotency_middleware.actions.pins import hash_pin
+from idempotency_middleware.actions.steps import Consume, Insert, Step, Written
 from tests.action_stores import (
     DYNAMODB_KINDS,
     KINDS,
@@ -44,6 +47,8 @@ from tests.action_stores import (
     open_actions,
     unreachable_store,
 )
+
+T = TypeVar("T")
 
 TTL = 600.0
 PIN = "493817"
@@ -434,6 +439,162 @@ def test_a_pin_hashed_at_other_costs_still_consumes(
     consumed = kind.consume(action.action_id, pin=PIN, reason="old hash")
     costs(kind, ["UpdateItem", "UpdateItem"])
     assert (consumed.state, consumed.consumed_reason) == (ActionState.CONSUMED, "old hash")
+
+
+# -- a write sent again after its answer was lost ------------------------------------------------
+
+
+def run_with_retried_writes(kind: ActionsUnderTest, flow: flows.Flow[T]) -> T:
+    """Run ``flow`` on the kind's backend as a store client that lost the answer of each
+    write and sent the same write again (redis-py on a dropped connection, botocore on a 5xx
+    or a connection error): every create or consume step reaches the store twice, with the
+    same nonce, and the flow sees only the second answer."""
+    sync, asynchronous = kind.actions._sync, kind.actions._async
+
+    def write(step: Step) -> Written:
+        if kind.loop is None:
+            assert sync is not None
+            return sync.write(step)
+        assert asynchronous is not None
+        return kind.run(asynchronous.awrite(step))
+
+    sent: Written | None = None
+    while True:
+        try:
+            step = next(flow) if sent is None else flow.send(sent)
+        except StopIteration as done:
+            return cast(T, done.value)
+        if isinstance(step, Insert | Consume):
+            write(step)  # its answer is lost
+        sent = write(step)
+
+
+def create_flow(kind: ActionsUnderTest, **options: Any) -> flows.Flow[Action]:
+    options = {"active_at": None, "pin": None, "max_pin_attempts": 5, "data": None, **options}
+    return flows.create(
+        round(kind.clock.now(), 6), DEFAULT_RETENTION_SECONDS, expires_in=TTL, **options
+    )
+
+
+def consume_flow(kind: ActionsUnderTest, action_id: str, **options: Any) -> flows.Flow[Action]:
+    options = {"pin": None, "reason": None, **options}
+    return flows.consume(action_id, round(kind.clock.now(), 6), **options)
+
+
+def test_a_consume_retried_after_its_answer_was_lost_recognizes_its_own_write(
+    kind: ActionsUnderTest,
+) -> None:
+    action = kind.create(expires_in=TTL, data={"order": 7})
+    kind.clock.advance(1)
+    kind.calls()
+    consumed = run_with_retried_writes(kind, consume_flow(kind, action.action_id, reason="r"))
+    costs(kind, ["UpdateItem", "UpdateItem"])  # the write and its retry: no read after
+    assert consumed.state is ActionState.CONSUMED
+    assert consumed.consumed_at == at(kind.clock.now())
+    assert consumed.consumed_reason == "r"
+    assert consumed.data == {"order": 7}
+    assert kind.get(action.action_id) == consumed
+    # Another consume (another nonce) is still refused: the action was used once.
+    with pytest.raises(ActionAlreadyUsedError):
+        kind.consume(action.action_id)
+    with pytest.raises(ActionAlreadyUsedError):
+        run_with_retried_writes(kind, consume_flow(kind, action.action_id))
+    assert kind.get(action.action_id) == consumed
+
+
+def test_a_consume_with_a_pin_retried_after_its_answer_was_lost_recognizes_its_own_write(
+    kind: ActionsUnderTest,
+) -> None:
+    action = kind.create(expires_in=TTL, pin=PIN, max_pin_attempts=3)
+    consumed = run_with_retried_writes(kind, consume_flow(kind, action.action_id, pin=PIN))
+    assert consumed.state is ActionState.CONSUMED
+    assert consumed.pin_attempts_left == 3
+    assert kind.get(action.action_id) == consumed
+    with pytest.raises(ActionAlreadyUsedError):
+        kind.consume(action.action_id, pin=PIN)
+
+
+def test_a_create_retried_after_its_answer_was_lost_recognizes_its_own_write(
+    kind: ActionsUnderTest,
+) -> None:
+    action_id = fresh_id("retried-create-")
+    kind.calls()
+    created = run_with_retried_writes(kind, create_flow(kind, action_id=action_id, data=[1]))
+    costs(kind, ["PutItem", "PutItem"])  # the write and its retry: no read after
+    assert created.action_id == action_id
+    assert created.state is ActionState.ACTIVE
+    assert created.data == [1]
+    assert kind.get(action_id) == created
+    # Another create of that id (another nonce) still finds it taken, and changes nothing.
+    with pytest.raises(ActionExistsError):
+        kind.create(expires_in=TTL, action_id=action_id, data=[2])
+    with pytest.raises(ActionExistsError):
+        run_with_retried_writes(kind, create_flow(kind, action_id=action_id, data=[3]))
+    assert kind.get(action_id) == created
+    assert kind.consume(action_id).state is ActionState.CONSUMED
+
+
+def test_a_retried_create_answers_its_action_as_stored_when_it_changed_in_between(
+    kind: ActionsUnderTest,
+) -> None:
+    action_id = fresh_id("retried-create-late-")
+    flow = create_flow(kind, action_id=action_id)
+    step = next(flow)
+    assert isinstance(step, Insert)
+    sync, asynchronous = kind.actions._sync, kind.actions._async
+    if kind.loop is None:
+        assert sync is not None
+        sync.write(step)  # its answer is lost
+    else:
+        assert asynchronous is not None
+        kind.run(asynchronous.awrite(step))
+    consumed = kind.consume(action_id)  # another caller, before the retry arrives
+    if kind.loop is None:
+        assert sync is not None
+        again = sync.write(step)
+    else:
+        assert asynchronous is not None
+        again = kind.run(asynchronous.awrite(step))
+    assert not again.ok
+    with pytest.raises(StopIteration) as done:
+        flow.send(again)
+    assert done.value.value == consumed
+
+
+def test_an_sqlite_actions_table_of_an_earlier_version_gains_the_nonce_columns(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "old.sqlite3"
+    connection = sqlite3.connect(path)
+    connection.execute(  # the layout before created_by and consumed_by
+        "CREATE TABLE idempotency_records_actions ("
+        "action_id TEXT PRIMARY KEY NOT NULL, created_at REAL NOT NULL, "
+        "active_at REAL NOT NULL, expires_at REAL NOT NULL, purge_at REAL NOT NULL, "
+        "data TEXT NOT NULL, pin_hash TEXT, attempts_left INTEGER, consumed_at REAL, "
+        "consumed_reason TEXT, canceled_at REAL)"
+    )
+    connection.execute(
+        "INSERT INTO idempotency_records_actions (action_id, created_at, active_at, "
+        "expires_at, purge_at, data) VALUES ('old-one', 1.0, 1.0, 4e9, 5e9, '7')"
+    )
+    connection.commit()
+    connection.close()
+    store = SQLiteStore(path)
+    try:
+        actions = OneTimeActions(store)
+        assert actions.consume("old-one").data == 7  # a row written before: no nonces
+        action = actions.create(expires_in=TTL)
+        assert actions.consume(action.action_id).state is ActionState.CONSUMED
+    finally:
+        store.close()
+    connection = sqlite3.connect(path)
+    try:
+        columns = [
+            row[1] for row in connection.execute("PRAGMA table_info(idempotency_records_actions)")
+        ]
+    finally:
+        connection.close()
+    assert columns[-2:] == ["created_by", "consumed_by"]
 
 
 # -- data, store failures, flavours ----------------------------------------------------------

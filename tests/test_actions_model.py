@@ -399,6 +399,6 @@ def test_a_consume_retried_under_the_stored_hash_reports_what_beat_it() -> None:
     first = next(flow)
     assert isinstance(first, steps.Consume) and first.pin_hash != old_hash
     second = flow.send(steps.Written(False, record))
-    assert second == steps.Consume("a1", 200.0, old_hash, None)
+    assert second == steps.Consume("a1", 200.0, old_hash, None, first.nonce)  # one nonce
     with pytest.raises(ActionAlreadyUsedError):
         flow.send(steps.Written(False, record.consumed(150.0, "other")))

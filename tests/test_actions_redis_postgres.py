@@ -345,3 +345,30 @@ def test_forgotten_actions_are_purged_in_batches_on_later_creates(
         assert all(actions.get(f"missing-{uuid.uuid4().hex}") is None for _ in range(2))
     finally:
         store.close()
+
+
+def test_a_postgres_actions_table_of_an_earlier_version_gains_the_nonce_columns(
+    postgres_dsn: str,
+) -> None:
+    table = f"idem_old_{uuid.uuid4().hex[:10]}"
+    with PostgresStore(postgres_dsn, table=table) as store:
+        sql = ActionStatements(store.table)
+        with psycopg.connect(postgres_dsn, autocommit=True) as admin:
+            # The layout before created_by and consumed_by, with its index.
+            admin.execute(sql.create_table.replace(", created_by text, consumed_by text", ""))
+            admin.execute(sql.create_index)
+            admin.execute(
+                f"INSERT INTO {sql.table} (action_id, created_at, active_at, expires_at, "
+                "purge_at, data) VALUES ('old-one', 1, 1, 4e9, 5e9, '7')"
+            )
+        actions = OneTimeActions(store)
+        assert actions.consume("old-one").data == 7  # a row written before: no nonces
+        action = actions.create(expires_in=TTL)
+        assert actions.consume(action.action_id).state is ActionState.CONSUMED
+        with psycopg.connect(postgres_dsn) as connection:
+            rows = connection.execute(
+                f"SELECT created_by IS NOT NULL, consumed_by IS NOT NULL FROM {sql.table} "
+                "WHERE action_id = %s",
+                (action.action_id,),
+            ).fetchall()
+        assert rows == [(True, True)]

@@ -91,3 +91,23 @@ def test_an_unreachable_server_exits_3_saying_so(
     error = capsys.readouterr().err
     assert "Connection refused" in error
     assert f"check {option[0]} and the network" in error
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        ("--redis", "localhost:6379", "redis://"),
+        ("--postgres", "host=a port", "postgresql://user@host:5432/dbname"),
+        ("--postgres", "postgresql://u@h:notaport/db", "port must be a number"),
+    ],
+)
+def test_a_malformed_url_or_dsn_is_a_usage_error_saying_what_is_expected(
+    option: str, value: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["show", "k", "--route", "/orders", option, value])
+
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert says in error
+    assert "Traceback" not in error

@@ -625,6 +625,22 @@ def test_response_just_under_the_item_limit_is_kept(store: Driver, key: str, now
     assert record.response_not_stored is False
 
 
+def test_a_claim_resent_by_its_own_owner_after_a_lost_answer_is_still_its_own(
+    dynamodb_store: Driver, key: str, now: float
+) -> None:
+    # The transport retries a PutItem whose answer was lost (a read timeout, a cut
+    # connection, a 5xx after the write): the retry fails its condition on its own claim.
+    claim = claim_request(key, now)
+    assert dynamodb_store.claim(claim) == Claimed(taken_over=False)
+
+    assert dynamodb_store.claim(claim) == Claimed(taken_over=False)
+    held = held_record(dynamodb_store.claim(claim_request(key, now + 0.5)))
+    assert held.owner == claim.owner
+    assert dynamodb_store.complete(completion(claim, now + 1)) is True
+    # Once completed, the same owner's claim is a duplicate like any other.
+    assert held_record(dynamodb_store.claim(claim)).status is Status.COMPLETED
+
+
 def test_large_compressible_response_fits_in_one_item(
     dynamodb_store: Driver, key: str, now: float
 ) -> None:

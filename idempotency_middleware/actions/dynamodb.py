@@ -23,6 +23,8 @@ Item layout (times are epoch seconds, to the microsecond)::
     consumed_at      N     (absent until consumed)
     consumed_reason  S     (absent unless given)
     canceled_at      N     (absent until canceled)
+    created_by       S     the create's nonce
+    consumed_by      S     the consume's nonce (absent until consumed)
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ KEY_PREFIX = "action#"
 KIND = "one-time-action"
 
 _NUMBERS = ("created_at", "active_at", "expires_at", "purge_at", "consumed_at", "canceled_at")
-_STRINGS = ("data", "pin_hash", "consumed_reason")
+_STRINGS = ("data", "pin_hash", "consumed_reason", "created_by", "consumed_by")
 
 # Open: present, neither consumed nor canceled, not expired (the same as ActionRecord.is_open).
 _OPEN = (
@@ -101,6 +103,8 @@ def from_item(layout: ddb.TableLayout, item: ddb.Item | None) -> ActionRecord | 
         consumed_at=number("consumed_at"),
         consumed_reason=string("consumed_reason"),
         canceled_at=number("canceled_at"),
+        created_by=string("created_by"),
+        consumed_by=string("consumed_by"),
     )
 
 
@@ -159,6 +163,9 @@ def request_for(layout: ddb.TableLayout, step: Step) -> tuple[str, dict[str, Any
     if step.reason is not None:
         update += ", consumed_reason = :reason"
         values[":reason"] = {"S": step.reason}
+    if step.nonce is not None:
+        update += ", consumed_by = :by"
+        values[":by"] = {"S": step.nonce}
     condition = _OPEN + " AND active_at <= :now"
     if step.pin_hash is None:
         condition += " AND attribute_not_exists(pin_hash)"

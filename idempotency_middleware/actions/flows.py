@@ -2,6 +2,12 @@
 (the httpx ``auth_flow`` idea): each flow yields the conditional writes it needs, receives
 what the store answered, and decides from the record the store returned (the item as it
 was when a write's condition failed) why it failed. A store backend only carries out steps.
+
+Store clients send a write again when its answer was lost (redis-py on a dropped connection,
+botocore on a 5xx or a connection error), and the retry then finds the first one's effect:
+each create and each consume writes a random nonce (``created_by``, ``consumed_by``) in its
+own conditional write, and a refused write whose record carries the flow's own nonce was the
+flow's own write: it succeeded.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from .model import (
     encode_data,
     is_action_id,
     new_action_id,
+    new_nonce,
     utc,
 )
 from .pins import hash_pin, pin_matches, same_costs
@@ -77,9 +84,13 @@ def create(
         data=encoded,
         pin_hash=None if checked_pin is None else hash_pin(chosen, checked_pin),
         attempts_left=None if checked_pin is None else attempts,
+        created_by=new_nonce(),
     )
     written = yield Insert(record, now)
     if not written.ok:
+        if _created_by_us(written.record, record):
+            # Our own put, sent again by the client after its answer was lost.
+            return _found(written).to_action(now)
         raise ActionExistsError("an action with this id already exists", action_id=chosen)
     return record.to_action(now)
 
@@ -90,8 +101,11 @@ def consume(action_id: str, now: float, *, pin: object, reason: object) -> Flow[
     if not is_action_id(action_id):
         raise _not_found(action_id)
     pin_hash = None if checked_pin is None else hash_pin(action_id, checked_pin)
-    written = yield Consume(action_id, now, pin_hash, checked_reason)
-    if written.ok:
+    nonce = new_nonce()
+    written = yield Consume(action_id, now, pin_hash, checked_reason, nonce)
+    if written.ok or _consumed_by(written.record, nonce):
+        # (Refused but consumed with our nonce: our own write, sent again by the client
+        # after its answer was lost.)
         return _found(written).to_action(now)
     record = _refuse_closed(action_id, written.record, now)
     if (
@@ -104,8 +118,8 @@ def consume(action_id: str, now: float, *, pin: object, reason: object) -> Flow[
     ):
         # The right PIN, hashed at other costs (set by another version): consume again,
         # with the hash as stored.
-        written = yield Consume(action_id, now, record.pin_hash, checked_reason)
-        if written.ok:
+        written = yield Consume(action_id, now, record.pin_hash, checked_reason, nonce)
+        if written.ok or _consumed_by(written.record, nonce):
             return _found(written).to_action(now)
         record = _refuse_closed(action_id, written.record, now)
     _refuse_pin(action_id, record, checked_pin, now)
@@ -154,6 +168,16 @@ def get(action_id: str, now: float) -> Flow[Action | None]:
 def _found(written: Written) -> ActionRecord:
     assert written.record is not None, "a write that succeeded returns its record"
     return written.record
+
+
+def _created_by_us(found: ActionRecord | None, ours: ActionRecord) -> bool:
+    """Whether the record a refused put found is the one it put itself."""
+    return found is not None and ours.created_by is not None and found.created_by == ours.created_by
+
+
+def _consumed_by(found: ActionRecord | None, nonce: str) -> bool:
+    """Whether the record a refused consume found was consumed by the consume of ``nonce``."""
+    return found is not None and found.consumed_at is not None and found.consumed_by == nonce
 
 
 def _has_attempts(record: ActionRecord) -> bool:

@@ -101,7 +101,10 @@ def _utc_or_none(epoch_seconds: float | None) -> datetime | None:
 class ActionRecord:
     """An action as a store keeps it. ``data`` is JSON text; ``pin_hash`` the PIN's
     salted scrypt hash (:func:`hash_pin`), never the PIN. ``purge_at`` is when the store
-    may forget it (its expiry plus the retention)."""
+    may forget it (its expiry plus the retention). ``created_by`` and ``consumed_by`` are
+    the random nonces of the create and the consume that wrote them (``None``: not yet, or
+    written by an earlier version): a step the store client retried after its answer was
+    lost finds its own nonce and knows the write was its own."""
 
     action_id: str
     created_at: float
@@ -114,6 +117,8 @@ class ActionRecord:
     consumed_at: float | None = None
     consumed_reason: str | None = None
     canceled_at: float | None = None
+    created_by: str | None = None
+    consumed_by: str | None = None
 
     def state(self, now: float) -> ActionState:
         # Consumed and canceled are final and outlive the expiry: a used link keeps saying
@@ -136,8 +141,8 @@ class ActionRecord:
         """Neither consumed, canceled nor expired (pending or active)."""
         return self.consumed_at is None and self.canceled_at is None and now < self.expires_at
 
-    def consumed(self, now: float, reason: str | None) -> ActionRecord:
-        return replace(self, consumed_at=now, consumed_reason=reason)
+    def consumed(self, now: float, reason: str | None, nonce: str | None = None) -> ActionRecord:
+        return replace(self, consumed_at=now, consumed_reason=reason, consumed_by=nonce)
 
     def canceled(self, now: float) -> ActionRecord:
         return replace(self, canceled_at=now)
@@ -162,6 +167,15 @@ class ActionRecord:
 
 
 # -- what callers pass ----------------------------------------------------------------------
+
+
+# A create's or a consume's nonce: 64 random bits, as 16 hex characters.
+NONCE_BYTES = 8
+
+
+def new_nonce() -> str:
+    """A random nonce marking one create or consume (``created_by``, ``consumed_by``)."""
+    return secrets.token_hex(NONCE_BYTES)
 
 
 def new_action_id() -> str:

@@ -32,6 +32,11 @@ Table layout (one row per action; times are epoch seconds)::
     consumed_at      double precision
     consumed_reason  text
     canceled_at      double precision
+    created_by       text              the create's nonce
+    consumed_by      text              the consume's nonce (NULL until consumed)
+
+A table made by an earlier version lacks the last two columns: a step that finds one
+missing (``42703``) runs the creation again, which adds them (``ADD COLUMN IF NOT EXISTS``).
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ from .steps import Cancel, Consume, Insert, Read, SpendAttempt, Step, Written, a
 
 # The SQLSTATE of a statement on a table that does not exist (undefined_table).
 UNDEFINED_TABLE = "42P01"
+# ... and on a column that does not exist (undefined_column): a table of an earlier version.
+UNDEFINED_COLUMN = "42703"
 
 # How many times a step runs when each run raced a write committed meanwhile.
 STEP_ATTEMPTS = 5
@@ -66,7 +73,11 @@ COLUMNS = (
     "consumed_at",
     "consumed_reason",
     "canceled_at",
+    "created_by",
+    "consumed_by",
 )
+# Columns added after the first layout: added to a table that lacks them.
+ADDED_COLUMNS = ("created_by", "consumed_by")
 _LIST = ", ".join(COLUMNS)
 
 # Open: neither consumed nor canceled, not expired (ActionRecord.is_open).
@@ -83,8 +94,13 @@ class ActionStatements:
         qualifier = f'"{schema}".' if schema else ""
         table = self.table = f'{qualifier}"{bare}_actions"'
         index = f"{bare}_actions_purge_at"
-        self.schema_exists = "SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL"
-        self.schema_names = (table, f'{qualifier}"{index}"')
+        self.schema_exists = (
+            "SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL "
+            "AND (SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass(%s) "
+            f"AND attname IN ({', '.join(repr(c) for c in ADDED_COLUMNS)}) "
+            f"AND NOT attisdropped) = {len(ADDED_COLUMNS)}"
+        )
+        self.schema_names = (table, f'{qualifier}"{index}"', table)
         self.create_lock = f"SELECT pg_advisory_xact_lock({_CREATE_LOCK_CLASS}, hashtext(%s))"
         self.create_table = (
             f"CREATE TABLE IF NOT EXISTS {table} ("
@@ -98,7 +114,12 @@ class ActionStatements:
             "attempts_left integer, "
             "consumed_at double precision, "
             "consumed_reason text, "
-            "canceled_at double precision)"
+            "canceled_at double precision, "
+            "created_by text, "
+            "consumed_by text)"
+        )
+        self.add_columns = f"ALTER TABLE {table} " + ", ".join(
+            f"ADD COLUMN IF NOT EXISTS {column} text" for column in ADDED_COLUMNS
         )
         self.create_index = f'CREATE INDEX IF NOT EXISTS "{index}" ON {table} (purge_at)'
         self.select = f"SELECT {_LIST} FROM {table} WHERE action_id = %s"
@@ -112,7 +133,8 @@ class ActionStatements:
         update = f"UPDATE {table} SET"
         where = f"WHERE action_id = %(action_id)s AND {_OPEN}"
         consume = (
-            f"{update} consumed_at = %(now)s, consumed_reason = %(reason)s "
+            f"{update} consumed_at = %(now)s, consumed_reason = %(reason)s, "
+            "consumed_by = %(nonce)s "
             f"{where} AND active_at <= %(now)s AND "
         )
         self.consume = self._written(consume + "pin_hash IS NULL")
@@ -165,7 +187,7 @@ def step_flow(sql: ActionStatements, step: Step) -> Flow[Written]:
         params.update((column, getattr(step.record, column)) for column in COLUMNS)
     elif isinstance(step, Consume):
         statement = sql.consume if step.pin_hash is None else sql.consume_with_pin
-        params.update(pin_hash=step.pin_hash, reason=step.reason)
+        params.update(pin_hash=step.pin_hash, reason=step.reason, nonce=step.nonce)
     elif isinstance(step, SpendAttempt):
         statement = sql.spend_attempt
     else:
@@ -190,12 +212,14 @@ def step_flow(sql: ActionStatements, step: Step) -> Flow[Written]:
 
 
 def create_flow(sql: ActionStatements) -> Flow[None]:
-    """Create the table and its index unless both exist, under the creators' advisory lock
+    """Create the table and its index unless both exist (and add the columns a table of an
+    earlier version lacks), under the creators' advisory lock
     (in a transaction: the lock is the transaction's)."""
     if (yield Statement(sql.schema_exists, sql.schema_names)).rows[0][0]:
         return
     yield Statement(sql.create_lock, (sql.name,))
     yield Statement(sql.create_table, ())
+    yield Statement(sql.add_columns, ())
     yield Statement(sql.create_index, ())
 
 
@@ -253,9 +277,9 @@ class PostgresActions:
         try:
             return self._store._sync.run(operation, step_flow(self._sql, step), purge)
         except StoreUnavailable as error:
-            if error.code != UNDEFINED_TABLE:
+            if error.code not in (UNDEFINED_TABLE, UNDEFINED_COLUMN):
                 raise
-        self.create_table()  # its first use: the step found no table
+        self.create_table()  # its first use: the step found no table (or an older one)
         return self._store._sync.run(operation, step_flow(self._sql, step))
 
     async def awrite(self, step: Step) -> Written:
@@ -264,7 +288,7 @@ class PostgresActions:
         try:
             return await self._store._async.run(operation, step_flow(self._sql, step), purge)
         except StoreUnavailable as error:
-            if error.code != UNDEFINED_TABLE:
+            if error.code not in (UNDEFINED_TABLE, UNDEFINED_COLUMN):
                 raise
         await self.acreate_table()
         return await self._store._async.run(operation, step_flow(self._sql, step))

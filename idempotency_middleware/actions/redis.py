@@ -19,6 +19,8 @@ Hash layout (times are epoch seconds, as Python's shortest round-trip text)::
     pin_hash         scrypt$n$r$p$<base64> (absent without a PIN)
     attempts_left    (absent without a PIN)
     consumed_at      consumed_reason     canceled_at     (absent until set)
+    created_by       the create's nonce
+    consumed_by      the consume's nonce (absent until consumed)
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ redis.call('PEXPIREAT', KEYS[1], ARGV[2])
 return {{1}}
 """
 
-# ARGV: now, "1" and the PIN's hash (or "0", ""), "1" and the reason (or "0", "").
+# ARGV: now, "1" and the PIN's hash (or "0", ""), "1" and the reason (or "0", ""), "1" and
+# the consume's nonce (or "0", "").
 CONSUME = f"""{_OPEN}
 if not open or tonumber(old[4]) > now then
   {_REFUSE}
@@ -74,6 +77,9 @@ end
 redis.call('HSET', KEYS[1], 'consumed_at', ARGV[1])
 if ARGV[4] == '1' then
   redis.call('HSET', KEYS[1], 'consumed_reason', ARGV[5])
+end
+if ARGV[6] == '1' then
+  redis.call('HSET', KEYS[1], 'consumed_by', ARGV[7])
 end
 return {{1, redis.call('HGETALL', KEYS[1])}}
 """
@@ -125,7 +131,7 @@ def to_fields(record: ActionRecord) -> list[str]:
         value = getattr(record, name)
         if value is not None:
             fields += [name, seconds(value)]
-    for name in ("data", "pin_hash", "consumed_reason"):
+    for name in ("data", "pin_hash", "consumed_reason", "created_by", "consumed_by"):
         value = getattr(record, name)
         if value is not None:
             fields += [name, value]
@@ -157,6 +163,8 @@ def from_hash(action_id: str, fields: dict[bytes, bytes]) -> ActionRecord | None
         consumed_at=time("consumed_at"),
         consumed_reason=text.get("consumed_reason"),
         canceled_at=time("canceled_at"),
+        created_by=text.get("created_by"),
+        consumed_by=text.get("consumed_by"),
     )
 
 
@@ -169,7 +177,7 @@ def script_for(step: Step, grace_seconds: float) -> tuple[str, list[str]]:
         expire_at_ms = math.ceil((step.record.purge_at + grace_seconds) * 1000)
         return "insert", [now, str(expire_at_ms), *to_fields(step.record)]
     if isinstance(step, Consume):
-        return "consume", [now, *_flag(step.pin_hash), *_flag(step.reason)]
+        return "consume", [now, *_flag(step.pin_hash), *_flag(step.reason), *_flag(step.nonce)]
     if isinstance(step, SpendAttempt):
         return "spend_attempt", [now]
     assert isinstance(step, Cancel)

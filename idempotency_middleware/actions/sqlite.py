@@ -20,6 +20,10 @@ Table layout (one row per action; times are epoch seconds)::
     consumed_at      REAL
     consumed_reason  TEXT
     canceled_at      REAL
+    created_by       TEXT     the create's nonce
+    consumed_by      TEXT     the consume's nonce (NULL until consumed)
+
+A table made by an earlier version gains the last two columns on first use.
 """
 
 from __future__ import annotations
@@ -46,7 +50,12 @@ _COLUMNS = (
     "consumed_at",
     "consumed_reason",
     "canceled_at",
+    "created_by",
+    "consumed_by",
 )
+
+# Columns added after the first layout: added to a table that lacks them.
+_ADDED_COLUMNS = ("created_by", "consumed_by")
 
 
 class _Statements:
@@ -59,8 +68,10 @@ class _Statements:
             "action_id TEXT PRIMARY KEY NOT NULL, created_at REAL NOT NULL, "
             "active_at REAL NOT NULL, expires_at REAL NOT NULL, purge_at REAL NOT NULL, "
             "data TEXT NOT NULL, pin_hash TEXT, attempts_left INTEGER, consumed_at REAL, "
-            "consumed_reason TEXT, canceled_at REAL)"
+            "consumed_reason TEXT, canceled_at REAL, created_by TEXT, consumed_by TEXT)"
         )
+        self.table_info = f"PRAGMA table_info({table})"
+        self.add_column = f"ALTER TABLE {table} ADD COLUMN {{}} TEXT"
         self.create_index = f'CREATE INDEX IF NOT EXISTS "{name}_purge_at" ON {table} (purge_at)'
         columns = ", ".join(_COLUMNS)
         self.select = f"SELECT {columns} FROM {table} WHERE action_id = ?"
@@ -96,6 +107,15 @@ class SQLiteActions:
         if not self._schema_ready:
             connection.execute(self._sql.create_table)
             connection.execute(self._sql.create_index)
+            present = {row[1] for row in connection.execute(self._sql.table_info)}
+            for column in _ADDED_COLUMNS:
+                if column not in present:
+                    try:
+                        connection.execute(self._sql.add_column.format(column))
+                    except sqlite3.OperationalError as error:
+                        # Another thread or process added it first.
+                        if "duplicate column" not in str(error):
+                            raise
             self._schema_ready = True
 
     def write(self, step: Step) -> Written:

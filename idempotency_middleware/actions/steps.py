@@ -5,7 +5,8 @@ of every step's condition and effect, written once: MemoryStore and SQLiteStore 
 under their lock; the DynamoDB backend states the same conditions as
 ``ConditionExpression``s. A step answers :class:`Written`: the record after a write that
 happened, or the record as it was when the condition failed (``ALL_OLD``), from which the
-flows decide why.
+flows decide why (or, finding their own nonce in it, that the write was theirs: a step
+the store client sent again after losing its answer).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from .model import ActionRecord
 
 
 class Insert(NamedTuple):
-    """Put ``record`` when its id is free (absent, or past the old action's retention)."""
+    """Put ``record`` when its id is free (absent, or past the old action's retention);
+    ``record.created_by`` is the create's nonce."""
 
     record: ActionRecord
     now: float
@@ -28,12 +30,13 @@ class Insert(NamedTuple):
 
 class Consume(NamedTuple):
     """Consume an open, active action whose PIN hash is ``pin_hash`` (``None``: an action
-    without a PIN) with attempts left."""
+    without a PIN) with attempts left, marking it ``consumed_by`` the consume's ``nonce``."""
 
     action_id: str
     now: float
     pin_hash: str | None
     reason: str | None
+    nonce: str | None = None
 
 
 class SpendAttempt(NamedTuple):
@@ -95,4 +98,4 @@ def apply(step: Step, before: ActionRecord | None) -> Written:
         )
     if not pin_ok:
         return Written(False, before)
-    return Written(True, before.consumed(step.now, step.reason))
+    return Written(True, before.consumed(step.now, step.reason, step.nonce))

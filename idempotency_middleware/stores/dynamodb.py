@@ -234,6 +234,16 @@ def plan_completion(
     return CompletionPlan(request, overflow_key, encoded)
 
 
+def claimed_by(item: Item, owner: str) -> bool:
+    """Whether a claim that failed its condition found its own claim: the same PutItem sent
+    again by a retry after its first answer was lost (a timeout, a cut connection, a 5xx
+    after the write). The claim is this request's, not another's."""
+    return (
+        item.get("owner", {}).get("S") == owner
+        and item.get("status", {}).get("S") == Status.IN_PROGRESS.value
+    )
+
+
 def finished_by(item: Item | None, owner: str) -> bool:
     """Whether a deferred interim completion that failed its condition finds its own key
     already past it: deferred (the same completion re-sent) or completed (the work's final

@@ -15,7 +15,7 @@ from .. import deferred
 from ..errors import TransactionConflictError, TransactionRejectedError
 from ..records import Record
 from . import dynamodb as ddb
-from .base import Claimed, ClaimRequest, ClaimResult, Completion, Held, StoreUnavailable
+from .base import CLAIMED, Claimed, ClaimRequest, ClaimResult, Completion, Held, StoreUnavailable
 from .dynamodb_clients import AsyncClients
 
 
@@ -92,6 +92,8 @@ class AsyncDynamoDBStore(AsyncClients):
                 response = await self._call("put_item", ddb.claim_request(self.layout, request))
             except ddb.ConditionFailed as failed:
                 if failed.item is not None:
+                    if ddb.claimed_by(failed.item, request.owner):
+                        return CLAIMED
                     return Held(await self._record(failed.item))
                 # A backend without ALL_OLD on failure: read the holder instead.
                 record = await self.aget(request.key_hash)

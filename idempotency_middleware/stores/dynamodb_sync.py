@@ -14,7 +14,7 @@ from .. import deferred
 from ..errors import TransactionConflictError, TransactionRejectedError
 from ..records import Record
 from . import dynamodb as ddb
-from .base import Claimed, ClaimRequest, ClaimResult, Completion, Held, StoreUnavailable
+from .base import CLAIMED, Claimed, ClaimRequest, ClaimResult, Completion, Held, StoreUnavailable
 from .dynamodb_clients import SyncClients
 
 
@@ -91,6 +91,8 @@ class DynamoDBStore(SyncClients):
                 response = self._call("put_item", ddb.claim_request(self.layout, request))
             except ddb.ConditionFailed as failed:
                 if failed.item is not None:
+                    if ddb.claimed_by(failed.item, request.owner):
+                        return CLAIMED
                     return Held(self._record(failed.item))
                 # A backend without ALL_OLD on failure: read the holder instead.
                 record = self.get(request.key_hash)

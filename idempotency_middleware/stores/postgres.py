@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import deferred
@@ -22,6 +21,7 @@ from ..options import DEFAULT_CLOCK_SKEW_SECONDS
 from ..records import Record
 from . import postgres_sql as flows
 from .base import ClaimRequest, ClaimResult, Completion, StoreUnavailable
+from .closing import ClosingStore
 from .dynamodb import require_modules
 from .postgres_aio import CREATE_RACES, AsyncMethods
 from .postgres_async import AsyncPools
@@ -37,7 +37,7 @@ Self = TypeVar("Self", bound="PostgresStore")
 logger = logging.getLogger(__name__)
 
 
-class PostgresStore(AsyncMethods, BreakerOwner):
+class PostgresStore(AsyncMethods, BreakerOwner, ClosingStore):
     """Idempotency store in one PostgreSQL table, shared by every host of a service.
 
     ``PostgresStore("postgresql://app@db/app")`` serves both middlewares and ``idempotent``.
@@ -88,6 +88,7 @@ class PostgresStore(AsyncMethods, BreakerOwner):
         breaker_cooldown_seconds: float = DEFAULT_COOLDOWN_SECONDS,
     ) -> None:
         require_modules(type(self).__name__, ("psycopg", "psycopg_pool"), "postgres")
+        import psycopg
         from psycopg.conninfo import conninfo_to_dict
 
         if dsn is None:
@@ -100,7 +101,16 @@ class PostgresStore(AsyncMethods, BreakerOwner):
         if pool_timeout_seconds <= 0 or connect_timeout <= 0:
             raise ValueError("pool_timeout_seconds and connect_timeout must be positive")
         self.dsn = dsn
-        parts = conninfo_to_dict(dsn)
+        try:
+            parts = conninfo_to_dict(dsn)
+        except psycopg.ProgrammingError as error:
+            raise ValueError(
+                f"not a PostgreSQL connection string ({error}): expected "
+                "postgresql://user@host:5432/dbname or 'host=... dbname=...'"
+            ) from None
+        port = str(parts.get("port") or "5432")
+        if not all(part.isdigit() for part in port.split(",")):
+            raise ValueError(f"the PostgreSQL port must be a number, not {port!r}")
         # For messages: where the server is, never the password.
         self.where = (
             f"{parts.get('host') or 'localhost'}:{parts.get('port') or 5432}"
@@ -140,6 +150,13 @@ class PostgresStore(AsyncMethods, BreakerOwner):
         return f"PostgresStore({self.where!r}, table={self.table!r})"
 
     # -- shared by both transports --------------------------------------------------------
+
+    @property
+    def answer_within(self) -> float:
+        """How long a statement's answer may take before its connection is broken off: the
+        server's own statement timeout (30 s where none is set) and a connection's time."""
+        statement = self.statement_timeout_seconds
+        return (30.0 if statement is None else statement) + max(1.0, self.connect_timeout)
 
     def wait_seconds(self) -> float:
         """How long a call waits for a pooled connection."""
@@ -281,28 +298,6 @@ class PostgresStore(AsyncMethods, BreakerOwner):
     async def aclose(self) -> None:
         """Close the running loop's pool (one passed in is left open)."""
         await self._async.close_current()
-
-    def __enter__(self: Self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    async def __aenter__(self: Self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
 
 __all__ = ["PostgresStore"]

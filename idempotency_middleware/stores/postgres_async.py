@@ -16,6 +16,7 @@ import threading
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
+from .postgres_deadline import WATCHDOG
 from .postgres_loop_pool import LoopPool
 from .postgres_sql import Answer, Flow
 
@@ -142,9 +143,9 @@ class AsyncPools:
                 await connection.set_autocommit(True)
             if begin:
                 async with connection.transaction():
-                    result = await drive_async(connection, flow)
+                    result = await drive_async(connection, flow, store.answer_within)
             else:
-                result = await drive_async(connection, flow)
+                result = await drive_async(connection, flow, store.answer_within)
             if purge is not None:
                 await self._piggyback(connection, purge)
         except psycopg.Error as error:
@@ -165,7 +166,7 @@ class AsyncPools:
         import psycopg
 
         try:
-            self._store.purged(await drive_async(connection, purge))
+            self._store.purged(await drive_async(connection, purge, self._store.answer_within))
         except psycopg.Error as error:
             logger.debug("PostgreSQL purge of expired idempotency records failed: %s", error)
 
@@ -206,13 +207,17 @@ async def _give_back(pool: Pool, connection: Any, autocommit: bool) -> None:
     await pool.putconn(connection)
 
 
-async def drive_async(connection: psycopg.AsyncConnection[Any], flow: Flow[T]) -> T:
-    """Run ``flow``'s statements on ``connection``; its result."""
+async def drive_async(
+    connection: psycopg.AsyncConnection[Any], flow: Flow[T], answer_within: float
+) -> T:
+    """Run ``flow``'s statements on ``connection``, each answered within
+    ``answer_within`` seconds or its connection broken (``ConnectionTimeout``); its result."""
     try:
         statement = next(flow)
         while True:
-            cursor = await connection.execute(statement.query, statement.params, binary=True)
-            rows = await cursor.fetchall() if cursor.description is not None else []
+            with WATCHDOG.watching(connection, answer_within):
+                cursor = await connection.execute(statement.query, statement.params, binary=True)
+                rows = await cursor.fetchall() if cursor.description is not None else []
             statement = flow.send(Answer(rows, cursor.rowcount))
     except StopIteration as stop:
         result: T = stop.value

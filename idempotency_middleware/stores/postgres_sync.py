@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .postgres_deadline import WATCHDOG
 from .postgres_sql import Answer, Flow
 
 if TYPE_CHECKING:
@@ -163,9 +164,9 @@ class SyncPools:
         with self._connection(operation) as connection:
             if begin:
                 with connection.transaction():
-                    result = drive(connection, flow)
+                    result = drive(connection, flow, self._store.answer_within)
             else:
-                result = drive(connection, flow)
+                result = drive(connection, flow, self._store.answer_within)
             if purge is not None:
                 self._piggyback(connection, purge)
             return result
@@ -174,7 +175,7 @@ class SyncPools:
         import psycopg
 
         try:
-            self._store.purged(drive(connection, purge))
+            self._store.purged(drive(connection, purge, self._store.answer_within))
         except psycopg.Error as error:
             # The write it rides on is done; a failed purge only waits for the next one.
             logger.debug("PostgreSQL purge of expired idempotency records failed: %s", error)
@@ -187,13 +188,15 @@ class SyncPools:
             pool.close()
 
 
-def drive(connection: psycopg.Connection[Any], flow: Flow[T]) -> T:
-    """Run ``flow``'s statements on ``connection``; its result."""
+def drive(connection: psycopg.Connection[Any], flow: Flow[T], answer_within: float) -> T:
+    """Run ``flow``'s statements on ``connection``, each answered within
+    ``answer_within`` seconds or its connection broken (``ConnectionTimeout``); its result."""
     try:
         statement = next(flow)
         while True:
-            cursor = connection.execute(statement.query, statement.params, binary=True)
-            rows = cursor.fetchall() if cursor.description is not None else []
+            with WATCHDOG.watching(connection, answer_within):
+                cursor = connection.execute(statement.query, statement.params, binary=True)
+                rows = cursor.fetchall() if cursor.description is not None else []
             statement = flow.send(Answer(rows, cursor.rowcount))
     except StopIteration as stop:
         result: T = stop.value

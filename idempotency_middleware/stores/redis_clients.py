@@ -9,12 +9,12 @@ import asyncio
 import sys
 import threading
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from types import TracebackType
 from typing import Any, TypeVar
 
 from ..breaker import CircuitBreaker
 from . import redis_scripts as lua
 from .base import StoreUnavailable
+from .closing import ClosingStore
 from .redis_errors import describe, store_errors, translate
 
 T = TypeVar("T")
@@ -47,7 +47,7 @@ def _kinds() -> tuple[tuple[type, ...], tuple[type, ...]]:
     )
 
 
-class RedisClients:
+class RedisClients(ClosingStore):
     """What ``RedisStore`` talks through; see :class:`~.redis.RedisStore` for the options."""
 
     breaker: CircuitBreaker
@@ -232,28 +232,6 @@ class RedisClients:
         else:  # pragma: no cover - a loop's client gets its watcher before any call returns
             self._forget(entry)
             await entry.client.aclose()
-
-    def __enter__(self: Self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    async def __aenter__(self: Self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
 
 if sys.version_info >= (3, 11):

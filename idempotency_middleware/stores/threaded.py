@@ -16,17 +16,17 @@ import concurrent.futures
 import os
 import threading
 from collections.abc import Callable, Iterable
-from types import TracebackType
 from typing import Any, TypeVar
 
 from ..records import Record
 from .base import ClaimRequest, ClaimResult, Completion
+from .closing import ClosingStore
 
 T = TypeVar("T")
 Self = TypeVar("Self", bound="ThreadedStore")
 
 
-class ThreadedStore(abc.ABC):
+class ThreadedStore(ClosingStore, abc.ABC):
     """Implement the sync store protocol and operator interface (``claim``, ``complete``,
     ``release``, ``renew``, ``get``, ``delete``, ``create_table``); get their async forms
     (``aclaim`` ... ``acreate_table``), ``close``/``aclose`` and both context managers.
@@ -163,25 +163,3 @@ class ThreadedStore(abc.ABC):
         """:meth:`close` without blocking the event loop."""
         # Not on the store's own pool: close() waits for that pool to shut down.
         await asyncio.to_thread(self.close)
-
-    def __enter__(self: Self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    async def __aenter__(self: Self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.aclose()
