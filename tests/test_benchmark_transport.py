@@ -44,8 +44,6 @@ def test_the_transport_table_has_every_client_pair_and_call(endpoint: str) -> No
 
 
 def test_the_requests_table_compares_every_contender_with_powertools(endpoint: str) -> None:
-    # Powertools is a benchmark-only dependency (make bench installs it; make test does not).
-    pytest.importorskip("aws_lambda_powertools", reason="benchmarks/requirements.txt")
     rows = body_rows(dynamodb_requests.run(endpoint, rounds=1, requests=2))
     assert [row[0] for row in rows] == [
         "ours WSGI (lean)",
