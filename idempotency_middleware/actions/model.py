@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 import secrets
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from datetime import datetime, timezone
 from enum import Enum
 from typing import Any
@@ -164,6 +164,13 @@ class ActionRecord:
             pin_attempts_left=self.attempts_left,
             data=orjson.loads(self.data),
         )
+
+
+# The record's fields in order: the column names of the SQL backends' tables, and the order
+# of their rows.
+RECORD_FIELDS = tuple(field.name for field in fields(ActionRecord))
+# Fields added after the first table layout: a table that lacks them gains them.
+ADDED_FIELDS = ("created_by", "consumed_by")
 
 
 # -- what callers pass ----------------------------------------------------------------------

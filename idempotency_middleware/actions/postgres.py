@@ -47,7 +47,7 @@ from typing import Any
 
 from ..stores.postgres import PostgresStore
 from ..stores.postgres_sql import Flow, Statement, StoreUnavailable
-from .model import ActionRecord
+from .model import ADDED_FIELDS, RECORD_FIELDS, ActionRecord
 from .steps import Cancel, Consume, Insert, Read, SpendAttempt, Step, Written, apply
 
 # The SQLSTATE of a statement on a table that does not exist (undefined_table).
@@ -61,23 +61,8 @@ STEP_ATTEMPTS = 5
 # The advisory lock class of table creators (the store's own, keyed by another name).
 _CREATE_LOCK_CLASS = 1768189257
 
-COLUMNS = (
-    "action_id",
-    "created_at",
-    "active_at",
-    "expires_at",
-    "purge_at",
-    "data",
-    "pin_hash",
-    "attempts_left",
-    "consumed_at",
-    "consumed_reason",
-    "canceled_at",
-    "created_by",
-    "consumed_by",
-)
-# Columns added after the first layout: added to a table that lacks them.
-ADDED_COLUMNS = ("created_by", "consumed_by")
+COLUMNS = RECORD_FIELDS
+ADDED_COLUMNS = ADDED_FIELDS
 _LIST = ", ".join(COLUMNS)
 
 # Open: neither consumed nor canceled, not expired (ActionRecord.is_open).

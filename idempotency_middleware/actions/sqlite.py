@@ -32,30 +32,14 @@ import sqlite3
 from typing import Any
 
 from ..stores.sqlite import SQLiteStore
-from .model import ActionRecord
+from .model import ADDED_FIELDS, RECORD_FIELDS, ActionRecord
 from .steps import Insert, Read, Step, Written, apply
 
 PURGE_INTERVAL_SECONDS = 60.0
 PURGE_BATCH = 500
 
-_COLUMNS = (
-    "action_id",
-    "created_at",
-    "active_at",
-    "expires_at",
-    "purge_at",
-    "data",
-    "pin_hash",
-    "attempts_left",
-    "consumed_at",
-    "consumed_reason",
-    "canceled_at",
-    "created_by",
-    "consumed_by",
-)
-
-# Columns added after the first layout: added to a table that lacks them.
-_ADDED_COLUMNS = ("created_by", "consumed_by")
+_COLUMNS = RECORD_FIELDS
+_ADDED_COLUMNS = ADDED_FIELDS
 
 
 class _Statements:
