@@ -31,8 +31,10 @@ from idempotency_middleware import (
 ORDERS = os.environ.get("ORDERS_TABLE", "orders")
 INVENTORY = os.environ.get("INVENTORY_TABLE", "inventory")
 
-session = aioboto3.Session(region_name=os.environ.get("AWS_REGION", "eu-west-1"))
-store = AsyncDynamoDBStore(os.environ.get("IDEMPOTENCY_TABLE", "idempotency"), session=session)
+REGION = os.environ.get("AWS_REGION", "eu-west-1")
+# The store's own (lean) DynamoDB client; the session serves the app's client for its tables.
+store = AsyncDynamoDBStore(os.environ.get("IDEMPOTENCY_TABLE", "idempotency"), region_name=REGION)
+session = aioboto3.Session(region_name=REGION)
 
 
 class Order(BaseModel):

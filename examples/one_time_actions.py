@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-import aioboto3
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import AwareDatetime, BaseModel, Field
@@ -28,8 +27,10 @@ from idempotency_middleware import (
     OneTimeActions,
 )
 
-session = aioboto3.Session(region_name=os.environ.get("AWS_REGION", "eu-west-1"))
-store = AsyncDynamoDBStore(os.environ.get("IDEMPOTENCY_TABLE", "idempotency"), session=session)
+store = AsyncDynamoDBStore(
+    os.environ.get("IDEMPOTENCY_TABLE", "idempotency"),
+    region_name=os.environ.get("AWS_REGION", "eu-west-1"),
+)
 one_time_actions = OneTimeActions(store)
 
 

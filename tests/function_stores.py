@@ -441,7 +441,6 @@ class FunctionStore:
 
 _TABLES: dict[str, str] = {}
 _TABLES_LOCK = threading.Lock()
-_SESSIONS: list[tuple[Any, Any]] = []
 
 
 def function_table(endpoint: str) -> str:
@@ -454,18 +453,6 @@ def function_table(endpoint: str) -> str:
                 creator.create_table()
             _TABLES[endpoint] = name
         return _TABLES[endpoint]
-
-
-def _sessions() -> tuple[Any, Any]:
-    """boto3 and aioboto3 sessions for the run (service models load once)."""
-    with _TABLES_LOCK:
-        if not _SESSIONS:
-            import aioboto3
-
-            _SESSIONS.append(
-                (boto3.session.Session(region_name=REGION), aioboto3.Session(region_name=REGION))
-            )
-        return _SESSIONS[0]
 
 
 def _raw_dynamodb(endpoint: str, table: str) -> Callable[[str], str]:
@@ -550,12 +537,9 @@ def open_function_store(request: pytest.FixtureRequest, kind: str) -> Iterator[F
             "dynamodb_local_endpoint" if local else "moto_endpoint"
         )
         table = function_table(endpoint)
-        sync_session, async_session = _sessions()
         store_class: Any = AsyncDynamoDBStore if is_async else DynamoDBStore
-        session = async_session if is_async else sync_session
-        store = store_class(
-            table, endpoint_url=endpoint, region_name=REGION, session=session, clock=clock
-        )
+        # The default (lean) transport, as users get it; the SDK path has its own tests.
+        store = store_class(table, endpoint_url=endpoint, region_name=REGION, clock=clock)
         to_close.append(store)
 
         def unavailable() -> Any:
@@ -564,7 +548,6 @@ def open_function_store(request: pytest.FixtureRequest, kind: str) -> Iterator[F
                 table,
                 endpoint_url=f"http://127.0.0.1:{free_port()}",
                 region_name=REGION,
-                session=session,
                 max_attempts=1,
                 connect_timeout=1,
                 clock=clock,

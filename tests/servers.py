@@ -482,7 +482,6 @@ class Harness:
                 self._table_name,
                 endpoint_url=endpoint,
                 region_name=self._region,
-                session=self._aws.aioboto3_session,
             )
             store = dynamodb
             on_shutdown = dynamodb.aclose  # the client belongs to the server's loop
@@ -513,7 +512,6 @@ class Harness:
                 self._table_name,
                 endpoint_url=endpoint,
                 region_name=self._region,
-                session=self._aws.boto3_session,
             )
             store = dynamodb
             self._stack.callback(dynamodb.close)  # after the server stopped (LIFO)

@@ -61,7 +61,7 @@ class Contenders:
     def _race_threads(
         actions: OneTimeActions, action_id: str, pins: list[str | None]
     ) -> list[Outcome]:
-        barrier = threading.Barrier(len(pins))
+        barrier = threading.Barrier(len(pins), timeout=60)
         outcomes: list[Outcome] = []
         lock = threading.Lock()
 

@@ -196,7 +196,7 @@ def test_creating_the_actions_table_is_safe_twice_and_at_once(
     # Two stores on one table (as two processes would have), eight creators at one instant.
     same = PostgresStore(postgres_dsn, table=store.table)
     creators = [PostgresActions(each) for each in (store, same) for _ in range(4)]
-    barrier = threading.Barrier(len(creators))
+    barrier = threading.Barrier(len(creators), timeout=60)
     failures: list[BaseException] = []
 
     def create(backend: PostgresActions) -> None:

@@ -557,7 +557,7 @@ THREADS = 16
 
 def _at_once(action: Callable[[], object], count: int = THREADS) -> list[BaseException]:
     """Run ``action`` on ``count`` threads released together; the exceptions they raised."""
-    barrier = threading.Barrier(count)
+    barrier = threading.Barrier(count, timeout=60)
     errors: list[BaseException] = []
     lock = threading.Lock()
 

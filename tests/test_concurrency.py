@@ -130,7 +130,7 @@ async def test_simultaneous_duplicates_from_async_clients_run_the_handler_once(
 def test_simultaneous_duplicates_from_threads_run_the_handler_once(harness: Harness) -> None:
     url = harness.start()
     headers = {"Idempotency-Key": f"burst-{uuid.uuid4()}"}
-    barrier = threading.Barrier(BURST)
+    barrier = threading.Barrier(BURST, timeout=60)
 
     def send() -> httpx.Response:
         with httpx.Client(base_url=url, trust_env=False, timeout=CLIENT_TIMEOUT_SECONDS) as client:

@@ -571,7 +571,7 @@ def test_the_sync_pool_serves_threads_at_once_and_keeps_at_most_its_size(
     keep_alive: KeepAliveServer,
 ) -> None:
     client = lean(keep_alive.url, max_pool_connections=3)
-    start = threading.Barrier(6)
+    start = threading.Barrier(6, timeout=60)
 
     def call() -> None:
         start.wait(5)

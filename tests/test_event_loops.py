@@ -121,7 +121,7 @@ def test_loops_on_two_threads_use_the_store_at_the_same_time(
     moto_endpoint: str, dynamodb_table: str, no_unclosed: list[warnings.WarningMessage]
 ) -> None:
     store = new_store(moto_endpoint, dynamodb_table)
-    start = threading.Barrier(2)
+    start = threading.Barrier(2, timeout=60)
     clients: dict[str, Any] = {}
     failures: list[BaseException] = []
 

@@ -167,7 +167,7 @@ def test_each_event_loop_renews_its_own_claims() -> None:
     # still running there went unrenewed and could be taken over (and run twice).
     renewals = LoopRenewals(MemoryStore(), Reporter(None), FakeClock())
     policy = Options.build().default_policy
-    started = threading.Barrier(2)
+    started = threading.Barrier(2, timeout=60)
     finish = threading.Event()
     owners: dict[str, list[str]] = {}
 

@@ -202,7 +202,7 @@ def test_simultaneous_calls_from_threads_run_the_function_once(
             raise TimeoutError(f"only {len(held_by)} other callers found the key held")
         return f"ran in {threading.current_thread().name}"
 
-    barrier = threading.Barrier(BURST)
+    barrier = threading.Barrier(BURST, timeout=60)
     results: list[str] = []
     refusals: list[float] = []
 

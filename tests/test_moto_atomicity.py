@@ -65,7 +65,7 @@ def conditional_put(client: Any, table: str, key: str, writer: int) -> bool:
 def burst(clients: list[Any], table: str) -> int:
     """``WRITERS`` conditional PutItems of one new key, released together; how many won."""
     key = uuid.uuid4().hex
-    barrier = threading.Barrier(len(clients))
+    barrier = threading.Barrier(len(clients), timeout=60)
     winners: list[int] = []
     lock = threading.Lock()
 

@@ -19,6 +19,8 @@ from idempotency_middleware.stores.base import CLAIMED, Claimed, ClaimResult, He
 from idempotency_middleware.stores.postgres import PostgresStore
 from tests.test_postgres_store import NOW, completion, key, request, table
 
+WORKER_SECONDS = 60.0
+
 
 def _one_winner(results: list[ClaimResult], owners: list[str]) -> None:
     winners = [owner for owner, result in zip(owners, results, strict=True) if result == CLAIMED]
@@ -35,7 +37,7 @@ def test_fifty_threads_claiming_one_key(postgres_dsn: str) -> None:
             held = key()
             owners = [f"t{n}-{uuid.uuid4().hex[:6]}" for n in range(50)]
             results: list[Any] = [None] * 50
-            barrier = threading.Barrier(50)
+            barrier = threading.Barrier(50, timeout=60)
 
             def claim(
                 number: int,
@@ -77,7 +79,7 @@ def test_fifty_claimers_of_an_expired_record_take_it_over_once(postgres_dsn: str
         later = NOW + 500.0  # expired: every claimer sees a claimable row
         owners = [f"t{n}-1" for n in range(50)]
         results: list[Any] = [None] * 50
-        barrier = threading.Barrier(50)
+        barrier = threading.Barrier(50, timeout=60)
 
         def claim(number: int) -> None:
             barrier.wait()
@@ -96,7 +98,7 @@ def _claim_in_process(dsn: str, name: str, key_hash: str, prefix: str, barrier: 
     outcomes: list[str] = [""] * 8
     with PostgresStore(dsn, table=name, max_size=4) as store:
         store.get(key_hash)  # connected before the start line
-        threads_ready = threading.Barrier(8)
+        threads_ready = threading.Barrier(8, timeout=WORKER_SECONDS)
 
         def claim(number: int) -> None:
             threads_ready.wait()
@@ -122,14 +124,14 @@ def test_four_processes_claiming_one_key(postgres_dsn: str) -> None:
         store.create_table()
     held = key()
     context = multiprocessing.get_context("spawn")
-    manager = context.Manager()
-    barrier = manager.Barrier(4)
-    with context.Pool(4) as workers:
-        batches = workers.starmap(
+    with context.Manager() as manager, context.Pool(4) as workers:
+        # Bounded waits: a worker that fails before the start line breaks the barrier for
+        # the others (their error comes back), and a lost worker fails the test, not CI.
+        barrier = manager.Barrier(4, timeout=WORKER_SECONDS)
+        batches = workers.starmap_async(
             _claim_in_process,
             [(postgres_dsn, name, held, f"p{n}x", barrier) for n in range(4)],
-        )
-    manager.shutdown()
+        ).get(timeout=2 * WORKER_SECONDS)
     outcomes = [outcome for batch in batches for outcome in batch]
     winners = [outcome.split()[1] for outcome in outcomes if outcome.startswith("claimed")]
     assert len(outcomes) == 32 and len(winners) == 1

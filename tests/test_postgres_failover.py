@@ -67,7 +67,7 @@ def test_killed_connections_answer_503_then_the_store_recovers(own: PostgresInst
     with PostgresStore(own.dsn, table=table(), min_size=3, max_size=3) as store:
         store.create_table()
         # Three connections open and idle in the pool.
-        barrier = threading.Barrier(3)
+        barrier = threading.Barrier(3, timeout=60)
 
         def warm() -> None:
             barrier.wait()

@@ -309,7 +309,7 @@ def _created(dsn: str, name: str) -> tuple[bool, bool]:
 def test_create_table_is_safe_twice_and_from_many_threads_at_once(postgres_dsn: str) -> None:
     name = table()
     stores = [PostgresStore(postgres_dsn, table=name, max_size=1) for _ in range(8)]
-    barrier = threading.Barrier(len(stores))
+    barrier = threading.Barrier(len(stores), timeout=60)
     failures: list[BaseException] = []
 
     def create(each: PostgresStore) -> None:
@@ -345,7 +345,7 @@ def _create_in_process(dsn: str, name: str, barrier: Any, results: Any) -> None:
 def test_create_table_is_safe_from_several_processes_at_once(postgres_dsn: str) -> None:
     name = table()
     context = multiprocessing.get_context("spawn")
-    barrier = context.Barrier(3)
+    barrier = context.Barrier(3, timeout=60)
     results = context.Queue()
     processes = [
         context.Process(target=_create_in_process, args=(postgres_dsn, name, barrier, results))

@@ -32,7 +32,7 @@ def one_winner(results: list[ClaimResult], expected: int) -> None:
 def test_fifty_threads_claiming_one_key_one_wins(redis_url: str) -> None:
     key, now = uuid.uuid4().hex, time.time()
     results: list[ClaimResult] = []
-    start = threading.Barrier(CONTENDERS)
+    start = threading.Barrier(CONTENDERS, timeout=60)
     with RedisStore(redis_url, prefix=f"conc-{key}:", max_connections=CONTENDERS) as store:
         store.warm_up()
 

@@ -562,7 +562,7 @@ async def test_concurrent_async_claims_on_one_key_claim_it_once(store: SQLiteSto
 
 def test_threads_sharing_one_store_claim_a_key_once(store: SQLiteStore) -> None:
     threads = 16
-    barrier = threading.Barrier(threads)
+    barrier = threading.Barrier(threads, timeout=60)
     results: list[object] = []
     lock = threading.Lock()
 
@@ -588,7 +588,7 @@ PROCESSES = 4
 
 def test_processes_claiming_one_key_at_the_same_instant_claim_it_once(tmp_path: Path) -> None:
     context = multiprocessing.get_context("spawn")
-    start, claimed = context.Barrier(PROCESSES), context.Barrier(PROCESSES)
+    start, claimed = context.Barrier(PROCESSES, timeout=60), context.Barrier(PROCESSES, timeout=60)
     results = context.Queue()
     path = str(tmp_path / "shared.sqlite3")
     processes = [

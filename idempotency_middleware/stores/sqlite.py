@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import deferred
 from ..breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD, BreakerOwner, CircuitBreaker
@@ -36,7 +36,17 @@ from ..clock import SYSTEM_CLOCK, Clock
 from ..options import DEFAULT_CLOCK_SKEW_SECONDS
 from ..records import Record, Status, StoredResponse, decode_response, encode_response
 from .base import Claimed, ClaimRequest, ClaimResult, Completion, Held, StoreUnavailable
+from .sqlite_connections import (
+    CHECKPOINT_EVERY,
+    INLINE,
+    INLINE_MAX_BODY_BYTES,
+    ConnectionPool,
+    WouldWait,
+    close_quietly,
+)
 from .threaded import ThreadedStore
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -238,78 +248,14 @@ def _rolled_back(connection: sqlite3.Connection) -> bool:
     return True
 
 
-def _close_quietly(connection: sqlite3.Connection) -> None:
-    with suppress(sqlite3.Error):
-        connection.close()
-
-
-class _ConnectionPool:
-    """A lock-protected stack of idle connections, each used by one thread at a time.
-
-    sqlite3 connections must not be used by two threads at once; handing them out one
-    thread at a time (``check_same_thread=False``) lets a WSGI server that starts a thread
-    per request, and the async methods' worker threads, reuse them instead of reconnecting.
-    """
-
-    def __init__(self, connect: Callable[[], sqlite3.Connection], max_idle: int) -> None:
-        self._connect = connect
-        self._max_idle = max_idle
-        self._idle: list[sqlite3.Connection] = []
-        self._lock = threading.Lock()
-        self._generation = 0
-        self._pid = os.getpid()
-
-    def _after_fork(self) -> None:
-        # A connection must never cross fork() (SQLite's own rule): the child drops the
-        # parent's connections without closing them, which could disturb the parent's locks.
-        if self._pid != os.getpid():
-            self._pid = os.getpid()
-            self._lock = threading.Lock()
-            _leaked_across_fork.extend(self._idle)
-            self._idle = []
-            self._generation += 1
-
-    def acquire(self) -> tuple[sqlite3.Connection, int]:
-        self._after_fork()
-        with self._lock:
-            generation = self._generation
-            if self._idle:
-                return self._idle.pop(), generation
-        return self._connect(), generation
-
-    def give_back(self, connection: sqlite3.Connection, generation: int) -> None:
-        with self._lock:
-            if (
-                generation == self._generation
-                and self._pid == os.getpid()
-                and len(self._idle) < self._max_idle
-            ):
-                self._idle.append(connection)
-                return
-        _close_quietly(connection)
-
-    def close(self) -> None:
-        """Close the idle connections; those in use are closed when they come back."""
-        self._after_fork()
-        with self._lock:
-            idle, self._idle = self._idle, []
-            self._generation += 1
-        for connection in idle:
-            _close_quietly(connection)
-
-
-# Kept referenced so the garbage collector never closes them in a forked child.
-_leaked_across_fork: list[sqlite3.Connection] = []
-
-
 class SQLiteStore(ThreadedStore, BreakerOwner):
     """Idempotency store in one SQLite file, shared by the worker processes of one machine.
 
     ``SQLiteStore("/var/lib/myapp/idempotency.sqlite3")`` serves both middlewares: the sync
     methods (``claim``, ``complete``, ``release``, ``renew``) for WSGI, the async ones
-    (``aclaim`` ...) for ASGI, which run the same calls on a small thread pool owned by the
-    store (``async_threads`` of them, see :class:`ThreadedStore`) so the event loop never
-    waits on the disk or on another process's lock.
+    (``aclaim`` ...) for ASGI, which run the same calls on the event loop when they need not
+    wait for another process's lock, else on a small thread pool owned by the store
+    (``async_threads`` of them, see :class:`ThreadedStore` and sqlite_connections.py).
 
     The claim is a single ``INSERT ... ON CONFLICT DO UPDATE ... WHERE`` statement: it wins
     when the key is absent, expired, or an in-progress claim past its lock timeout.
@@ -378,7 +324,12 @@ class SQLiteStore(ThreadedStore, BreakerOwner):
         self.purge_batch_size = purge_batch_size
         self._sql = _Statements(table_name)
         self._use_returning = sqlite3.sqlite_version_info >= _RETURNING_VERSION
-        self._pool = _ConnectionPool(self._open, max_idle_connections)
+        self._pool = ConnectionPool(self._open, max_idle_connections)
+        # Async calls run inline on the loop first (sqlite_connections.py): not where every
+        # commit is an fsync (FULL, EXTRA), nor outside WAL (_configure turns it off).
+        self._inline = synchronous in ("OFF", "NORMAL")
+        self._inline_pool = ConnectionPool(self._open_inline, max_idle_connections)
+        self._inline_calls = 0
         self._schema_ready = False
         self._schema_lock = threading.Lock()
         self._clock = clock
@@ -402,7 +353,7 @@ class SQLiteStore(ThreadedStore, BreakerOwner):
         try:
             self._configure(connection)
         except BaseException:
-            _close_quietly(connection)
+            close_quietly(connection)
             raise
         return connection
 
@@ -420,6 +371,7 @@ class SQLiteStore(ThreadedStore, BreakerOwner):
                     raise
                 time.sleep(0.01)
         if str(mode).lower() != "wal":
+            self._inline = False  # a commit outside WAL writes and syncs a journal
             logger.warning(
                 "SQLite database %s is in %s journal mode, not WAL: writers will block readers",
                 self.path,
@@ -432,33 +384,52 @@ class SQLiteStore(ThreadedStore, BreakerOwner):
                     self._create_schema(connection)
                     self._schema_ready = True
 
+    def _open_inline(self) -> sqlite3.Connection:
+        """A connection for calls on the event loop: it never waits for a lock (busy
+        timeout zero) and never checkpoints (the store does, on its threads)."""
+        connection = self._open()
+        connection.execute("PRAGMA busy_timeout = 0")
+        connection.execute("PRAGMA wal_autocheckpoint = 0")
+        return connection
+
     def _create_schema(self, connection: sqlite3.Connection) -> None:
         connection.execute(self._sql.create_table)
         connection.execute(self._sql.create_index)
 
     @contextmanager
     def _connection(self, operation: str) -> Iterator[sqlite3.Connection]:
-        """A pooled connection; SQLite failures become ``StoreUnavailable``."""
-        try:
-            connection, generation = self._pool.acquire()
-        except sqlite3.Error as error:
-            if _is_unavailable(error):
-                raise self._outage(_unavailable(operation, error, self.path)) from error
-            raise
+        """A pooled connection (or the inline call's own); SQLite failures become
+        ``StoreUnavailable``, and an inline call that met a lock ``WouldWait``."""
+        inline = INLINE.get()
+        if inline is not None:
+            connection, generation = inline, 0
+        else:
+            try:
+                connection, generation = self._pool.acquire()
+            except sqlite3.Error as error:
+                if _is_unavailable(error):
+                    raise self._outage(_unavailable(operation, error, self.path)) from error
+                raise
         try:
             yield connection
         except BaseException as error:
-            if isinstance(error, sqlite3.Error) and _is_busy(error) and _rolled_back(connection):
+            busy = isinstance(error, sqlite3.Error) and _is_busy(error)
+            if inline is not None:
+                # The inline call's caller keeps or drops its connection.
+                if busy and _rolled_back(connection):
+                    raise WouldWait(operation) from error
+            elif busy and _rolled_back(connection):
                 # Only another worker's lock was in the way: the connection is sound.
                 self._pool.give_back(connection, generation)
             else:
                 # Whatever state it is in (a broken file handle, a half-done transaction),
                 # a connection that failed otherwise is not reused.
-                _close_quietly(connection)
+                close_quietly(connection)
             if isinstance(error, sqlite3.Error) and _is_unavailable(error):
                 raise self._outage(_unavailable(operation, error, self.path)) from error
             raise
-        self._pool.give_back(connection, generation)
+        if inline is None:
+            self._pool.give_back(connection, generation)
         self.breaker.succeeded()
 
     def _outage(self, error: StoreUnavailable) -> StoreUnavailable:
@@ -662,6 +633,20 @@ class SQLiteStore(ThreadedStore, BreakerOwner):
             if tick < self._next_purge:
                 return
             self._next_purge = tick + self.purge_interval_seconds
+        if INLINE.get() is not None:
+            # Not on the event loop: a batch of deletes that may wait for the lock a little.
+            self._thread_pool().submit(self._purge_batch_on_a_thread, cutoff, statement)
+            return
+        self._purge_batch(connection, cutoff, statement)
+
+    def _purge_batch_on_a_thread(self, cutoff: float, statement: str) -> None:
+        try:
+            with self._connection("purge") as connection:
+                self._purge_batch(connection, cutoff, statement)
+        except StoreUnavailable as error:
+            logger.debug("SQLite purge of expired idempotency records skipped: %s", error)
+
+    def _purge_batch(self, connection: sqlite3.Connection, cutoff: float, statement: str) -> None:
         # The write it rides on has committed and its request is waiting: the purge does
         # not queue for another worker's lock, it skips to the next interval instead.
         connection.execute(f"PRAGMA busy_timeout = {_PURGE_BUSY_TIMEOUT_MS}")
@@ -678,6 +663,95 @@ class SQLiteStore(ThreadedStore, BreakerOwner):
         if deleted:
             logger.debug("purged %d expired idempotency records", deleted)
 
+    # -- the async methods (ASGI): inline on the loop first ------------------------------
+
+    async def _inline_first(self, call: Callable[..., T], *args: Any) -> T:
+        """``call(*args)`` on the event loop's thread when it can run without waiting for
+        a lock; else on the store's threads (see sqlite_connections.py)."""
+        if self._inline:
+            taken = self._inline_pool.take_idle()
+            if taken is None:
+                # Opening a connection is file I/O: this call runs on a thread, as before,
+                # and leaves an inline connection for the next ones.
+                return await self._in_thread(self._call_then_open_inline, call, *args)
+            connection, generation = taken
+            token = INLINE.set(connection)
+            try:
+                result = call(*args)
+            except WouldWait:
+                self._inline_pool.give_back(connection, generation)
+            except BaseException as error:
+                if (
+                    isinstance(error, sqlite3.Error)
+                    or isinstance(error.__cause__, sqlite3.Error)
+                    or not _rolled_back(connection)
+                ):
+                    close_quietly(connection)
+                else:  # refused before SQLite was asked (the breaker, a bad argument)
+                    self._inline_pool.give_back(connection, generation)
+                raise
+            else:
+                self._inline_pool.give_back(connection, generation)
+                self._inline_calls += 1
+                if self._inline_calls >= CHECKPOINT_EVERY:
+                    self._inline_calls = 0
+                    self._thread_pool().submit(self._checkpoint)
+                return result
+            finally:
+                INLINE.reset(token)
+        return await self._in_thread(call, *args)
+
+    def _call_then_open_inline(self, call: Callable[..., T], *args: Any) -> T:
+        result = call(*args)
+        with suppress(sqlite3.Error):  # else the next call tries again
+            self._inline_pool.give_back(*self._inline_pool.acquire())
+        return result
+
+    def _checkpoint(self) -> None:
+        """Move the WAL's pages into the database without waiting for anyone (what SQLite's
+        auto-checkpoint does, which inline connections leave to this)."""
+        try:
+            with self._connection("checkpoint") as connection:
+                connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except StoreUnavailable as error:
+            logger.debug("SQLite checkpoint skipped: %s", error)
+
+    async def aclaim(self, request: ClaimRequest) -> ClaimResult:
+        """:meth:`claim`, inline when no other worker holds the lock, else on a thread."""
+        return await self._inline_first(self.claim, request)
+
+    async def acomplete(self, completion: Completion) -> bool:
+        """:meth:`complete`, inline unless the body is large or the lock is held."""
+        if len(completion.response.body) > INLINE_MAX_BODY_BYTES:
+            return await self._in_thread(self.complete, completion)
+        return await self._inline_first(self.complete, completion)
+
+    async def arelease(self, key_hash: str, owner: str) -> bool:
+        return await self._inline_first(self.release, key_hash, owner)
+
+    async def arenew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
+        return await self._inline_first(self.renew, key_hash, owner, lock_expires_at)
+
+    async def acomplete_deferred(
+        self,
+        token: str,
+        status: int,
+        headers: Iterable[tuple[bytes, bytes]] = (),
+        body: bytes = b"",
+    ) -> bool:
+        if len(body) > INLINE_MAX_BODY_BYTES:
+            return await self._in_thread(self.complete_deferred, token, status, headers, body)
+        return await self._inline_first(self.complete_deferred, token, status, headers, body)
+
+    async def arelease_deferred(self, token: str) -> bool:
+        return await self._inline_first(self.release_deferred, token)
+
+    async def aget(self, key_hash: str) -> Record | None:
+        return await self._inline_first(self.get, key_hash)
+
+    async def adelete(self, key_hash: str) -> bool:
+        return await self._inline_first(self.delete, key_hash)
+
     # -- lifecycle --------------------------------------------------------------------
 
     def close(self) -> None:
@@ -685,3 +759,4 @@ class SQLiteStore(ThreadedStore, BreakerOwner):
         call). Using the store again reopens them."""
         super().close()
         self._pool.close()
+        self._inline_pool.close()
