@@ -93,29 +93,37 @@ def test_fifty_claimers_of_an_expired_record_take_it_over_once(postgres_dsn: str
         _one_winner(results, owners)
 
 
-def _claim_in_process(dsn: str, name: str, key_hash: str, prefix: str, barrier: Any) -> list[str]:
-    """In a worker process: 8 threads claim ``key_hash``; each outcome as text."""
+def _claim_in_process(
+    dsn: str, name: str, key_hash: str, prefix: str, barrier: Any, results: Any
+) -> None:
+    """In a worker process: 8 threads claim ``key_hash``; each outcome as text on
+    ``results`` (or what went wrong: the test fails with it instead of waiting)."""
     outcomes: list[str] = [""] * 8
-    with PostgresStore(dsn, table=name, max_size=4) as store:
-        store.get(key_hash)  # connected before the start line
-        threads_ready = threading.Barrier(8, timeout=WORKER_SECONDS)
+    try:
+        with PostgresStore(dsn, table=name, max_size=4) as store:
+            store.get(key_hash)  # connected before the start line
+            threads_ready = threading.Barrier(8, timeout=WORKER_SECONDS)
 
-        def claim(number: int) -> None:
-            threads_ready.wait()
-            result = store.claim(request(key_hash, owner=f"{prefix}{number}-1"))
-            outcomes[number] = (
-                f"claimed {prefix}{number}-1"
-                if isinstance(result, Claimed)
-                else f"held {result.record.owner}"
-            )
+            def claim(number: int) -> None:
+                threads_ready.wait()
+                result = store.claim(request(key_hash, owner=f"{prefix}{number}-1"))
+                outcomes[number] = (
+                    f"claimed {prefix}{number}-1"
+                    if isinstance(result, Claimed)
+                    else f"held {result.record.owner}"
+                )
 
-        threads = [threading.Thread(target=claim, args=(n,)) for n in range(8)]
-        barrier.wait()
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(30)
-    return outcomes
+            threads = [threading.Thread(target=claim, args=(n,)) for n in range(8)]
+            barrier.wait()
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(WORKER_SECONDS)
+    except BaseException as error:  # reported to the test, which fails with it
+        barrier.abort()  # the others stop waiting for this one
+        results.put([f"error {prefix}: {error!r}"])
+        raise
+    results.put(outcomes)
 
 
 def test_four_processes_claiming_one_key(postgres_dsn: str) -> None:
@@ -124,17 +132,29 @@ def test_four_processes_claiming_one_key(postgres_dsn: str) -> None:
         store.create_table()
     held = key()
     context = multiprocessing.get_context("spawn")
-    with context.Manager() as manager, context.Pool(4) as workers:
-        # Bounded waits: a worker that fails before the start line breaks the barrier for
-        # the others (their error comes back), and a lost worker fails the test, not CI.
-        barrier = manager.Barrier(4, timeout=WORKER_SECONDS)
-        batches = workers.starmap_async(
-            _claim_in_process,
-            [(postgres_dsn, name, held, f"p{n}x", barrier) for n in range(4)],
-        ).get(timeout=2 * WORKER_SECONDS)
+    # Every wait bounded: a worker that fails before the start line breaks the barrier for
+    # the others, and each reports what happened; one that never reports fails the test.
+    barrier = context.Barrier(4, timeout=WORKER_SECONDS)
+    results = context.Queue()
+    workers = [
+        context.Process(
+            target=_claim_in_process, args=(postgres_dsn, name, held, f"p{n}x", barrier, results)
+        )
+        for n in range(4)
+    ]
+    for worker in workers:
+        worker.start()
+    try:
+        batches = [results.get(timeout=2 * WORKER_SECONDS) for _ in workers]
+    finally:
+        for worker in workers:
+            worker.join(10)
+            if worker.is_alive():
+                worker.kill()
+                worker.join()
     outcomes = [outcome for batch in batches for outcome in batch]
     winners = [outcome.split()[1] for outcome in outcomes if outcome.startswith("claimed")]
-    assert len(outcomes) == 32 and len(winners) == 1
+    assert len(outcomes) == 32 and len(winners) == 1, outcomes
     assert sorted(outcomes).count(f"held {winners[0]}") == 31
 
 

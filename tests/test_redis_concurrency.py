@@ -75,10 +75,11 @@ def test_several_processes_claiming_one_key_one_wins(redis_url: str) -> None:
     go = time.time() + 1.5
     context = multiprocessing.get_context("spawn")
     with context.Pool(PROCESSES) as pool:
-        answers = pool.starmap(
+        # Bounded: a worker lost on the way fails the test instead of holding it for ever.
+        answers = pool.starmap_async(
             _claim_in_a_process,
             [(redis_url, f"conc-{key}:", key, now, go)] * PROCESSES,
-        )
+        ).get(timeout=120)
     claimed = [won for each in answers for won in each]
     assert len(claimed) == PROCESSES * CLAIMS_PER_PROCESS
     assert claimed.count(True) == 1

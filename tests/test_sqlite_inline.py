@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from idempotency_middleware.breaker import CircuitBreaker
+from idempotency_middleware.clock import SYSTEM_CLOCK
 from idempotency_middleware.records import Status, StoredResponse
 from idempotency_middleware.stores import sqlite as sqlite_module
 from idempotency_middleware.stores.base import (
@@ -145,6 +147,12 @@ def is_closed(connection: sqlite3.Connection) -> bool:
     except sqlite3.ProgrammingError:
         return True
     return False
+
+
+async def background_done(store: SQLiteStore) -> None:
+    """Wait for what the store handed to its threads (closing a discarded inline connection
+    is one): ``close()`` waits for its thread pool to finish. The store reopens on use."""
+    await asyncio.to_thread(store.close)
 
 
 async def warmed_up(store: SQLiteStore) -> sqlite3.Connection:
@@ -336,11 +344,17 @@ async def test_a_lock_held_past_the_busy_timeout_answers_store_unavailable_from_
 # -- what never runs inline ----------------------------------------------------------------
 
 
-async def test_synchronous_full_never_runs_inline(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    "options",
+    [{"synchronous": "full"}, {"async_inline": False}, {"max_idle_connections": 0}],
+    ids=["synchronous-full", "async_inline-off", "no-idle-connections"],
+)
+async def test_these_options_never_run_inline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: dict[str, Any]
 ) -> None:
+    # FULL: an fsync per commit; off: asked; no idle connection: none kept for the next call.
     async with SQLiteStore(
-        tmp_path / "db.sqlite3", synchronous="full", purge_interval_seconds=None
+        tmp_path / "db.sqlite3", purge_interval_seconds=None, **options
     ) as store:
         threaded = ThreadCalls(store, monkeypatch)
         now = time.time()
@@ -463,11 +477,21 @@ async def test_every_n_inline_calls_checkpoint_the_wal_on_a_thread(
         assert len(checkpoints) == 1
         assert checkpoints[0].startswith("idempotency-sqlite")
         assert threaded.names == []
+        await asyncio.get_running_loop().run_in_executor(store._thread_pool(), lambda: None)
+        # The WAL was copied whole: the next write restarts it, which syncs its header, so
+        # that write goes to a thread; a read stays inline.
+        assert store._wal_restart_due
+        assert await store.aget("k-0") is not None
+        assert threaded.names == []
+        assert await store.aclaim(claim_request("k-5")) == Claimed()
+        assert threaded.names == ["claim"]
+        assert not store._wal_restart_due
         # The count starts again.
-        for number in range(5, 9):
+        for number in range(6, 9):
             assert await store.aclaim(claim_request(f"k-{number}")) == Claimed()
         await asyncio.get_running_loop().run_in_executor(store._thread_pool(), lambda: None)
         assert len(checkpoints) == 1
+        assert threaded.names == ["claim"]
 
 
 def test_a_checkpoint_on_a_broken_file_logs_and_does_not_raise(
@@ -539,9 +563,11 @@ def test_a_purge_on_a_thread_on_a_broken_file_logs_and_does_not_raise(
 # -- failures of an inline call --------------------------------------------------------------
 
 
-async def test_an_open_breaker_refuses_inline_and_keeps_the_inline_connection(
+async def test_an_open_breaker_sends_calls_to_the_threads_and_keeps_the_inline_connection(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Not closed: the thread path, where a half-open breaker admits its probe once (an
+    # inline probe meeting a lock and re-run on a thread would ask to be admitted twice).
     async with SQLiteStore(tmp_path / "db.sqlite3", breaker_threshold=1) as store:
         inline = await warmed_up(store)
         threaded = ThreadCalls(store, monkeypatch)
@@ -550,15 +576,17 @@ async def test_an_open_breaker_refuses_inline_and_keeps_the_inline_connection(
         with pytest.raises(StoreUnavailable) as refused:
             await store.aclaim(claim_request())
         assert refused.value.cause == "breaker_open"
-        assert threaded.names == []
+        assert threaded.names == ["claim"]
         assert the_inline_connection(store) is inline
-        assert not is_closed(inline)
-        # A finishing call the store answers closes the breaker, on the same connection.
+        # A finishing call the store answers closes the breaker (on a thread, still).
         assert await store.arelease("k", "owner-a") is False
         assert breaker_state(store) == "closed"
+        assert threaded.names == ["claim", "release"]
+        # Closed again: inline, on the same connection.
         assert await store.aclaim(claim_request()) == Claimed()
         assert the_inline_connection(store) is inline
-        assert threaded.names == []
+        assert threaded.names == ["claim", "release"]
+        assert not is_closed(inline)
 
 
 async def test_a_bad_argument_is_refused_inline_and_keeps_the_inline_connection(
@@ -589,6 +617,7 @@ async def test_an_sqlite_error_inline_surfaces_and_closes_the_inline_connection(
             await store.aclaim(claim_request())
         assert threaded.names == []  # not retried on a thread: it was no lock
         assert store._inline_pool._idle == []
+        await background_done(store)  # the discarded connection is closed off the loop
         assert is_closed(inline)
         # The next call opens a new inline connection (on a thread) and gets the same error.
         with pytest.raises(StoreUnavailable, match="no such table"):
@@ -619,6 +648,7 @@ async def test_a_foreign_table_error_inline_surfaces_as_is_and_closes_the_connec
         # As a pooled connection that failed so would be: closed (its transaction with it),
         # not reused.
         assert store._inline_pool._idle == []
+        await background_done(store)
         assert is_closed(inline)
 
 
@@ -704,4 +734,52 @@ async def test_an_inline_connection_in_use_during_close_is_closed_when_given_bac
 
     assert await store._inline_first(closes_the_store_meanwhile) is False
     assert store._inline_pool._idle == []
+    await background_done(store)
     assert is_closed(inline)
+
+
+# -- what the inline call leaves to others -----------------------------------------------------
+
+
+async def test_the_breakers_hooks_run_outside_the_inline_call(tmp_path: Path) -> None:
+    # A hook (an event listener) that calls the store, or starts a task copying the
+    # context, must not find the inline connection in the context variable.
+    async with SQLiteStore(tmp_path / "db.sqlite3", purge_interval_seconds=None) as store:
+        await warmed_up(store)
+        seen: list[object] = []
+
+        class Recording(CircuitBreaker):
+            def succeeded(self) -> None:
+                seen.append(INLINE.get())
+                super().succeeded()
+
+            def failed(self, error: StoreUnavailable) -> None:
+                seen.append(INLINE.get())
+                super().failed(error)
+
+        store.breaker = Recording(5, 30.0, SYSTEM_CLOCK)
+        assert await store.aclaim(claim_request()) == Claimed()
+        with sqlite3.connect(tmp_path / "db.sqlite3") as other:
+            other.execute("DROP TABLE idempotency_records")
+        other.close()
+        with pytest.raises(StoreUnavailable, match="no such table"):
+            await store.aget("k")
+        assert seen == [None, None]
+
+
+async def test_a_background_call_after_the_thread_pool_shut_down_is_dropped_not_raised(
+    store: SQLiteStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The write it rides on has committed: a store closing meanwhile must not fail it.
+    inline = await warmed_up(store)
+    caplog.set_level(logging.DEBUG, LOGGER)
+    pool = store._thread_pool()
+    pool.shutdown(wait=True)
+    ran: list[int] = []
+    assert store._in_background(ran.append, 1) is False
+    assert ran == []
+    assert "background append not run" in caplog.text
+    # A connection to discard is then closed where it is.
+    store._close_off_the_loop(inline)
+    assert is_closed(inline)
+    store._executor = None  # (what close() does; the store's next call starts a new pool)

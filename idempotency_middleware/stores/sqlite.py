@@ -271,6 +271,8 @@ class SQLiteStore(ThreadedStore, BreakerOwner):
     its TTL. ``synchronous`` is SQLite's durability setting: ``NORMAL`` (the default) keeps
     every commit across application crashes, while a power loss may forget the last ones;
     ``FULL`` also survives power loss at the cost of an fsync per write.
+    ``async_inline=False`` keeps every async call on the threads (see sqlite_connections.py
+    for what runs inline, and when).
 
     Schema is created on first use (or by :meth:`create_table`). Use one file per machine
     on a local disk: SQLite's locking does not work over network file systems.
@@ -288,6 +290,7 @@ class SQLiteStore(ThreadedStore, BreakerOwner):
         purge_batch_size: int = 1000,
         max_idle_connections: int = 16,
         async_threads: int = 4,
+        async_inline: bool = True,
         clock: Clock = SYSTEM_CLOCK,
         breaker_threshold: int = DEFAULT_THRESHOLD,
         breaker_cooldown_seconds: float = DEFAULT_COOLDOWN_SECONDS,
@@ -326,10 +329,16 @@ class SQLiteStore(ThreadedStore, BreakerOwner):
         self._use_returning = sqlite3.sqlite_version_info >= _RETURNING_VERSION
         self._pool = ConnectionPool(self._open, max_idle_connections)
         # Async calls run inline on the loop first (sqlite_connections.py): not where every
-        # commit is an fsync (FULL, EXTRA), nor outside WAL (_configure turns it off).
-        self._inline = synchronous in ("OFF", "NORMAL")
-        self._inline_pool = ConnectionPool(self._open_inline, max_idle_connections)
+        # commit is an fsync (FULL, EXTRA), nor outside WAL (_configure turns it off), nor
+        # where no connection may be kept for the next call.
+        self._inline = (
+            async_inline and synchronous in ("OFF", "NORMAL") and max_idle_connections > 0
+        )
+        self._inline_pool = ConnectionPool(
+            self._open_inline, max_idle_connections, discard=self._close_off_the_loop
+        )
         self._inline_calls = 0
+        self._wal_restart_due = False
         self._schema_ready = False
         self._schema_lock = threading.Lock()
         self._clock = clock
@@ -415,7 +424,9 @@ class SQLiteStore(ThreadedStore, BreakerOwner):
         except BaseException as error:
             busy = isinstance(error, sqlite3.Error) and _is_busy(error)
             if inline is not None:
-                # The inline call's caller keeps or drops its connection.
+                # The inline call's caller keeps or drops its connection; what runs from
+                # here on (the breaker's hooks) is not part of it.
+                INLINE.set(None)
                 if busy and _rolled_back(connection):
                     raise WouldWait(operation) from error
             elif busy and _rolled_back(connection):
@@ -430,6 +441,8 @@ class SQLiteStore(ThreadedStore, BreakerOwner):
             raise
         if inline is None:
             self._pool.give_back(connection, generation)
+        else:
+            INLINE.set(None)
         self.breaker.succeeded()
 
     def _outage(self, error: StoreUnavailable) -> StoreUnavailable:
@@ -635,7 +648,7 @@ class SQLiteStore(ThreadedStore, BreakerOwner):
             self._next_purge = tick + self.purge_interval_seconds
         if INLINE.get() is not None:
             # Not on the event loop: a batch of deletes that may wait for the lock a little.
-            self._thread_pool().submit(self._purge_batch_on_a_thread, cutoff, statement)
+            self._in_background(self._purge_batch_on_a_thread, cutoff, statement)
             return
         self._purge_batch(connection, cutoff, statement)
 
@@ -668,7 +681,13 @@ class SQLiteStore(ThreadedStore, BreakerOwner):
     async def _inline_first(self, call: Callable[..., T], *args: Any) -> T:
         """``call(*args)`` on the event loop's thread when it can run without waiting for
         a lock; else on the store's threads (see sqlite_connections.py)."""
-        if self._inline:
+        # (An open or probing breaker: the thread path, where the probe is admitted once.)
+        if self._inline and self.breaker.state == "closed":
+            if self._wal_restart_due and call != self.get:
+                # The first write after a checkpoint restarts the WAL, which syncs its
+                # header: not on the loop.
+                self._wal_restart_due = False
+                return await self._in_thread(call, *args)
             taken = self._inline_pool.take_idle()
             if taken is None:
                 # Opening a connection is file I/O: this call runs on a thread, as before,
@@ -686,7 +705,7 @@ class SQLiteStore(ThreadedStore, BreakerOwner):
                     or isinstance(error.__cause__, sqlite3.Error)
                     or not _rolled_back(connection)
                 ):
-                    close_quietly(connection)
+                    self._close_off_the_loop(connection)
                 else:  # refused before SQLite was asked (the breaker, a bad argument)
                     self._inline_pool.give_back(connection, generation)
                 raise
@@ -695,7 +714,7 @@ class SQLiteStore(ThreadedStore, BreakerOwner):
                 self._inline_calls += 1
                 if self._inline_calls >= CHECKPOINT_EVERY:
                     self._inline_calls = 0
-                    self._thread_pool().submit(self._checkpoint)
+                    self._in_background(self._checkpoint)
                 return result
             finally:
                 INLINE.reset(token)
@@ -707,14 +726,33 @@ class SQLiteStore(ThreadedStore, BreakerOwner):
             self._inline_pool.give_back(*self._inline_pool.acquire())
         return result
 
+    def _in_background(self, call: Callable[..., object], *args: Any) -> bool:
+        """Run ``call(*args)`` on the store's threads, not waiting for it; whether it was
+        handed over. What the call rides on has happened already: a store closing meanwhile
+        must not fail it."""
+        try:
+            self._thread_pool().submit(call, *args)
+        except RuntimeError as error:  # the pool shut down (close(), interpreter exit)
+            logger.debug("SQLite store: background %s not run: %s", call.__name__, error)
+            return False
+        return True
+
+    def _close_off_the_loop(self, connection: sqlite3.Connection) -> None:
+        # Closing the last connection to a file checkpoints it, with fsyncs.
+        if not self._in_background(close_quietly, connection):
+            close_quietly(connection)
+
     def _checkpoint(self) -> None:
         """Move the WAL's pages into the database without waiting for anyone (what SQLite's
         auto-checkpoint does, which inline connections leave to this)."""
         try:
             with self._connection("checkpoint") as connection:
-                connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                _, frames, copied = connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         except StoreUnavailable as error:
             logger.debug("SQLite checkpoint skipped: %s", error)
+            return
+        if frames > 0 and copied == frames:
+            self._wal_restart_due = True
 
     async def aclaim(self, request: ClaimRequest) -> ClaimResult:
         """:meth:`claim`, inline when no other worker holds the lock, else on a thread."""

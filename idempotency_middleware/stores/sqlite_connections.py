@@ -49,8 +49,14 @@ class ConnectionPool:
     per request, and the async methods' worker threads, reuse them instead of reconnecting.
     """
 
-    def __init__(self, connect: Callable[[], sqlite3.Connection], max_idle: int) -> None:
+    def __init__(
+        self,
+        connect: Callable[[], sqlite3.Connection],
+        max_idle: int,
+        discard: Callable[[sqlite3.Connection], None] = close_quietly,
+    ) -> None:
         self._connect = connect
+        self._discard = discard  # closes a connection given back that is not kept
         self._max_idle = max_idle
         self._idle: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
@@ -92,7 +98,7 @@ class ConnectionPool:
             ):
                 self._idle.append(connection)
                 return
-        close_quietly(connection)
+        self._discard(connection)
 
     def close(self) -> None:
         """Close the idle connections; those in use are closed when they come back."""
