@@ -375,6 +375,16 @@ async def test_threaded_store_raises_the_sync_methods_errors_from_the_async_ones
             await store.aclaim(request_for("unreachable"))
 
 
+async def test_a_threaded_store_without_deferral_says_so_from_the_async_forms() -> None:
+    # A store that does not override complete_deferred / release_deferred supports no
+    # deferred completion: its async forms raise the same, from its threads.
+    async with BlockingDictStore() as store:
+        with pytest.raises(NotImplementedError, match="BlockingDictStore does not support"):
+            await store.acomplete_deferred("token", 200)
+        with pytest.raises(NotImplementedError, match="BlockingDictStore does not support"):
+            await store.arelease_deferred("token")
+
+
 def test_threaded_store_refuses_a_store_missing_a_sync_method() -> None:
     written = ("claim", "complete", "release", "get", "delete", "create_table")
     without_renew = type(
