@@ -342,10 +342,12 @@ async def _run(rounds: int, requests: int) -> str:
         lightest = min(peers, key=lambda peer: median(peer.new_overhead))
         ours_new = median(ours.new_overhead)
         lightest_new = median(lightest.new_overhead)
-        verdict = "met" if ours_new <= lightest_new else "NOT met"
+        # Not a target any more: with canonical JSON the least a new key can cost already
+        # equals the lightest peer's (make bench-floor keeps that as a regression guard).
         out.append(
-            f"Target new key <= lightest peer ({lightest.distribution} "
-            f"{signed_us(lightest_new)} us): ours {signed_us(ours_new)} us -> {verdict}."
+            f"New key next to the lightest peer ({lightest.distribution} "
+            f"{signed_us(lightest_new)} us, raw-body fingerprint): ours {signed_us(ours_new)} us "
+            "(canonical JSON; its floor: make bench-floor)."
         )
     if ours.replay:
         ours_replay = median(ours.replay)
