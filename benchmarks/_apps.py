@@ -7,11 +7,12 @@ the throughput benchmark.
 
 from __future__ import annotations
 
+import gc
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -24,6 +25,34 @@ class HandlerRuns:
     """How many times the handler ran: a replay must not move it."""
 
     count = 0
+
+
+K = TypeVar("K")
+
+
+async def checked_batch(
+    call: Callable[[K], Awaitable[object]], keys: Sequence[K], new: bool, *, collect: bool = True
+) -> tuple[float, float]:
+    """Mean wall and CPU seconds per call of ``call`` over ``keys``. ``call`` answers
+    something falsy when its request got what it should; raises when one did not, or when
+    the handler ran other than once per key (``new``) or at all (a replay). ``collect``:
+    start from a full garbage collection (timed batches)."""
+    if collect:
+        gc.collect()
+    runs = HandlerRuns.count
+    wrong = 0
+    wall, cpu = time.perf_counter(), time.process_time()
+    for key in keys:
+        if await call(key):
+            wrong += 1
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    expected_runs = len(keys) if new else 0
+    if wrong or HandlerRuns.count - runs != expected_runs:
+        raise RuntimeError(
+            f"{wrong} of {len(keys)} wrong answers; the handler ran "
+            f"{HandlerRuns.count - runs} times, not {expected_runs}"
+        )
+    return wall / len(keys), cpu / len(keys)
 
 
 async def create_order(request: Request) -> JSONResponse:

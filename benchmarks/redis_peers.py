@@ -22,9 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import importlib.metadata
-import time
 import uuid
 import warnings
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -33,7 +31,7 @@ from typing import Any
 
 from starlette.middleware import Middleware
 
-from benchmarks._apps import HandlerRuns, order_app
+from benchmarks._apps import HandlerRuns, checked_batch, order_app
 from benchmarks._common import (
     Exchange,
     heading,
@@ -288,22 +286,7 @@ def _keys(contender: Contender, case: str, requests: int) -> list[str]:
 async def _batch(contender: Contender, case: str, keys: list[str]) -> tuple[float, float]:
     """Wall and CPU seconds per request over ``keys``; checks every answer and run count."""
     assert contender.call is not None
-    call = contender.call
-    gc.collect()
-    runs = HandlerRuns.count
-    wrong = 0
-    wall, cpu = time.perf_counter(), time.process_time()
-    for key in keys:
-        if await call(key):
-            wrong += 1
-    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    expected_runs = len(keys) if case == NEW else 0
-    if wrong or HandlerRuns.count - runs != expected_runs:
-        raise RuntimeError(
-            f"{wrong} of {len(keys)} wrong answers; the handler ran "
-            f"{HandlerRuns.count - runs} times, not {expected_runs}"
-        )
-    return wall / len(keys), cpu / len(keys)
+    return await checked_batch(contender.call, keys, case == NEW)
 
 
 @contextlib.contextmanager

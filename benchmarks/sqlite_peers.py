@@ -26,13 +26,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import importlib.metadata
 import itertools
 import os
 import sqlite3
 import tempfile
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -42,7 +40,7 @@ from unittest import mock
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message
 
-from benchmarks._apps import HandlerRuns, order_app
+from benchmarks._apps import HandlerRuns, checked_batch, order_app
 from benchmarks._common import (
     Exchange,
     heading,
@@ -286,24 +284,13 @@ async def _batch(
     ``collect``: start from a full garbage collection (timed batches; counting needs none)."""
     app = running.built.app
     body = running.replay_body if case == REPLAY else None
-    if collect:
-        gc.collect()
-    runs = HandlerRuns.count
-    wrong = 0
-    wall, cpu = time.perf_counter(), time.process_time()
-    for key in keys:
+
+    async def wrong(key: bytes) -> bool:
         answer = Answer()
         await app(http_scope(order_headers(key)), answer.receive, answer.send)
-        if answer.status != 201 or (body is not None and answer.body != body):
-            wrong += 1
-    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    expected_runs = len(keys) if case == NEW else 0
-    if wrong or HandlerRuns.count - runs != expected_runs:
-        raise RuntimeError(
-            f"{wrong} of {len(keys)} wrong answers; the handler ran "
-            f"{HandlerRuns.count - runs} times, not {expected_runs}"
-        )
-    return wall / len(keys), cpu / len(keys)
+        return answer.status != 201 or (body is not None and answer.body != body)
+
+    return await checked_batch(wrong, keys, case == NEW, collect=collect)
 
 
 @contextlib.contextmanager
