@@ -26,8 +26,6 @@ from idempotency_middleware.records import Status, StoredResponse
 from idempotency_middleware.stores import sqlite as sqlite_module
 from idempotency_middleware.stores.base import (
     Claimed,
-    ClaimRequest,
-    Completion,
     Held,
     StoreUnavailable,
 )
@@ -35,44 +33,11 @@ from idempotency_middleware.stores.sqlite import SQLiteStore
 from idempotency_middleware.stores.sqlite_connections import INLINE, INLINE_MAX_BODY_BYTES
 from idempotency_middleware.testing import FakeClock
 from tests.faultproxy import wait_until
+from tests.test_breaker_outage import NOT_A_DATABASE
+from tests.test_sqlite_store import RESPONSE, TTL, claim_request, completion
 
-LOCK = 10.0
-TTL = 100.0
-RESPONSE = StoredResponse(201, [(b"content-type", b"application/json")], b'{"id": 1}')
-NOT_A_DATABASE = b"this file is not an SQLite database\n" * 128
 LOGGER = "idempotency_middleware.stores.sqlite"
 WAIT_SECONDS = 10.0
-
-
-def claim_request(
-    key: str = "k", *, owner: str = "owner-a", now: float | None = None, lock: float = LOCK
-) -> ClaimRequest:
-    return ClaimRequest(
-        key_hash=key,
-        fingerprint="fp",
-        owner=owner,
-        now=time.time() if now is None else now,
-        lock_timeout_seconds=lock,
-    )
-
-
-def completion(
-    key: str = "k",
-    *,
-    owner: str = "owner-a",
-    now: float | None = None,
-    ttl: float = TTL,
-    response: StoredResponse = RESPONSE,
-    **extra: Any,
-) -> Completion:
-    return Completion(
-        key_hash=key,
-        owner=owner,
-        now=time.time() if now is None else now,
-        ttl_seconds=ttl,
-        response=response,
-        **extra,
-    )
 
 
 def deferral_key() -> tuple[str, str]:
@@ -665,7 +630,7 @@ async def test_an_inline_connection_that_cannot_roll_back_is_closed(
         raise RuntimeError("broken mid-call")
 
     with pytest.raises(RuntimeError, match="broken mid-call"):
-        await store._inline_first(breaks_its_connection)
+        await store._run_async(breaks_its_connection)
     assert store._inline_pool._idle == []
     assert INLINE.get() is None
 
@@ -732,7 +697,7 @@ async def test_an_inline_connection_in_use_during_close_is_closed_when_given_bac
         closer.join()
         return store.delete("k")
 
-    assert await store._inline_first(closes_the_store_meanwhile) is False
+    assert await store._run_async(closes_the_store_meanwhile) is False
     assert store._inline_pool._idle == []
     await background_done(store)
     assert is_closed(inline)

@@ -678,7 +678,7 @@ class SQLiteStore(ThreadedStore, BreakerOwner):
 
     # -- the async methods (ASGI): inline on the loop first ------------------------------
 
-    async def _inline_first(self, call: Callable[..., T], *args: Any) -> T:
+    async def _run_async(self, call: Callable[..., T], *args: Any) -> T:
         """``call(*args)`` on the event loop's thread when it can run without waiting for
         a lock; else on the store's threads (see sqlite_connections.py)."""
         # (An open or probing breaker: the thread path, where the probe is admitted once.)
@@ -754,21 +754,13 @@ class SQLiteStore(ThreadedStore, BreakerOwner):
         if frames > 0 and copied == frames:
             self._wal_restart_due = True
 
-    async def aclaim(self, request: ClaimRequest) -> ClaimResult:
-        """:meth:`claim`, inline when no other worker holds the lock, else on a thread."""
-        return await self._inline_first(self.claim, request)
+    # The other async methods are ThreadedStore's, through _run_async above.
 
     async def acomplete(self, completion: Completion) -> bool:
         """:meth:`complete`, inline unless the body is large or the lock is held."""
         if len(completion.response.body) > INLINE_MAX_BODY_BYTES:
             return await self._in_thread(self.complete, completion)
-        return await self._inline_first(self.complete, completion)
-
-    async def arelease(self, key_hash: str, owner: str) -> bool:
-        return await self._inline_first(self.release, key_hash, owner)
-
-    async def arenew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
-        return await self._inline_first(self.renew, key_hash, owner, lock_expires_at)
+        return await self._run_async(self.complete, completion)
 
     async def acomplete_deferred(
         self,
@@ -779,16 +771,7 @@ class SQLiteStore(ThreadedStore, BreakerOwner):
     ) -> bool:
         if len(body) > INLINE_MAX_BODY_BYTES:
             return await self._in_thread(self.complete_deferred, token, status, headers, body)
-        return await self._inline_first(self.complete_deferred, token, status, headers, body)
-
-    async def arelease_deferred(self, token: str) -> bool:
-        return await self._inline_first(self.release_deferred, token)
-
-    async def aget(self, key_hash: str) -> Record | None:
-        return await self._inline_first(self.get, key_hash)
-
-    async def adelete(self, key_hash: str) -> bool:
-        return await self._inline_first(self.delete, key_hash)
+        return await self._run_async(self.complete_deferred, token, status, headers, body)
 
     # -- lifecycle --------------------------------------------------------------------
 

@@ -5,7 +5,8 @@ methods once and subclasses :class:`ThreadedStore`; the ``a``-prefixed methods t
 middleware awaits are derived here, each running its sync twin on a small thread pool owned
 by the store, so the event loop never waits on the disk, the network or another process's
 lock. (A store without I/O, such as ``MemoryStore``, calls its sync methods directly
-instead: a thread hop would cost more than the work.)
+instead: a thread hop would cost more than the work. A store whose calls can often run
+without waiting overrides ``_run_async``, as ``SQLiteStore`` does to run them on the loop.)
 """
 
 from __future__ import annotations
@@ -109,21 +110,26 @@ class ThreadedStore(ClosingStore, abc.ABC):
     async def _in_thread(self, call: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._thread_pool(), call, *args)
 
+    async def _run_async(self, call: Callable[..., T], *args: Any) -> T:
+        """How the request path's async methods run their sync twins: on the store's
+        threads. A store whose calls can run on the loop without waiting overrides this."""
+        return await self._in_thread(call, *args)
+
     async def aclaim(self, request: ClaimRequest) -> ClaimResult:
-        """:meth:`claim`, off the event loop."""
-        return await self._in_thread(self.claim, request)
+        """:meth:`claim`, off the event loop (see :meth:`_run_async`)."""
+        return await self._run_async(self.claim, request)
 
     async def acomplete(self, completion: Completion) -> bool:
         """:meth:`complete`, off the event loop."""
-        return await self._in_thread(self.complete, completion)
+        return await self._run_async(self.complete, completion)
 
     async def arelease(self, key_hash: str, owner: str) -> bool:
         """:meth:`release`, off the event loop."""
-        return await self._in_thread(self.release, key_hash, owner)
+        return await self._run_async(self.release, key_hash, owner)
 
     async def arenew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
         """:meth:`renew`, off the event loop."""
-        return await self._in_thread(self.renew, key_hash, owner, lock_expires_at)
+        return await self._run_async(self.renew, key_hash, owner, lock_expires_at)
 
     async def acomplete_deferred(
         self,
@@ -132,18 +138,18 @@ class ThreadedStore(ClosingStore, abc.ABC):
         headers: Iterable[tuple[bytes, bytes]] = (),
         body: bytes = b"",
     ) -> bool:
-        return await self._in_thread(self.complete_deferred, token, status, headers, body)
+        return await self._run_async(self.complete_deferred, token, status, headers, body)
 
     async def arelease_deferred(self, token: str) -> bool:
-        return await self._in_thread(self.release_deferred, token)
+        return await self._run_async(self.release_deferred, token)
 
     async def aget(self, key_hash: str) -> Record | None:
         """:meth:`get`, off the event loop."""
-        return await self._in_thread(self.get, key_hash)
+        return await self._run_async(self.get, key_hash)
 
     async def adelete(self, key_hash: str) -> bool:
         """:meth:`delete`, off the event loop."""
-        return await self._in_thread(self.delete, key_hash)
+        return await self._run_async(self.delete, key_hash)
 
     async def acreate_table(self) -> None:
         """:meth:`create_table`, off the event loop."""
