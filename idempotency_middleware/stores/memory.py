@@ -5,18 +5,28 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-from .. import deferred
 from ..breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD, BreakerOwner, CircuitBreaker
 from ..clock import SYSTEM_CLOCK, Clock
 from ..records import Record, Status
-from .base import CLAIMED, TAKEN_OVER, ClaimRequest, ClaimResult, Completion, Held
+from .protocol import (
+    CLAIMED,
+    TAKEN_OVER,
+    ClaimRequest,
+    ClaimResult,
+    Completion,
+    Held,
+    parse_token,
+    prepare_final,
+)
 
 
 class MemoryStore(BreakerOwner):
     """A dict behind a lock. One instance is safe to share across threads and event loops.
 
     Every operation is a few dict operations under a ``threading.Lock``, never held across
-    an ``await``, so the async methods call the sync ones directly.
+    an ``await``, so the async methods call the sync ones directly. (Not a ``KitStore``: with
+    no I/O there is nothing to send and no failure for a breaker to count, and a flow per
+    call would cost the request path more than the dict work itself.)
 
     ``max_response_bytes`` mimics a backend's item limit (``None``: keep every response);
     expired records are dropped at most once per ``purge_interval_seconds``. ``clock`` says
@@ -133,7 +143,7 @@ class MemoryStore(BreakerOwner):
     ) -> bool:
         """Store the final response of work deferred with ``defer_completion()``; ``False``
         when the token no longer applies (completed, expired, taken over)."""
-        prepared = deferred.prepare_final(token, status, headers, body, self._clock.now())
+        prepared = prepare_final(token, status, headers, body, self._clock.now())
         if prepared is None:
             return False
         parsed, response = prepared
@@ -156,7 +166,7 @@ class MemoryStore(BreakerOwner):
     def release_deferred(self, token: str) -> bool:
         """Forget a deferred key whose work did not happen; ``False`` when the token no
         longer applies."""
-        parsed = deferred.parse_token(token)
+        parsed = parse_token(token)
         with self._lock:
             if not _deferred_by(self._records.get(parsed.key_hash), parsed.owner):
                 return False

@@ -1,0 +1,499 @@
+"""The store kit: what every store shares, written once.
+
+A backend writes three things:
+
+- **operations** (:class:`Operations`): one *flow* per store operation, a generator that
+  yields the requests to send, receives each one's reply (or has the backend's failure
+  thrown in at the ``yield``), and returns the operation's result. No I/O: the decisions
+  are written once for sync and async (the flow idea of httpx's auth).
+- a **transport** (:class:`Transport`): runs a flow, sync (``run``) and async (``arun``),
+  turning the backend's failures into :class:`StoreUnavailable` (``cause``, ``reason``).
+  A transport that sends one request at a time gets both from :func:`drive` and
+  :func:`adrive`; one that needs a connection or a transaction around the whole flow runs it
+  itself.
+- the **public class**, a :class:`KitStore`: configuration, and nothing the kit does.
+
+:class:`KitStore` writes every public method once over those: the sync and async protocol
+(``claim`` ... ``arenew``), the deferred pair (token checks included), the operator
+interface, the circuit breaker's accounting and the half-open probe, and both context
+managers. :class:`LoopLocal` keeps per-event-loop clients (asyncio connections belong to the
+loop they were made on), closed with their loop; :func:`require_modules` names the extra
+that installs a backend's client library.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import logging
+import threading
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Generator, Iterable
+from typing import Any, Generic, Protocol, TypeVar
+
+from ..breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD, BreakerOwner, CircuitBreaker
+from ..clock import SYSTEM_CLOCK, Clock
+from ..errors import IdempotencyError
+from ..records import Record, StoredResponse
+from .closing import ClosingStore
+from .protocol import (
+    ClaimRequest,
+    ClaimResult,
+    Completion,
+    DeferredToken,
+    StoreUnavailable,
+    parse_token,
+    prepare_final,
+)
+
+T = TypeVar("T")
+V = TypeVar("V")
+
+logger = logging.getLogger(__name__)
+
+Flow = Generator[Any, Any, T]
+"""One store operation: yields requests, receives replies, returns the result."""
+
+
+def require_modules(store: str, modules: tuple[str, ...], extra: str) -> None:
+    """Fail at a store's construction, naming the extra that installs them, when its client
+    libraries are missing (rather than with a bare ``ModuleNotFoundError`` at first use).
+    Looked up, not imported: the import itself waits for the first connection."""
+    for module in modules:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ImportError:  # an import hook refusing it
+            found = False
+        if not found:
+            raise ModuleNotFoundError(
+                f"{store} needs {module}, which is not installed: "
+                f'pip install "idempotency-middleware[{extra}]"',
+                name=module,
+            )
+
+
+# -- running flows ------------------------------------------------------------------------
+
+
+def drive(flow: Flow[T], send: Callable[[Any], Any]) -> T:
+    """Run ``flow``, sending each request with ``send``; a failure of ``send`` is thrown
+    into the flow at its ``yield`` (a failed condition may be the answer it expects)."""
+    try:
+        request = next(flow)
+        while True:
+            try:
+                reply = send(request)
+            except Exception as error:
+                request = flow.throw(error)
+            else:
+                request = flow.send(reply)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+
+
+async def adrive(flow: Flow[T], send: Callable[[Any], Awaitable[Any]]) -> T:
+    """:func:`drive` with an awaitable ``send``."""
+    try:
+        request = next(flow)
+        while True:
+            try:
+                reply = await send(request)
+            except Exception as error:
+                request = flow.throw(error)
+            else:
+                request = flow.send(reply)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+
+
+class Transport(Protocol):
+    """Runs a backend's flows. ``operation`` names the store operation, for the messages
+    of the :class:`StoreUnavailable` it raises when the backend cannot answer."""
+
+    def run(self, operation: str, flow: Flow[T]) -> T: ...
+
+    async def arun(self, operation: str, flow: Flow[T]) -> T: ...
+
+    def close(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class Operations(Protocol):
+    """A backend's flows, one per store operation (see the store protocol for what each
+    must guarantee). ``complete_final`` and ``release_unfinished`` finish deferred keys; a
+    backend without deferral sets ``supports_deferral = False``."""
+
+    supports_deferral: bool
+
+    def claim(self, request: ClaimRequest) -> Flow[ClaimResult]: ...
+
+    def complete(self, completion: Completion) -> Flow[bool]: ...
+
+    def release(self, key_hash: str, owner: str) -> Flow[bool]: ...
+
+    def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> Flow[bool]: ...
+
+    def complete_final(
+        self, token: DeferredToken, response: StoredResponse, now: float
+    ) -> Flow[bool]: ...
+
+    def release_unfinished(self, token: DeferredToken) -> Flow[bool]: ...
+
+    def get(self, key_hash: str) -> Flow[Record | None]: ...
+
+    def delete(self, key_hash: str) -> Flow[bool]: ...
+
+    def create_table(self) -> Flow[None]: ...
+
+
+# -- the store ----------------------------------------------------------------------------
+
+
+class KitStore(ClosingStore, BreakerOwner):
+    """Every public store method, written once over a backend's ``ops`` and ``transport``.
+
+    The circuit breaker counts each operation: one the backend answered (a failed
+    condition, a refused transaction included) closes it, a :class:`StoreUnavailable`
+    counts as a failure when its cause is an outage. Claims are the only calls it refuses
+    while open, and a half-open breaker's probe is ended whatever the claim's outcome.
+    """
+
+    def __init__(
+        self,
+        ops: Operations,
+        transport: Transport,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        breaker_threshold: int = DEFAULT_THRESHOLD,
+        breaker_cooldown_seconds: float = DEFAULT_COOLDOWN_SECONDS,
+    ) -> None:
+        self.breaker = CircuitBreaker(breaker_threshold, breaker_cooldown_seconds, clock)
+        self._ops = ops
+        self._transport = transport
+        self._clock = clock
+
+    # -- accounting -------------------------------------------------------------------
+
+    def _run(self, operation: str, flow: Flow[T]) -> T:
+        try:
+            result = self._transport.run(operation, flow)
+        except StoreUnavailable as error:
+            self.breaker.failed(error)
+            raise
+        except IdempotencyError:
+            self.breaker.succeeded()  # refused as written: an answer
+            raise
+        self.breaker.succeeded()
+        return result
+
+    async def _arun(self, operation: str, flow: Flow[T]) -> T:
+        try:
+            result = await self._transport.arun(operation, flow)
+        except StoreUnavailable as error:
+            self.breaker.failed(error)
+            raise
+        except IdempotencyError:
+            self.breaker.succeeded()
+            raise
+        self.breaker.succeeded()
+        return result
+
+    # -- the store protocol -----------------------------------------------------------
+
+    def claim(self, request: ClaimRequest) -> ClaimResult:
+        """Claim ``request.key_hash``, or the record of whoever holds it."""
+        if self.breaker.admit():  # the half-open breaker's probe
+            try:
+                return self._run("claim", self._ops.claim(request))
+            finally:
+                self.breaker.end_probe()
+        return self._run("claim", self._ops.claim(request))
+
+    async def aclaim(self, request: ClaimRequest) -> ClaimResult:
+        """:meth:`claim`, awaited."""
+        if self.breaker.admit():
+            try:
+                return await self._arun("claim", self._ops.claim(request))
+            finally:
+                self.breaker.end_probe()
+        return await self._arun("claim", self._ops.claim(request))
+
+    def complete(self, completion: Completion) -> bool:
+        """Store the response; ``False`` when the claim is no longer ``owner``'s."""
+        return self._run("complete", self._ops.complete(completion))
+
+    async def acomplete(self, completion: Completion) -> bool:
+        """:meth:`complete`, awaited."""
+        return await self._arun("complete", self._ops.complete(completion))
+
+    def release(self, key_hash: str, owner: str) -> bool:
+        """Delete the claim; ``False`` when it is no longer ``owner``'s."""
+        return self._run("release", self._ops.release(key_hash, owner))
+
+    async def arelease(self, key_hash: str, owner: str) -> bool:
+        """:meth:`release`, awaited."""
+        return await self._arun("release", self._ops.release(key_hash, owner))
+
+    def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
+        """Extend an in-progress claim; ``False`` when it is no longer ``owner``'s."""
+        return self._run("renew", self._ops.renew(key_hash, owner, lock_expires_at))
+
+    async def arenew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
+        """:meth:`renew`, awaited."""
+        return await self._arun("renew", self._ops.renew(key_hash, owner, lock_expires_at))
+
+    # -- deferred completion ----------------------------------------------------------
+
+    def _final(
+        self, token: str, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes
+    ) -> Flow[bool] | None:
+        if not self._ops.supports_deferral:
+            raise NotImplementedError(f"{type(self).__name__} does not support deferred completion")
+        now = self._clock.now()
+        prepared = prepare_final(token, status, headers, body, now)
+        if prepared is None:
+            return None  # expired: nothing to write
+        return self._ops.complete_final(*prepared, now)
+
+    def _unfinished(self, token: str) -> Flow[bool]:
+        if not self._ops.supports_deferral:
+            raise NotImplementedError(f"{type(self).__name__} does not support deferred completion")
+        return self._ops.release_unfinished(parse_token(token))
+
+    def complete_deferred(
+        self,
+        token: str,
+        status: int,
+        headers: Iterable[tuple[bytes, bytes]] = (),
+        body: bytes = b"",
+    ) -> bool:
+        """Store the final response of work deferred with ``defer_completion()``; ``False``
+        when the token no longer applies (completed, expired, taken over), ``ValueError``
+        when it is malformed."""
+        flow = self._final(token, status, headers, body)
+        return False if flow is None else self._run("complete_deferred", flow)
+
+    async def acomplete_deferred(
+        self,
+        token: str,
+        status: int,
+        headers: Iterable[tuple[bytes, bytes]] = (),
+        body: bytes = b"",
+    ) -> bool:
+        """:meth:`complete_deferred`, awaited."""
+        flow = self._final(token, status, headers, body)
+        return False if flow is None else await self._arun("complete_deferred", flow)
+
+    def release_deferred(self, token: str) -> bool:
+        """Forget a deferred key whose work did not happen; ``False`` when the token no
+        longer applies."""
+        return self._run("release_deferred", self._unfinished(token))
+
+    async def arelease_deferred(self, token: str) -> bool:
+        """:meth:`release_deferred`, awaited."""
+        return await self._arun("release_deferred", self._unfinished(token))
+
+    # -- operators --------------------------------------------------------------------
+
+    def get(self, key_hash: str) -> Record | None:
+        """The record under ``key_hash`` as stored (expired or not)."""
+        return self._run("get", self._ops.get(key_hash))
+
+    async def aget(self, key_hash: str) -> Record | None:
+        """:meth:`get`, awaited."""
+        return await self._arun("get", self._ops.get(key_hash))
+
+    def delete(self, key_hash: str) -> bool:
+        """Remove a record whoever owns it (to re-drive failed work); ``True`` when there
+        was one."""
+        return self._run("delete", self._ops.delete(key_hash))
+
+    async def adelete(self, key_hash: str) -> bool:
+        """:meth:`delete`, awaited."""
+        return await self._arun("delete", self._ops.delete(key_hash))
+
+    def create_table(self) -> None:
+        """Create the store's table or schema; safe to call when it already exists."""
+        self._run("create_table", self._ops.create_table())
+
+    async def acreate_table(self) -> None:
+        """:meth:`create_table`, awaited."""
+        await self._arun("create_table", self._ops.create_table())
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release the store's connections; using it again reconnects."""
+        self._transport.close()
+
+    async def aclose(self) -> None:
+        """Release the running event loop's connections; using it again reconnects."""
+        await self._transport.aclose()
+
+
+# -- per-event-loop clients ---------------------------------------------------------------
+
+# How many bare yields a closing coroutine may make when it is run with no event loop
+# (``finish_without_loop``); aiobotocore's close of a client on a closed loop makes one.
+_STEPS_WITHOUT_LOOP = 100
+
+
+def finish_without_loop(closing: Coroutine[Any, Any, Any]) -> bool:
+    """Run ``closing`` to its end with no event loop; whether it got there.
+
+    A client whose loop is closed can often still be closed without I/O (aiohttp only marks
+    its session closed; a pool closes its sockets), by a coroutine that only yields bare
+    ``None``s: those are stepped through here. A coroutine that waits for a real future (or
+    raises) needs its loop, and is abandoned.
+    """
+    for _ in range(_STEPS_WITHOUT_LOOP):
+        try:
+            if closing.send(None) is not None:
+                break
+        except StopIteration:
+            return True
+        except Exception as error:
+            logger.debug("closing a client of a closed event loop failed: %r", error)
+            return False
+    closing.close()
+    return False
+
+
+class _Entry(Generic[V]):
+    """One event loop's value, and the watcher that closes it when the loop ends."""
+
+    __slots__ = ("dropped", "loop", "ready", "value", "watcher")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.value: V | None = None
+        # Set while the value is being made: the loop's other callers wait for it.
+        self.ready: asyncio.Future[None] | None = loop.create_future()
+        self.watcher: AsyncGenerator[None, None] | None = None
+        self.dropped = False  # closed, or given up with its loop
+
+
+class LoopLocal(Generic[V]):
+    """One value per event loop (a client, a pool): made on the loop's first :meth:`get`
+    by ``make``, and closed by ``close`` on that loop when the loop shuts down its async
+    generators (``asyncio.run`` does), or by :meth:`aclose` on it.
+
+    A loop closed without either leaves its value behind; the next :meth:`get` on any loop
+    (or :meth:`release_closed_loops`) hands it to ``abandon``, which must not need the loop
+    (see :func:`finish_without_loop`). Thread-safe: loops may run on several threads.
+    """
+
+    def __init__(
+        self,
+        make: Callable[[], Awaitable[V]],
+        close: Callable[[V], Awaitable[object]],
+        abandon: Callable[[V], object] | None = None,
+    ) -> None:
+        self._make = make
+        self._close = close
+        self._abandon = abandon
+        self._entries: dict[asyncio.AbstractEventLoop, _Entry[V]] = {}
+        self._lock = threading.Lock()
+        # The last loop's entry: the usual single loop costs one comparison per call.
+        self._current: _Entry[V] | None = None
+
+    async def get(self) -> V:
+        """The running loop's value, made on first use."""
+        current = self._current
+        if current is not None and current.loop is asyncio.get_running_loop():
+            return current.value  # type: ignore[return-value]  # ready: set before current
+        return await self._get_slowly()
+
+    async def _get_slowly(self) -> V:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            entry = self._entries.get(loop)
+            fresh = entry is None
+            if entry is None:
+                entry = self._entries[loop] = _Entry(loop)
+        self.release_closed_loops()
+        if not fresh:
+            if entry.ready is not None:
+                await asyncio.shield(entry.ready)  # the maker's value, or its failure
+            self._current = entry
+            return entry.value  # type: ignore[return-value]
+        ready = entry.ready
+        assert ready is not None
+        try:
+            entry.value = await self._make()
+        except BaseException as error:
+            self._forget(entry)
+            ready.set_exception(error)
+            ready.exception()  # retrieved: waiters re-raise it, nobody else needs to
+            raise
+        entry.ready = None
+        ready.set_result(None)
+        watcher = self._until_loop_ends(entry)
+        entry.watcher = watcher
+        await watcher.__anext__()  # runs to its yield at once
+        self._current = entry
+        return entry.value
+
+    async def _until_loop_ends(self, entry: _Entry[V]) -> AsyncGenerator[None, None]:
+        # An async generator left suspended for the loop's lifetime: the loop closes it
+        # before it closes (shutdown_asyncgens), the last moment the value can be closed on
+        # it. asyncio has no other hook for a loop's end.
+        try:
+            yield
+        finally:
+            if not entry.dropped:
+                entry.dropped = True
+                self._forget(entry)
+                await self._close(entry.value)  # type: ignore[arg-type]
+
+    def _forget(self, entry: _Entry[V]) -> None:
+        with self._lock:
+            if self._entries.get(entry.loop) is entry:
+                del self._entries[entry.loop]
+            if self._current is entry:
+                self._current = None
+
+    def release_closed_loops(self) -> None:
+        """Hand the values of loops closed without closing them to ``abandon``: nothing can
+        run on those loops any more."""
+        with self._lock:
+            ended = [entry for loop, entry in self._entries.items() if loop.is_closed()]
+            for entry in ended:
+                del self._entries[entry.loop]
+                if self._current is entry:
+                    self._current = None
+        for entry in ended:
+            entry.dropped = True
+            if self._abandon is not None and entry.ready is None:
+                self._abandon(entry.value)  # type: ignore[arg-type]
+            if entry.watcher is not None:
+                finish_without_loop(entry.watcher.aclose())
+
+    async def aclose(self) -> None:
+        """Close the running loop's value, if it has one; the next :meth:`get` makes another."""
+        with self._lock:
+            entry = self._entries.get(asyncio.get_running_loop())
+        self.release_closed_loops()
+        if entry is None or entry.dropped or entry.watcher is None:
+            return
+        await entry.watcher.aclose()  # forgets the value and closes it
+
+    def values(self) -> list[V]:
+        """The values of the loops that have one now (for a sync close without a loop)."""
+        with self._lock:
+            return [entry.value for entry in self._entries.values() if entry.ready is None]  # type: ignore[misc]
+
+
+__all__ = [
+    "Flow",
+    "KitStore",
+    "LoopLocal",
+    "Operations",
+    "Transport",
+    "adrive",
+    "drive",
+    "finish_without_loop",
+    "require_modules",
+]

@@ -1,0 +1,269 @@
+"""The store protocol shared by every backend, in a sync and an async flavour, and the
+deferred completion token every store reads.
+
+A store does four things, each one atomic: *claim* a key (or report the record that holds
+it), *complete* a claim with its response, *release* a claim, and *renew* a running claim's
+lock. Finishing and renewing are fenced by the claim's owner token, so an owner whose claim
+was taken over cannot touch the new record. Operators also get a record, delete one, and
+create the table (:class:`SyncOperations`, :class:`AsyncOperations`).
+
+Writing a store: implement :class:`SyncStore` and :class:`SyncOperations` (or their async
+twins), take ``clock: Clock = SYSTEM_CLOCK`` for any time the store reads itself (claims and
+completions carry their own ``now``), and raise :class:`StoreUnavailable` when the backend
+cannot answer, saying why: ``StoreUnavailable(message, cause="unreachable", reason="cannot
+connect to ...")`` (the causes are ``errors.CAUSES``; the log line and the command line show
+``reason``, and tell a misconfiguration from an outage by ``cause``). A store doing blocking
+I/O gets its async half from :class:`~idempotency_middleware.stores.threaded.ThreadedStore`.
+A store is done when it passes the contract suite (``tests/test_store_contract.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+# Re-exported: a store author raises ``StoreUnavailable`` (the same class as the public
+# ``StoreUnavailableError``) when the backend cannot answer.
+from ..errors import StoreUnavailable as StoreUnavailable
+from ..errors import StoreUnavailableError as StoreUnavailableError
+from ..records import Headers, Record, StoredResponse, is_status, storable_headers
+
+
+class ClaimRequest(NamedTuple):
+    """Claim ``key_hash`` for ``owner`` at ``now``, holding it for ``lock_timeout_seconds``.
+
+    The claim succeeds when the key is absent, its record expired, or it is an in-progress
+    claim whose lock expired at least ``clock_skew_seconds`` ago (a dead owner's: the claim
+    takes it over). The margin is the claimer's: a host whose clock runs ahead by less than
+    it cannot take over a live owner's claim early.
+    """
+
+    key_hash: str
+    fingerprint: str
+    owner: str
+    now: float
+    lock_timeout_seconds: float
+    clock_skew_seconds: float = 0.0
+
+    @property
+    def lock_expires_at(self) -> float:
+        return self.now + self.lock_timeout_seconds
+
+    @property
+    def stale_before(self) -> float:
+        """An in-progress claim whose lock expired at or before this time may be taken over."""
+        return self.now - self.clock_skew_seconds
+
+    @property
+    def expires_at(self) -> float:
+        # An in-progress claim expires with its lock: past it the claim may be taken over
+        # anyway, and DynamoDB's TTL sweeper may then remove an abandoned claim.
+        return self.lock_expires_at
+
+
+class Claimed(NamedTuple):
+    """The caller now owns the key. ``taken_over`` when it replaced a dead owner's claim."""
+
+    taken_over: bool = False
+
+
+# The two possible answers of a successful claim, built once (stores return these).
+CLAIMED = Claimed(taken_over=False)
+TAKEN_OVER = Claimed(taken_over=True)
+
+
+class Held(NamedTuple):
+    """Someone else holds the key; ``record`` is what the store has for it."""
+
+    record: Record
+
+
+ClaimResult = Claimed | Held
+"""What a claim answers: the caller owns the key, or someone else holds it."""
+
+
+class Completion(NamedTuple):
+    """``owner``'s claim on ``key_hash`` finished at ``now`` with ``response``, kept for
+    ``ttl_seconds``."""
+
+    key_hash: str
+    owner: str
+    now: float
+    ttl_seconds: float
+    response: StoredResponse
+    # A streamed response went to its client live; only the fact that it completed is kept
+    # (the key is completed, its body is not stored), like a response too large to store.
+    streamed: bool = False
+    streamed_size: int = 0
+    # Business writes to commit in one transaction with the completion (``TransactItems``
+    # entries); only DynamoDB stores receive any (``completion_transaction()`` refuses others).
+    writes: tuple[dict[str, Any], ...] = ()
+    # The handler deferred its work (``defer_completion()``): store ``response`` as the
+    # interim response of a deferred key, to be completed later by the deferral's token.
+    deferred: bool = False
+
+    @property
+    def expires_at(self) -> float:
+        return self.now + self.ttl_seconds
+
+    @property
+    def body_size(self) -> int:
+        return self.streamed_size if self.streamed else len(self.response.body)
+
+
+@runtime_checkable
+class SyncStore(Protocol):
+    """A store the WSGI middleware can use."""
+
+    def claim(self, request: ClaimRequest) -> ClaimResult: ...
+
+    def complete(self, completion: Completion) -> bool:
+        """Store the response; ``False`` when the claim is no longer ``owner``'s."""
+        ...
+
+    def release(self, key_hash: str, owner: str) -> bool:
+        """Delete the claim; ``False`` when it is no longer ``owner``'s."""
+        ...
+
+    def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
+        """Extend an in-progress claim; ``False`` when it is no longer ``owner``'s."""
+        ...
+
+
+@runtime_checkable
+class AsyncStore(Protocol):
+    """A store the ASGI middleware can use."""
+
+    async def aclaim(self, request: ClaimRequest) -> ClaimResult: ...
+
+    async def acomplete(self, completion: Completion) -> bool: ...
+
+    async def arelease(self, key_hash: str, owner: str) -> bool: ...
+
+    async def arenew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool: ...
+
+
+@runtime_checkable
+class SyncDeferrals(Protocol):
+    """Finishing deferred keys (``defer_completion()``), for a worker holding a token."""
+
+    def complete_deferred(
+        self, token: str, status: int, headers: Any = (), body: bytes = b""
+    ) -> bool:
+        """Store the work's final response; ``False`` when the token no longer applies
+        (completed already, expired, taken over); ``ValueError`` when it is malformed."""
+        ...
+
+    def release_deferred(self, token: str) -> bool:
+        """The work did not happen: forget the key so a retry runs the handler again."""
+        ...
+
+
+@runtime_checkable
+class AsyncDeferrals(Protocol):
+    """:class:`SyncDeferrals` for an async store."""
+
+    async def acomplete_deferred(
+        self, token: str, status: int, headers: Any = (), body: bytes = b""
+    ) -> bool: ...
+
+    async def arelease_deferred(self, token: str) -> bool: ...
+
+
+@runtime_checkable
+class SyncOperations(Protocol):
+    """What an operator (the command line, a runbook script) does with a sync store."""
+
+    def get(self, key_hash: str) -> Record | None:
+        """The record under ``key_hash`` as stored (expired or not)."""
+        ...
+
+    def delete(self, key_hash: str) -> bool:
+        """Remove a record whoever owns it (to re-drive failed work); ``True`` when there
+        was one."""
+        ...
+
+    def create_table(self) -> None:
+        """Create the store's table or schema; safe to call when it already exists."""
+        ...
+
+
+@runtime_checkable
+class AsyncOperations(Protocol):
+    """:class:`SyncOperations` for an async store."""
+
+    async def aget(self, key_hash: str) -> Record | None: ...
+
+    async def adelete(self, key_hash: str) -> bool: ...
+
+    async def acreate_table(self) -> None: ...
+
+
+# -- the deferred completion token ---------------------------------------------------------
+#
+# A token is ``<key hash>.<owner>.<expires at>``: the stored (hashed) key, the claim's owner
+# token that fences the finishing write, and the epoch second the key expires (the request's
+# time plus its TTL), which the final response keeps. It names no client key and no scope
+# (the key hash is a one-way digest of both), and it is made of letters, digits, ``.`` and
+# ``-`` only, so a Step Functions state can split it with ``States.StringSplit``.
+
+_TOKEN = re.compile(r"([0-9a-f]{64})\.([0-9a-f]{1,64}-[0-9a-f]{1,32})\.([0-9]{1,38})")
+
+
+class DeferredToken(NamedTuple):
+    """What a deferred completion token names: the key, its claim's owner, its expiry."""
+
+    key_hash: str
+    owner: str
+    expires_at: int
+
+
+def new_token(key_hash: str, owner: str, expires_at: float) -> str:
+    """The token for ``owner``'s claim on ``key_hash``, expiring at ``expires_at``."""
+    return f"{key_hash}.{owner}.{math.ceil(expires_at)}"
+
+
+def parse_token(token: object) -> DeferredToken:
+    """The parts of a token; ``ValueError`` when it is not one."""
+    if not isinstance(token, str):
+        raise ValueError(f"a deferred completion token is a str, got {type(token).__name__}")
+    match = _TOKEN.fullmatch(token)
+    if match is None:
+        raise ValueError("malformed deferred completion token")
+    key_hash, owner, expires_at = match.groups()
+    return DeferredToken(key_hash, owner, int(expires_at))
+
+
+def final_response(
+    status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes
+) -> StoredResponse:
+    """The work's final response, checked: ``TypeError``/``ValueError`` naming what is wrong."""
+    if not is_status(status):
+        raise ValueError(f"status must be an HTTP status code (100-599), got {status!r}")
+    if not isinstance(body, (bytes, bytearray, memoryview)):
+        raise TypeError(f"body must be bytes, got {type(body).__name__}")
+    checked: Headers = []
+    for pair in headers:
+        if not (
+            isinstance(pair, tuple)
+            and len(pair) == 2
+            and all(isinstance(part, bytes) for part in pair)
+        ):
+            raise TypeError(f"headers must be (bytes, bytes) pairs as in ASGI, got {pair!r}")
+        checked.append((pair[0].lower(), pair[1]))
+    return StoredResponse(status, storable_headers(checked), bytes(body))
+
+
+def prepare_final(
+    token: str, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes, now: float
+) -> tuple[DeferredToken, StoredResponse] | None:
+    """What every store's ``complete_deferred`` checks before writing: the token
+    (``ValueError``), the response (``TypeError``/``ValueError``), and the token's expiry
+    at ``now`` (``None``: expired, nothing to write)."""
+    parsed = parse_token(token)
+    response = final_response(status, headers, body)
+    if parsed.expires_at <= now:
+        return None
+    return parsed, response
