@@ -46,6 +46,7 @@ from idempotency_middleware.stores.dynamodb import (
     IN_PROGRESS_TTL_GRACE_SECONDS,
     MAX_ITEM_RESPONSE_BYTES,
 )
+from examples.kv_store import KeyValueStore
 from tests.conftest import REGION
 from tests.db_stores import DB_KINDS, is_db_kind, open_db_store
 from tests.servers import free_port
@@ -160,7 +161,17 @@ DYNAMODB_KINDS = ["dynamodb", "dynamodb-async", *LOCAL_KINDS]
 # The DynamoDB kinds above run on the stores' default, the lean transport; these keep the SDK
 # path (a store given a session) under the DynamoDB-specific tests, not the whole contract.
 SDK_KINDS = ["dynamodb-sdk", "dynamodb-sdk-async"]
-STORE_KINDS = ["memory", "memory-async", "sqlite", "sqlite-async", *DYNAMODB_KINDS, *DB_KINDS]
+# The minimal store of the docs (examples/kv_store.py), held to the same contract.
+KV_KINDS = ["kv", "kv-async"]
+STORE_KINDS = [
+    "memory",
+    "memory-async",
+    "sqlite",
+    "sqlite-async",
+    *DYNAMODB_KINDS,
+    *DB_KINDS,
+    *KV_KINDS,
+]
 
 
 def is_async(kind: str) -> bool:
@@ -228,6 +239,13 @@ def drive_async(store: ContractAsyncStore) -> Iterator[AsyncDriver]:
 
 
 def open_driver(request: pytest.FixtureRequest, kind: str) -> Iterator[Driver]:
+    if kind in KV_KINDS:
+        kv = KeyValueStore(max_response_bytes=MAX_ITEM_RESPONSE_BYTES)
+        if is_async(kind):
+            yield from drive_async(kv)
+        else:
+            yield SyncDriver(kv)
+        return
     if kind in ("memory", "memory-async"):
         # Mimics DynamoDB's item limit, so "too large" means the same thing everywhere.
         memory = MemoryStore(max_response_bytes=MAX_ITEM_RESPONSE_BYTES)
