@@ -414,22 +414,24 @@ class LoopLocal(Generic[V]):
             if entry is None:
                 entry = self._entries[loop] = _Entry(loop)
         self.release_closed_loops()
+        ready = entry.ready
         if not fresh:
-            if entry.ready is not None:
-                await asyncio.shield(entry.ready)  # the maker's value, or its failure
+            if ready is not None:
+                # Another task of this loop is making it: wait for that, then look again
+                # (a failed make left nothing behind, and this task tries for itself).
+                await asyncio.wait([ready])
+                return await self.get()
             self._current = entry
             return entry.value  # type: ignore[return-value]
-        ready = entry.ready
         assert ready is not None
         try:
             entry.value = await self._make()
-        except BaseException as error:
+        except BaseException:
             self._forget(entry)
-            ready.set_exception(error)
-            ready.exception()  # retrieved: waiters re-raise it, nobody else needs to
             raise
-        entry.ready = None
-        ready.set_result(None)
+        finally:
+            entry.ready = None
+            ready.set_result(None)
         watcher = self._until_loop_ends(entry)
         entry.watcher = watcher
         await watcher.__anext__()  # runs to its yield at once
