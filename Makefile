@@ -41,22 +41,34 @@ test-dynamodb-local: $(STAMP)
 # Branch coverage of the package over the DynamoDB Local run and the whole suite, threads
 # and subprocesses included ([tool.coverage] in pyproject.toml): the suite runs under
 # `coverage run`; the DynamoDB Local pytest (in its own namespaces) starts coverage through
-# COVERAGE_PROCESS_START and coverage's .pth file. One report at the end; below fail_under
-# it fails. A failing suite fails make with pytest's status, after the report.
+# COVERAGE_PROCESS_START and coverage's .pth file. The two run at once (DynamoDB Local mostly
+# waits on its Java server), the suite on PYTEST_WORKERS pytest-xdist workers, one test file
+# per worker at a time (module fixtures are made once). DynamoDB Local's output is printed
+# when it ends. One report at the end; below fail_under it fails. A failing run fails make
+# with its status, after the report.
 COVERAGE := $(VENV)/bin/coverage
 COVERAGE_DATA := $(CURDIR)/.cache/coverage/data
+PYTEST_WORKERS ?= 2
 
 coverage: servers
 	@mkdir -p $(dir $(COVERAGE_DATA))
 	$(COVERAGE) erase
+	@status=0; local_status=0; \
 	COVERAGE_PROCESS_START=$(CURDIR)/pyproject.toml COVERAGE_FILE=$(COVERAGE_DATA) \
-	  bash scripts/dynamodb-local.sh
-	@status=0; \
-	$(COVERAGE) run -m pytest -q || status=$$?; \
+	  bash scripts/dynamodb-local.sh >.cache/dynamodb-local.out 2>&1 & local_run=$$!; \
+	$(COVERAGE) run -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile || status=$$?; \
+	wait $$local_run || local_status=$$?; \
+	cat .cache/dynamodb-local.out; \
+	[ $$status -ne 0 ] || status=$$local_status; \
 	$(COVERAGE) combine --quiet && $(COVERAGE) report || { [ $$status -ne 0 ] || status=2; }; \
 	exit $$status
 
-test: lint typecheck coverage
+# Everything a change must pass, timed from a bare clone (the venv's install included).
+test:
+	@start=$$(date +%s); status=0; \
+	$(MAKE) --no-print-directory lint typecheck coverage || status=$$?; \
+	echo "make test: $$(( $$(date +%s) - start )) s"; \
+	exit $$status
 
 BENCH_STAMP := $(VENV)/.bench-installed
 
