@@ -10,7 +10,7 @@ import asyncio
 import re
 from typing import Any
 
-from .base import StoreUnavailable
+from ..protocol import StoreUnavailable
 
 # Server error codes, by the cause they mean (see errors.CAUSES).
 _CAUSES_BY_CODE = {
