@@ -58,7 +58,6 @@ class Script:
         self.sha = hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
 
     def run(self, key: str, args: Sequence[Any]) -> Flow[Any]:
-        """The script's reply."""
         request = ("evalsha", self.sha, 1, key, *args)
         try:
             return (yield request)
@@ -235,22 +234,16 @@ class RedisOps:
     def claim(self, request: ClaimRequest) -> Flow[ClaimResult]:
         """Claim the key in one script; ``Held`` with the holding record (response
         included) in the same round trip otherwise."""
-        lock_expires_at = request.lock_expires_at
-        args = (
-            request.fingerprint,
-            request.owner,
-            seconds(lock_expires_at),
-            seconds(request.now),
-            seconds(request.stale_before),
-            ttl_ms(lock_expires_at, request.now, self.grace_seconds),
+        key_hash, lock, now = request.key_hash, request.lock_expires_at, request.now
+        ttl = ttl_ms(lock, now, self.grace_seconds)
+        args = (request.fingerprint, request.owner, seconds(lock), seconds(now))
+        reply = yield from CLAIM.run(
+            self.prefix + key_hash, (*args, seconds(request.stale_before), ttl)
         )
-        reply = yield from CLAIM.run(self.prefix + request.key_hash, args)
         if isinstance(reply, list):
-            record = record_from_hash(request.key_hash, pairs(reply))
+            record = record_from_hash(key_hash, pairs(reply))
             if record is None:  # pragma: no cover - the script read this very record
-                raise StoreUnavailable(
-                    f"Redis claim of {request.key_hash!r} answered an empty record"
-                )
+                raise StoreUnavailable(f"Redis claim of {key_hash!r} answered an empty record")
             return Held(record)
         return TAKEN_OVER if reply == 1 else CLAIMED
 
@@ -264,43 +257,30 @@ class RedisOps:
         return blob if len(blob) <= MAX_BLOB_BYTES else None
 
     def _write(
-        self,
-        key_hash: str,
-        owner: str,
-        guard: str,
-        status: Status,
-        expires_at: float,
-        now: float,
-        body_size: int,
-        blob: bytes | None,
+        self, key: str, head: list[str], expires: float, now: float, size: int, blob: bytes | None
     ) -> Flow[bool]:
-        ttl = ttl_ms(expires_at, now, self.grace_seconds)
-        args: list[Any] = [owner, guard, status.value, seconds(expires_at), body_size]
-        args += ["1", ttl] if blob is None else ["0", ttl, blob]
-        return self._fenced(COMPLETE, key_hash, args)
+        # COMPLETE's ARGV: owner, guard, status (the head), then the rest of the record.
+        ttl = ttl_ms(expires, now, self.grace_seconds)
+        args = [*head, seconds(expires), size, "1" if blob is None else "0", ttl]
+        return self._fenced(COMPLETE, key, args if blob is None else [*args, blob])
 
     def complete(self, completion: Completion) -> Flow[bool]:
         deferred = completion.deferred
+        guard, status = ("interim", Status.DEFERRED) if deferred else ("any", Status.COMPLETED)
+        head = [completion.owner, guard, status.value]
+        size = completion.body_size
+        blob = self._blob(completion.response, size, completion.streamed)
         return self._write(
-            completion.key_hash,
-            completion.owner,
-            "interim" if deferred else "any",
-            Status.DEFERRED if deferred else Status.COMPLETED,
-            completion.expires_at,
-            completion.now,
-            completion.body_size,
-            self._blob(completion.response, completion.body_size, completion.streamed),
+            completion.key_hash, head, completion.expires_at, completion.now, size, blob
         )
 
     def complete_final(
         self, token: DeferredToken, response: StoredResponse, now: float
     ) -> Flow[bool]:
+        head = [token.owner, "final", Status.COMPLETED.value]
         size = len(response.body)
         blob = self._blob(response, size, False)
-        expires_at = float(token.expires_at)
-        return self._write(
-            token.key_hash, token.owner, "final", Status.COMPLETED, expires_at, now, size, blob
-        )
+        return self._write(token.key_hash, head, float(token.expires_at), now, size, blob)
 
     def release(self, key_hash: str, owner: str) -> Flow[bool]:
         return self._fenced(RELEASE, key_hash, (owner, "in_progress"))

@@ -61,11 +61,8 @@ class RedisStore(KitStore):
         self.prefix = prefix
         self.max_response_bytes = max_response_bytes
         self.ttl_grace_seconds = float(ttl_grace_seconds)
-        options = {
-            "socket_timeout": socket_timeout,
-            "socket_connect_timeout": socket_connect_timeout,
-            **client_options,
-        }
+        options = dict(client_options, socket_timeout=socket_timeout)
+        options.update(socket_connect_timeout=socket_connect_timeout)
         transport = RedisTransport(RedisSettings(url, client, async_client, options, retries))
         self._where = transport.where
         super().__init__(

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..kit import Flow, LoopLocal, adrive, drive
-from .errors import describe, store_errors, translate
+from .errors import describe, translate
 
 T = TypeVar("T")
 
@@ -21,26 +21,13 @@ DEFAULT_URL = "redis://localhost:6379/0"
 
 @dataclass(frozen=True)
 class RedisSettings:
-    """How to reach Redis: a ``url`` with ``from_url`` ``options`` and ``retries``, or the
-    caller's ``client`` and/or ``async_client``."""
+    """Redis at a ``url``, with ``from_url`` ``options`` and ``retries``; or a caller's clients."""
 
     url: str | None
     client: Any
     async_client: Any
     options: dict[str, Any]
     retries: int
-
-
-def _kinds() -> tuple[tuple[type, ...], tuple[type, ...]]:
-    import redis
-    import redis.asyncio
-    import redis.asyncio.cluster
-    import redis.cluster
-
-    return (redis.Redis, redis.cluster.RedisCluster), (
-        redis.asyncio.Redis,
-        redis.asyncio.cluster.RedisCluster,
-    )
 
 
 def _sender(client: Any) -> Callable[[tuple[Any, ...]], Any]:
@@ -51,18 +38,22 @@ class RedisTransport:
     """Runs ``RedisStore``'s flows on its clients; ``where`` names the server, for messages."""
 
     def __init__(self, settings: RedisSettings) -> None:
-        self._errors = store_errors()
+        import redis
+        import redis.asyncio
+        import redis.asyncio.cluster
+        import redis.cluster
+
+        # What a call may raise that means the store did not answer usefully (translate()
+        # raises a RuntimeError that is not about event loops again, as the bug it is).
+        self._errors = (redis.RedisError, OSError, asyncio.TimeoutError, RuntimeError)
         self._loops: LoopLocal[Any] | None = None  # the store's own asyncio clients
         self._async_client: Any = None  # the caller's, on whatever loop the caller uses it
         self._call_timeout: float | None = None  # a caller's clients keep their own
         client, async_client = settings.client, settings.async_client
         self._owned = client is None and async_client is None
         if self._owned:
-            import redis
-            import redis.asyncio
             from redis.asyncio.retry import Retry as AsyncRetry
             from redis.backoff import NoBackoff
-            from redis.exceptions import ConnectionError
             from redis.retry import Retry
 
             where = settings.url or DEFAULT_URL
@@ -72,8 +63,8 @@ class RedisTransport:
                     "RedisStore sets its clients' retry policy from retries=; for another "
                     "policy, pass your own clients (client=, async_client=)"
                 )
-            sync_retry = Retry(NoBackoff(), settings.retries, (ConnectionError,))
-            async_retry = AsyncRetry(NoBackoff(), settings.retries, (ConnectionError,))
+            sync_retry = Retry(NoBackoff(), settings.retries, (redis.ConnectionError,))
+            async_retry = AsyncRetry(NoBackoff(), settings.retries, (redis.ConnectionError,))
             client = redis.Redis.from_url(where, retry=sync_retry, **options)
             # The asyncio clients get no socket timeout of their own: redis-py wraps every
             # send in asyncio.wait_for when one is set, a task per command (a fifth of a
@@ -89,7 +80,8 @@ class RedisTransport:
             # the client is only forgotten.
             self._loops = LoopLocal(make, lambda client: client.aclose())
         else:
-            sync_kinds, async_kinds = _kinds()
+            sync_kinds = (redis.Redis, redis.cluster.RedisCluster)
+            async_kinds = (redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster)
             if isinstance(client, async_kinds) and async_client is None:
                 client, async_client = None, client
             if client is not None and not isinstance(client, sync_kinds):
