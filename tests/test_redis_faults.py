@@ -24,7 +24,7 @@ from idempotency_middleware.stores import (
     Held,
     StoreUnavailable,
 )
-from idempotency_middleware.stores.redis_errors import classify, describe, translate
+from idempotency_middleware.stores.redis.errors import classify, describe, translate
 from idempotency_middleware.testing import FakeClock
 from tests.redis_helpers import PrivateRedis, private_redis
 from tests.servers import free_port

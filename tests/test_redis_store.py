@@ -35,8 +35,8 @@ from idempotency_middleware.stores import (
     Completion,
     Held,
     StoreUnavailable,
-    redis_scripts,
 )
+from idempotency_middleware.stores.redis import ops
 from tests.redis_helpers import CommandLog, PrivateRedis, single_node_cluster
 from tests.test_missing_extras import run_python
 
@@ -166,7 +166,7 @@ def test_a_flushed_script_cache_is_reloaded_once_and_the_claim_still_answers(
 def test_warm_up_loads_every_script(store: RedisStore, admin: redis.Redis) -> None:
     admin.script_flush()
     store.warm_up()
-    shas = [redis_scripts_sha(text) for text in redis_scripts.SCRIPTS.values()]
+    shas = [redis_scripts_sha(script.text) for script in ops.SCRIPTS.values()]
     assert admin.script_exists(*shas) == [True] * len(shas)
 
 

@@ -8,7 +8,7 @@ are the store clock's (sent as arguments, compared by the scripts), never the se
 The key expires (``PEXPIREAT``) once its action is forgotten, past its retention plus the
 store's ``ttl_grace_seconds``: housekeeping only, since the scripts answer an action past
 its retention as absent whatever the server's clock says. Scripts go through the store's
-own ``_call``/``_acall`` (its sync client, or the running loop's asyncio client): errors
+own transport (its sync client, or the running loop's asyncio client): errors
 become ``StoreUnavailable`` and count on its breaker, as for its records.
 
 Hash layout (times are epoch seconds, as Python's shortest round-trip text)::
@@ -25,12 +25,12 @@ Hash layout (times are epoch seconds, as Python's shortest round-trip text)::
 
 from __future__ import annotations
 
-import hashlib
 import math
 from typing import Any
 
+from ..stores.kit import Flow
 from ..stores.redis import RedisStore
-from ..stores.redis_scripts import pairs, seconds
+from ..stores.redis.ops import Script, pairs, seconds
 from .model import ActionRecord
 from .steps import Cancel, Consume, Insert, Read, SpendAttempt, Step, Written
 
@@ -111,11 +111,7 @@ SCRIPTS = {
     "cancel": CANCEL,
     "read": READ,
 }
-# Redis names a script by its SHA-1 (an identifier, not a security measure).
-_SHAS = {
-    name: hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
-    for name, text in SCRIPTS.items()
-}
+_SCRIPTS = {name: Script(text) for name, text in SCRIPTS.items()}
 
 _TIMES = ("created_at", "active_at", "expires_at", "purge_at", "consumed_at", "canceled_at")
 
@@ -193,41 +189,25 @@ def written(step: Step, reply: list[Any]) -> Written:
 
 
 class RedisActions:
-    """Steps on a ``RedisStore``, one script call each: ``write`` on its sync client,
-    ``awrite`` on the running loop's asyncio client."""
+    """Steps on a ``RedisStore``, one script call each, through the store's own transport
+    and breaker: ``write`` on its sync client, ``awrite`` on the running loop's asyncio
+    client."""
 
     def __init__(self, store: RedisStore) -> None:
         self._store = store
         self._prefix = store.prefix + KEY_INFIX
 
-    def _request(self, step: Step) -> tuple[str, str, list[str]]:
+    def _flow(self, step: Step) -> tuple[str, Flow[Written]]:
         name, args = script_for(step, self._store.ttl_grace_seconds)
-        return name, self._prefix + step.action_id, args
+
+        def flow() -> Flow[Written]:
+            reply = yield from _SCRIPTS[name].run(self._prefix + step.action_id, args)
+            return written(step, reply)
+
+        return f"action {name}", flow()
 
     def write(self, step: Step) -> Written:
-        from redis.exceptions import NoScriptError
-
-        name, key, args = self._request(step)
-
-        def run(client: Any, _: object) -> Any:
-            try:
-                return client.evalsha(_SHAS[name], 1, key, *args)
-            except NoScriptError:  # a new server, or its script cache was flushed
-                client.script_load(SCRIPTS[name])
-                return client.evalsha(_SHAS[name], 1, key, *args)
-
-        return written(step, self._store._call(f"action {name}", run))
+        return self._store._run(*self._flow(step))
 
     async def awrite(self, step: Step) -> Written:
-        from redis.exceptions import NoScriptError
-
-        name, key, args = self._request(step)
-
-        async def run(client: Any, _: object) -> Any:
-            try:
-                return await client.evalsha(_SHAS[name], 1, key, *args)
-            except NoScriptError:
-                await client.script_load(SCRIPTS[name])
-                return await client.evalsha(_SHAS[name], 1, key, *args)
-
-        return written(step, await self._store._acall(f"action {name}", run))
+        return await self._store._arun(*self._flow(step))

@@ -10,24 +10,20 @@ import asyncio
 import re
 from typing import Any
 
-from .base import StoreUnavailable
+from ..protocol import StoreUnavailable
 
 # Server error codes, by the cause they mean (see errors.CAUSES).
 _CAUSES_BY_CODE = {
-    "NOAUTH": "bad_credentials",
-    "WRONGPASS": "bad_credentials",
+    **dict.fromkeys(("NOAUTH", "WRONGPASS"), "bad_credentials"),
     "NOPERM": "access_denied",
     # A replica answers writes with READONLY: after a failover the client still talks to
     # the old primary. The write did not happen and the primary is elsewhere: for this
     # client, the store is unreachable until it finds the primary (an outage the breaker
     # counts), not a misconfiguration to fix by hand.
     "READONLY": "unreachable",
-    "OOM": "server_error",
-    "BUSY": "server_error",
-    "LOADING": "server_error",
-    "MASTERDOWN": "server_error",
-    "CLUSTERDOWN": "server_error",
-    "TRYAGAIN": "server_error",
+    **dict.fromkeys(
+        ("OOM", "BUSY", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN"), "server_error"
+    ),
 }
 _CODE = re.compile(r"(?:^|[\s:-])(" + "|".join(_CAUSES_BY_CODE) + r")\b")
 
@@ -45,23 +41,12 @@ _PHRASES = {
 _LOOP_MESSAGES = ("Event loop is closed", "different loop", "different event loop")
 
 
-def store_errors() -> tuple[type[BaseException], ...]:
-    """What a Redis call may raise that means the store did not answer usefully."""
-    from redis.exceptions import RedisError
-
-    return (RedisError, OSError, asyncio.TimeoutError, RuntimeError)
-
-
-def _code(error: BaseException) -> str:
-    found = _CODE.search(str(error))
-    return found.group(1) if found else ""
-
-
 def classify(error: BaseException) -> tuple[str, str]:
     """The cause of a redis-py failure, and the server's error code (or the type's name)."""
     from redis import exceptions as r
 
-    code = _code(error)
+    found = _CODE.search(str(error))
+    code = found.group(1) if found else ""
     name = type(error).__name__
     if isinstance(error, RuntimeError) and any(m in str(error) for m in _LOOP_MESSAGES):
         return "loop_closed", name

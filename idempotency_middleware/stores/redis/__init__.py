@@ -1,0 +1,5 @@
+"""``RedisStore``: records in Redis, Valkey or Redis Cluster (see ``store.py``)."""
+
+from .store import RedisStore
+
+__all__ = ["RedisStore"]

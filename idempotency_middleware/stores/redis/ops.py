@@ -1,0 +1,302 @@
+"""What ``RedisStore`` sends and how it reads the answers: one flow per operation, no I/O.
+
+A request is a redis-py client method's name and its arguments (``("hgetall", key)``): the
+transport calls it on the sync client or awaits it on the asyncio one. Each operation
+(claim, complete, release, renew, and the deferred completions) is one Lua script run with
+``EVALSHA`` on exactly one key, ``prefix + key_hash``, so it is atomic, fenced by the claim's
+owner token, costs one round trip, and works on Redis Cluster and Valkey; ``get`` is one
+``HGETALL``, ``delete`` one ``DEL``. The record is a hash::
+
+    status           in_progress | deferred | completed
+    fingerprint      sha256 of the request (fingerprint.py)
+    owner            the claim's random owner token (fences every finishing write)
+    lock_expires_at  epoch seconds, sub-second precision (Python's shortest round-trip repr)
+    expires_at       epoch seconds, sub-second precision
+    response         records.encode_response bytes (absent: no response kept)
+    response_size    body size in bytes
+    too_large        "1": completed, but the body was not kept (too large, streamed)
+
+Deadlines are compared by the scripts against the request's ``now`` (an argument), never
+the server's clock. Times are sent as Python's shortest round-trip text and written back
+as received, so a float survives Redis exactly; Lua's ``tonumber`` parses the same double.
+A key also gets a relative millisecond TTL (``PEXPIRE``) as housekeeping only: its
+deadline as seen by the request, plus ``ttl_grace_seconds``, so neither the server's
+expiry sweeper nor a server clock set apart from ours can remove a record a claim still
+has to see.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from ...records import Record, Status, StoredResponse, decode_response, encode_response
+from ..kit import Flow
+from ..protocol import (
+    CLAIMED,
+    TAKEN_OVER,
+    ClaimRequest,
+    ClaimResult,
+    Completion,
+    DeferredToken,
+    Held,
+    StoreUnavailable,
+)
+
+
+class Script:
+    """A Lua script on one key, run with ``EVALSHA``; loaded when the server does not know
+    it (a new server, or its script cache flushed), then run once more."""
+
+    __slots__ = ("sha", "text")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        # Redis names a script by its SHA-1 (an identifier, not a security measure).
+        self.sha = hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
+
+    def run(self, key: str, args: Sequence[Any]) -> Flow[Any]:
+        request = ("evalsha", self.sha, 1, key, *args)
+        try:
+            return (yield request)
+        except Exception as error:
+            from redis.exceptions import NoScriptError
+
+            if not isinstance(error, NoScriptError):
+                raise
+        yield ("script_load", self.text)
+        return (yield request)
+
+
+# Redis's largest bulk string (proto-max-bulk-len's default): a larger blob cannot be sent.
+MAX_BLOB_BYTES = 512 * 1024 * 1024
+
+# Claimed: 0 (new, or this very claim sent again), 1 (replaced a dead owner's claim).
+# Held: the holding record's HGETALL, in the same round trip.
+CLAIM = Script(
+    """
+local key = KEYS[1]
+local old = redis.call('HMGET', key, 'status', 'owner', 'lock_expires_at', 'expires_at')
+local taken_over = 0
+if old[1] then
+  if old[1] == 'in_progress' then
+    if old[2] == ARGV[2] then
+      return 0
+    end
+    if tonumber(old[3]) > tonumber(ARGV[5]) then
+      return redis.call('HGETALL', key)
+    end
+    taken_over = 1
+  elseif tonumber(old[4]) > tonumber(ARGV[4]) then
+    return redis.call('HGETALL', key)
+  end
+  redis.call('DEL', key)
+end
+redis.call('HSET', key, 'status', 'in_progress', 'fingerprint', ARGV[1], 'owner', ARGV[2],
+  'lock_expires_at', ARGV[3], 'expires_at', ARGV[3], 'response_size', '0', 'too_large', '0')
+redis.call('PEXPIRE', key, ARGV[6])
+return taken_over
+"""
+)
+
+# ARGV[2], the guard: "any" (a completion: the owner's record whatever its status),
+# "interim" (a deferred key's interim response: over the claim still in progress only,
+# and done already if the work's final response landed first), "final" (the work's final
+# response by a deferral token: over a record not completed yet).
+COMPLETE = Script(
+    """
+local key = KEYS[1]
+local old = redis.call('HMGET', key, 'owner', 'status')
+if old[1] ~= ARGV[1] then
+  return 0
+end
+if ARGV[2] == 'interim' and old[2] ~= 'in_progress' then
+  return 1
+end
+if ARGV[2] == 'final' and old[2] == 'completed' then
+  return 0
+end
+if ARGV[8] then
+  redis.call('HSET', key, 'status', ARGV[3], 'expires_at', ARGV[4], 'response_size', ARGV[5],
+    'too_large', ARGV[6], 'response', ARGV[8])
+else
+  redis.call('HSET', key, 'status', ARGV[3], 'expires_at', ARGV[4], 'response_size', ARGV[5],
+    'too_large', ARGV[6])
+  redis.call('HDEL', key, 'response')
+end
+redis.call('PEXPIRE', key, ARGV[7])
+return 1
+"""
+)
+
+# ARGV[2], the guard: "in_progress" (a claim still running: never a final response a
+# deferral's worker stored meanwhile) or "unfinished" (a deferral token: not completed).
+RELEASE = Script(
+    """
+local key = KEYS[1]
+local old = redis.call('HMGET', key, 'owner', 'status')
+if old[1] ~= ARGV[1] then
+  return 0
+end
+if ARGV[2] == 'in_progress' then
+  if old[2] ~= 'in_progress' then
+    return 0
+  end
+elseif old[2] == 'completed' then
+  return 0
+end
+redis.call('DEL', key)
+return 1
+"""
+)
+
+# The housekeeping TTL moves by as much as the lock does (from the TTL the server has), so
+# a renewal needs no clock at all.
+RENEW = Script(
+    """
+local key = KEYS[1]
+local old = redis.call('HMGET', key, 'owner', 'status', 'lock_expires_at')
+if old[1] ~= ARGV[1] or old[2] ~= 'in_progress' then
+  return 0
+end
+redis.call('HSET', key, 'lock_expires_at', ARGV[2], 'expires_at', ARGV[2])
+local ttl = redis.call('PTTL', key)
+local moved = math.ceil((tonumber(ARGV[2]) - tonumber(old[3])) * 1000)
+if ttl > 0 and moved > 0 then
+  redis.call('PEXPIRE', key, ttl + moved)
+end
+return 1
+"""
+)
+
+SCRIPTS = {"claim": CLAIM, "complete": COMPLETE, "release": RELEASE, "renew": RENEW}
+
+
+def seconds(value: float) -> str:
+    """A time as the scripts store it: Python's shortest text that reads back exactly."""
+    return repr(float(value))
+
+
+def ttl_ms(deadline: float, now: float, grace_seconds: float) -> int:
+    """The housekeeping TTL of a record whose deadline is ``deadline`` at ``now``: relative
+    (the server's clock need not agree with ours), past the deadline by the grace, and
+    never under the grace (a deadline from another clock than ``now``'s)."""
+    return max(
+        math.ceil((deadline - now + grace_seconds) * 1000), math.ceil(grace_seconds * 1000), 1
+    )
+
+
+def pairs(flat: list[bytes]) -> dict[bytes, bytes]:
+    """A script's HGETALL reply (a flat list of names and values) as a dict."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def record_from_hash(key_hash: str, fields: dict[bytes, bytes]) -> Record | None:
+    """The record in a hash as HGETALL returns it; ``None`` for an empty (absent) one."""
+    status = fields.get(b"status")
+    if status is None:
+        return None
+    blob = fields.get(b"response")
+    return Record(
+        key_hash,
+        Status(status.decode()),
+        fields[b"fingerprint"].decode(),
+        fields[b"owner"].decode(),
+        float(fields[b"lock_expires_at"]),
+        float(fields[b"expires_at"]),
+        decode_response(blob) if blob is not None else None,
+        fields.get(b"too_large") == b"1",
+        int(fields.get(b"response_size", b"0")),
+    )
+
+
+def load_scripts() -> Flow[None]:
+    """Load every script (``warm_up``), so the first claim does not pay for it."""
+    for script in SCRIPTS.values():
+        yield ("script_load", script.text)
+
+
+class RedisOps:
+    """The store's operations on records at ``prefix + key_hash``."""
+
+    supports_deferral = True
+
+    def __init__(self, prefix: str, grace_seconds: float, max_response_bytes: int | None):
+        self.prefix = prefix
+        self.grace_seconds = grace_seconds
+        self.max_response_bytes = max_response_bytes
+
+    def _fenced(self, script: Script, key_hash: str, args: Sequence[Any]) -> Flow[bool]:
+        return bool((yield from script.run(self.prefix + key_hash, args)))
+
+    def claim(self, request: ClaimRequest) -> Flow[ClaimResult]:
+        """Claim the key in one script; ``Held`` with the holding record (response
+        included) in the same round trip otherwise."""
+        key_hash, lock, now = request.key_hash, request.lock_expires_at, request.now
+        ttl = ttl_ms(lock, now, self.grace_seconds)
+        args = (request.fingerprint, request.owner, seconds(lock), seconds(now))
+        reply = yield from CLAIM.run(
+            self.prefix + key_hash, (*args, seconds(request.stale_before), ttl)
+        )
+        if isinstance(reply, list):
+            record = record_from_hash(key_hash, pairs(reply))
+            if record is None:  # pragma: no cover - the script read this very record
+                raise StoreUnavailable(f"Redis claim of {key_hash!r} answered an empty record")
+            return Held(record)
+        return TAKEN_OVER if reply == 1 else CLAIMED
+
+    def _blob(self, response: StoredResponse, body_size: int, streamed: bool) -> bytes | None:
+        # The encoded response to keep, or None when it is not kept (streamed, over
+        # max_response_bytes, or over Redis's largest value).
+        limit = self.max_response_bytes
+        if streamed or (limit is not None and body_size > limit):
+            return None
+        blob = encode_response(response)
+        return blob if len(blob) <= MAX_BLOB_BYTES else None
+
+    def _write(
+        self, key: str, head: list[str], expires: float, now: float, size: int, blob: bytes | None
+    ) -> Flow[bool]:
+        # COMPLETE's ARGV: owner, guard, status (the head), then the rest of the record.
+        ttl = ttl_ms(expires, now, self.grace_seconds)
+        args = [*head, seconds(expires), size, "1" if blob is None else "0", ttl]
+        return self._fenced(COMPLETE, key, args if blob is None else [*args, blob])
+
+    def complete(self, completion: Completion) -> Flow[bool]:
+        deferred = completion.deferred
+        guard, status = ("interim", Status.DEFERRED) if deferred else ("any", Status.COMPLETED)
+        head = [completion.owner, guard, status.value]
+        size = completion.body_size
+        blob = self._blob(completion.response, size, completion.streamed)
+        return self._write(
+            completion.key_hash, head, completion.expires_at, completion.now, size, blob
+        )
+
+    def complete_final(
+        self, token: DeferredToken, response: StoredResponse, now: float
+    ) -> Flow[bool]:
+        head = [token.owner, "final", Status.COMPLETED.value]
+        size = len(response.body)
+        blob = self._blob(response, size, False)
+        return self._write(token.key_hash, head, float(token.expires_at), now, size, blob)
+
+    def release(self, key_hash: str, owner: str) -> Flow[bool]:
+        return self._fenced(RELEASE, key_hash, (owner, "in_progress"))
+
+    def release_unfinished(self, token: DeferredToken) -> Flow[bool]:
+        return self._fenced(RELEASE, token.key_hash, (token.owner, "unfinished"))
+
+    def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> Flow[bool]:
+        return self._fenced(RENEW, key_hash, (owner, seconds(lock_expires_at)))
+
+    def get(self, key_hash: str) -> Flow[Record | None]:
+        return record_from_hash(key_hash, (yield ("hgetall", self.prefix + key_hash)))
+
+    def delete(self, key_hash: str) -> Flow[bool]:
+        return bool((yield ("delete", self.prefix + key_hash)))
+
+    def create_table(self) -> Flow[None]:
+        """Nothing to create in Redis: checks that the server answers (``PING``)."""
+        yield ("ping",)

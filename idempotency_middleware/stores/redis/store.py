@@ -1,0 +1,86 @@
+"""``RedisStore``: Redis, Valkey or Redis Cluster, through redis-py's sync and asyncio clients.
+
+What it sends is in ``ops.py`` (one Lua script per operation, on one key), what it sends
+through in ``transport.py``; the kit writes every public method once over those.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD
+from ...clock import SYSTEM_CLOCK, Clock
+from ..kit import KitStore, require_modules
+from .ops import RedisOps, load_scripts
+from .transport import RedisSettings, RedisTransport
+
+
+class RedisStore(KitStore):
+    """Idempotency records in Redis (or Valkey, or a Redis Cluster), for WSGI and ASGI alike.
+
+    ``RedisStore("redis://cache:6379/0")`` builds its own clients with redis-py's
+    ``from_url``: one sync client (thread-safe, pooled) for the sync methods and one asyncio
+    client per event loop for the ``a``-prefixed ones, with ``socket_timeout``,
+    ``socket_connect_timeout``, ``retries`` (on a dropped connection only, without backoff:
+    every script is safe to send twice) and any other ``from_url`` option in
+    ``client_options``. Or pass your own ``client`` (``redis.Redis``,
+    ``redis.cluster.RedisCluster``, or their ``redis.asyncio`` twins; and ``async_client``
+    beside a sync one): it is used as it is (TLS, authentication, pools, retries are yours),
+    never closed by the store, and must not decode responses. A store given only a sync
+    client has no async methods to offer (``TypeError``), and the reverse.
+
+    Records live at ``prefix + key_hash``. Deadlines are checked by the scripts against
+    each request's own ``now``; the keys' millisecond TTLs are housekeeping, set
+    ``ttl_grace_seconds`` past each deadline. A response body over ``max_response_bytes``
+    (``None``: up to Redis's 512 MB value limit) completes its key without being kept.
+    There is no table to create: ``create_table()`` checks that the server answers (``PING``).
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        client: Any = None,
+        async_client: Any = None,
+        prefix: str = "idempotency:",
+        socket_timeout: float | None = 2.0,
+        socket_connect_timeout: float | None = 1.0,
+        retries: int = 1,
+        ttl_grace_seconds: float = 60.0,
+        max_response_bytes: int | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        breaker_threshold: int = DEFAULT_THRESHOLD,
+        breaker_cooldown_seconds: float = DEFAULT_COOLDOWN_SECONDS,
+        **client_options: Any,
+    ) -> None:
+        require_modules(type(self).__name__, ("redis",), "redis")
+        if url is not None and (client is not None or async_client is not None):
+            raise ValueError("RedisStore takes a url or a client, not both")
+        if ttl_grace_seconds < 0:
+            raise ValueError(f"ttl_grace_seconds must not be negative, got {ttl_grace_seconds!r}")
+        self.prefix = prefix
+        self.max_response_bytes = max_response_bytes
+        self.ttl_grace_seconds = float(ttl_grace_seconds)
+        options = dict(client_options, socket_timeout=socket_timeout)
+        options.update(socket_connect_timeout=socket_connect_timeout)
+        transport = RedisTransport(RedisSettings(url, client, async_client, options, retries))
+        self._where = transport.where
+        super().__init__(
+            RedisOps(prefix, self.ttl_grace_seconds, max_response_bytes),
+            transport,
+            clock=clock,
+            breaker_threshold=breaker_threshold,
+            breaker_cooldown_seconds=breaker_cooldown_seconds,
+        )
+
+    def __repr__(self) -> str:
+        return f"RedisStore({self._where!r}, prefix={self.prefix!r})"
+
+    def warm_up(self) -> None:
+        """Load the scripts now, so the first claim does not pay for it."""
+        self._run("warm_up", load_scripts())
+
+    async def awarm_up(self) -> None:
+        """Make the running loop's client and load the scripts, so the first claim pays for
+        neither. ``IdempotencyMiddleware`` calls this at ASGI lifespan start-up."""
+        await self._arun("warm_up", load_scripts())

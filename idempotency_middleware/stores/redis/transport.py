@@ -1,0 +1,158 @@
+"""What ``RedisStore`` sends through: redis-py's sync client, and one asyncio client per
+event loop (asyncio connections belong to the loop they were made on), or the clients a
+caller passed in, used as they are. Each request of a flow is a client method's name and
+its arguments; a call's failures become ``StoreUnavailable`` (``errors.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ..kit import Flow, LoopLocal, adrive, drive
+from .errors import describe, translate
+
+T = TypeVar("T")
+
+DEFAULT_URL = "redis://localhost:6379/0"
+
+
+@dataclass(frozen=True)
+class RedisSettings:
+    """Redis at a ``url``, with ``from_url`` ``options`` and ``retries``; or a caller's clients."""
+
+    url: str | None
+    client: Any
+    async_client: Any
+    options: dict[str, Any]
+    retries: int
+
+
+def _sender(client: Any) -> Callable[[tuple[Any, ...]], Any]:
+    return lambda request: getattr(client, request[0])(*request[1:])
+
+
+class RedisTransport:
+    """Runs ``RedisStore``'s flows on its clients; ``where`` names the server, for messages."""
+
+    def __init__(self, settings: RedisSettings) -> None:
+        import redis
+        import redis.asyncio
+        import redis.asyncio.cluster
+        import redis.cluster
+
+        # What a call may raise that means the store did not answer usefully (translate()
+        # raises a RuntimeError that is not about event loops again, as the bug it is).
+        self._errors = (redis.RedisError, OSError, asyncio.TimeoutError, RuntimeError)
+        self._loops: LoopLocal[Any] | None = None  # the store's own asyncio clients
+        self._async_client: Any = None  # the caller's, on whatever loop the caller uses it
+        self._call_timeout: float | None = None  # a caller's clients keep their own
+        client, async_client = settings.client, settings.async_client
+        self._owned = client is None and async_client is None
+        if self._owned:
+            from redis.asyncio.retry import Retry as AsyncRetry
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
+
+            where = settings.url or DEFAULT_URL
+            options = dict(settings.options)
+            if "retry" in options:  # a sync Retry would not serve the asyncio clients
+                raise ValueError(
+                    "RedisStore sets its clients' retry policy from retries=; for another "
+                    "policy, pass your own clients (client=, async_client=)"
+                )
+            sync_retry = Retry(NoBackoff(), settings.retries, (redis.ConnectionError,))
+            async_retry = AsyncRetry(NoBackoff(), settings.retries, (redis.ConnectionError,))
+            client = redis.Redis.from_url(where, retry=sync_retry, **options)
+            # The asyncio clients get no socket timeout of their own: redis-py wraps every
+            # send in asyncio.wait_for when one is set, a task per command (a fifth of a
+            # claim's CPU). Each whole call is bounded by it instead (arun).
+            self._call_timeout = options.pop("socket_timeout")
+
+            async def make() -> Any:
+                return redis.asyncio.Redis.from_url(
+                    where, retry=async_retry, socket_timeout=None, **options
+                )
+
+            # A loop closed without closing its client: nothing can run on it any more, so
+            # the client is only forgotten.
+            self._loops = LoopLocal(make, lambda client: client.aclose())
+        else:
+            sync_kinds = (redis.Redis, redis.cluster.RedisCluster)
+            async_kinds = (redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster)
+            if isinstance(client, async_kinds) and async_client is None:
+                client, async_client = None, client
+            if client is not None and not isinstance(client, sync_kinds):
+                raise TypeError(f"client must be a redis-py client, got {type(client).__name__}")
+            if async_client is not None and not isinstance(async_client, async_kinds):
+                raise TypeError(
+                    "async_client must be a redis.asyncio client, "
+                    f"got {type(async_client).__name__}"
+                )
+            given: Any
+            for given in (client, async_client):
+                if given is not None and given.get_encoder().decode_responses:
+                    raise ValueError(
+                        "RedisStore needs a client with decode_responses=False: responses "
+                        "are stored as bytes"
+                    )
+            self._async_client = async_client
+        self._sync_client: Any = client
+        self.where = describe(client if client is not None else async_client)
+
+    def run(self, operation: str, flow: Flow[T]) -> T:
+        """``flow`` on the sync client."""
+        if self._sync_client is None:
+            raise TypeError(
+                "this RedisStore was given a redis.asyncio client only: use its async methods "
+                "(aclaim ...), or pass a sync client (client=redis.Redis(...)) too, or a url"
+            )
+        try:
+            return drive(flow, _sender(self._sync_client))
+        except self._errors as error:
+            raise translate(operation, error, self.where) from error
+
+    async def arun(self, operation: str, flow: Flow[T]) -> T:
+        """``flow`` on the running loop's asyncio client."""
+        if self._async_client is not None:
+            client = self._async_client
+        elif self._loops is not None:
+            client = await self._loops.get()
+        else:
+            raise TypeError(
+                "this RedisStore was given a sync redis client only: use its sync methods "
+                "(claim ...), or pass async_client=redis.asyncio.Redis(...) too, or a url"
+            )
+        try:
+            if self._call_timeout is None:
+                return await adrive(flow, _sender(client))
+            return await _bounded(adrive(flow, _sender(client)), self._call_timeout)
+        except self._errors as error:
+            raise translate(operation, error, self.where) from error
+
+    def close(self) -> None:
+        """Close the own sync client's connections (a client passed in is the caller's to
+        close). Using it again reconnects."""
+        if self._owned:
+            self._sync_client.close()
+
+    async def aclose(self) -> None:
+        """Close the running loop's own client's connections; the next call reconnects."""
+        if self._loops is not None:
+            await self._loops.aclose()
+
+
+if sys.version_info >= (3, 11):
+
+    async def _bounded(work: Awaitable[T], seconds: float) -> T:
+        """``work`` within ``seconds`` (``TimeoutError`` past them): a deadline on the
+        running task, no task of its own. (A cancelled redis-py call drops its connection.)"""
+        async with asyncio.timeout(seconds):
+            return await work
+
+else:  # pragma: no cover - Python 3.10
+
+    async def _bounded(work: Awaitable[T], seconds: float) -> T:
+        return await asyncio.wait_for(work, seconds)
