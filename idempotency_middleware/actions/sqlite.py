@@ -33,7 +33,7 @@ from typing import Any
 
 from ..stores.kit import Flow
 from ..stores.sqlite import SQLiteStore
-from ..stores.sqlite.ops import BEGIN, COMMIT, OFF_LOOP, Statement
+from ..stores.sqlite.ops import OFF_LOOP, Statement
 from .model import ADDED_FIELDS, RECORD_FIELDS, ActionRecord
 from .steps import Insert, Read, Step, Written, apply
 
@@ -114,7 +114,7 @@ class SQLiteActions:
             return Written(True, _record(_first((yield select).rows)))
         # (A failure leaves the transaction to the store's transport: it rolls back, or
         # closes the connection, as for its own statements.)
-        yield BEGIN
+        yield Statement("BEGIN IMMEDIATE")
         written = apply(step, _record(_first((yield select).rows)))
         if written.ok:
             assert written.record is not None
@@ -123,7 +123,7 @@ class SQLiteActions:
             # Bounded, and inside the create's own transaction: no second lock.
             self._next_purge = step.now + PURGE_INTERVAL_SECONDS
             yield Statement(self._sql.purge, (step.now,))
-        yield COMMIT
+        yield Statement("COMMIT")
         return written
 
     def write(self, step: Step) -> Written:

@@ -40,11 +40,9 @@ def is_busy(error: BaseException) -> bool:
 
 
 def is_unavailable(error: sqlite3.Error) -> bool:
-    """Errors that mean the database could not answer, as opposed to a bug in our SQL.
-
-    OperationalError covers a lock held past the busy timeout, I/O errors, a full disk, a
-    file that cannot be opened; a bare DatabaseError a corrupt file or not a database.
-    """
+    """The database could not answer (not a bug in our SQL): OperationalError is a lock held
+    past the busy timeout, an I/O error, a full disk, a file that cannot be opened; a bare
+    DatabaseError a corrupt file or not a database."""
     return isinstance(error, sqlite3.OperationalError) or type(error) is sqlite3.DatabaseError
 
 

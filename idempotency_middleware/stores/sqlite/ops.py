@@ -1,8 +1,7 @@
-r"""SQLiteStore's statements, and its operations as flows of them: every decision, no I/O.
+"""SQLiteStore's statements, and its operations as flows of them: every decision, no I/O.
 
-A flow yields :class:`Statement`\ s, receives each one's :class:`Reply` (or the SQLite error,
-thrown in at the ``yield``), and may ask for a place: :data:`OFF_LOOP` (the rest on the
-store's threads, not on the event loop), :class:`Later` (a purge riding on a write).
+A flow yields statements, receives each one's :class:`Reply` (or its SQLite error, thrown
+in), and may ask for :data:`OFF_LOOP` (the rest off the event loop) or :class:`Later`.
 
 Table layout (one row per namespaced key)::
 
@@ -24,6 +23,7 @@ import logging
 import sqlite3
 import threading
 from collections.abc import Generator
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
 from ...clock import Clock
@@ -47,7 +47,8 @@ _IN_PROGRESS = Status.IN_PROGRESS.value
 _COMPLETED = Status.COMPLETED.value
 _COLUMNS = "key, status, fingerprint, owner, lock_expires_at, expires_at, response, "
 _COLUMNS += "too_large, response_size"  # (Record's order)
-_CLAIM_FIELDS = ("key_hash", "fingerprint", "owner", "lock_expires_at", "expires_at", "now")
+_CLAIM_FIELDS: tuple[str, ...] = ("key_hash", "fingerprint", "owner", "now", "stale_before")
+_CLAIM_FIELDS += ("lock_expires_at", "expires_at")  # (ClaimRequest's names)
 
 
 class Statement(NamedTuple):
@@ -61,17 +62,13 @@ class Reply(NamedTuple):
 
 
 class Later(NamedTuple):
-    """Run ``flow`` once this one has written: at once on the same connection, or on the
-    store's threads when on the event loop. Its failures are only logged, as ``operation``'s."""
+    """Run a purge batch after the write: at once, or on the store's threads when inline."""
 
-    operation: str
     flow: Steps[None]
 
 
 Steps = Generator[Statement | Later, Reply, T]  # a flow of this store
 OFF_LOOP = Statement("-- the rest off the event loop")
-BEGIN = Statement("BEGIN IMMEDIATE")
-COMMIT = Statement("COMMIT")
 
 
 class Statements:
@@ -103,8 +100,9 @@ class Statements:
             f"OR ({table}.status = '{_IN_PROGRESS}' AND {table}.lock_expires_at <= :stale_before)"
         )
         self.claim_returning = self.claim + " RETURNING taken_over"
-        self.taken_over = f"SELECT taken_over FROM {table} WHERE key = ?"
-        self.select = f"SELECT {_COLUMNS} FROM {table} WHERE key = ?"
+        by_key = f"FROM {table} WHERE key = ?"
+        self.taken_over = f"SELECT taken_over {by_key}"
+        self.select = f"SELECT {_COLUMNS} {by_key}"
         self.complete = (
             f"UPDATE {table} SET status = :status, expires_at = :expires_at, "
             "response = :response, response_size = :response_size, too_large = :too_large "
@@ -113,23 +111,19 @@ class Statements:
         # A deferred key's interim response: only over the claim still in progress (never
         # over the work's final response, which may land first).
         self.complete_interim = self.complete + f" AND status = '{_IN_PROGRESS}'"
-        self.owner = f"SELECT owner FROM {table} WHERE key = ?"
+        self.owner = f"SELECT owner {by_key}"
         # The work's final response, or forgetting a deferred key, by a deferral token:
         # fenced by its owner, on a key not completed yet.
         self.complete_final = self.complete + f" AND status <> '{_COMPLETED}'"
-        self.release_deferred = (
-            f"DELETE FROM {table} WHERE key = ? AND owner = ? AND status <> '{_COMPLETED}'"
-        )
+        self.release_deferred = f"DELETE {by_key} AND owner = ? AND status <> '{_COMPLETED}'"
         # Only a claim still in progress: never a final response a deferral's worker stored
         # while the handler was still running.
-        self.release = (
-            f"DELETE FROM {table} WHERE key = ? AND owner = ? AND status = '{_IN_PROGRESS}'"
-        )
+        self.release = f"DELETE {by_key} AND owner = ? AND status = '{_IN_PROGRESS}'"
         self.renew = (
             f"UPDATE {table} SET lock_expires_at = :lock_expires_at, expires_at = :lock_expires_at "
             f"WHERE key = :key AND owner = :owner AND status = '{_IN_PROGRESS}'"
         )
-        self.delete = f"DELETE FROM {table} WHERE key = ?"
+        self.delete = f"DELETE {by_key}"
         # DELETE ... LIMIT needs a compile-time option; a rowid subquery bounds it anywhere.
         expired = (
             f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE expires_at <= ?"
@@ -147,40 +141,27 @@ def _row_to_record(row: tuple[Any, ...]) -> Record:
     )
 
 
+@dataclass(eq=False)
 class SQLiteOps:
-    """The flows of one table. Writes purge expired rows, one bounded batch at most once
-    per ``purge_interval_seconds`` per process (``None``: never), timed by ``clock``."""
+    """The flows of one table; writes purge a batch at most once per interval per process."""
 
+    sql: Statements
+    use_returning: bool  # RETURNING (SQLite 3.35), else changes()
+    max_response_bytes: int | None
+    purge_interval_seconds: float | None
+    purge_batch_size: int
+    busy_timeout_ms: int  # the connections' own, which a purge batch lowers for a while
+    clock: Clock
+    _purge_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _next_purge: float = field(default=0.0, init=False)  # the first write of a process purges
     supports_deferral = True
-
-    def __init__(
-        self,
-        table_name: str,
-        *,
-        use_returning: bool,  # RETURNING (SQLite 3.35), else changes()
-        max_response_bytes: int | None,
-        purge_interval_seconds: float | None,
-        purge_batch_size: int,
-        busy_timeout_ms: int,
-        clock: Clock,
-    ) -> None:
-        self.sql = Statements(table_name)
-        self.use_returning = use_returning
-        self._max_response_bytes = max_response_bytes
-        self._purge_interval = purge_interval_seconds
-        self._purge_batch_size = purge_batch_size
-        self._busy_timeout_ms = busy_timeout_ms
-        self._clock = clock
-        self._purge_lock = threading.Lock()
-        self._next_purge = 0.0  # the first write of a process purges
 
     def claim(self, request: ClaimRequest) -> Steps[ClaimResult]:
         key = request.key_hash
         params = {name: getattr(request, name) for name in _CLAIM_FIELDS}
-        params["stale_before"] = request.stale_before
         # IMMEDIATE takes the write lock up front (waiting up to the busy timeout), so the
         # upsert and the read of a holding row see one consistent state.
-        yield BEGIN
+        yield Statement("BEGIN IMMEDIATE")
         if self.use_returning:
             rows = (yield Statement(self.sql.claim_returning, params)).rows
             claimed = bool(rows)
@@ -189,19 +170,20 @@ class SQLiteOps:
             claimed = (yield Statement(self.sql.claim, params)).changed == 1
             taken_over = claimed and bool((yield Statement(self.sql.taken_over, (key,))).rows[0][0])
         rows = [] if claimed else (yield Statement(self.sql.select, (key,))).rows
-        yield COMMIT
+        yield Statement("COMMIT")
         if self._purge_due():  # (not a claim this one may not take over yet: its skew margin)
-            yield Later(PURGE, self.purge_batch(request.stale_before, self.sql.purge))
+            yield Later(self.purge_batch(request.stale_before, self.sql.purge))
         if claimed:
             return Claimed(taken_over=taken_over)
         if not rows:  # cannot happen: the upsert conflicted with this very row
             raise StoreUnavailable(f"SQLite claim of {key!r} found no holding row")
         return Held(_row_to_record(rows[0]))
 
-    def _columns(self, response: StoredResponse, too_large: bool, size: int) -> dict[str, Any]:
-        """The response's columns: no blob when too large (streamed, over the limits)."""
-        limit = self._max_response_bytes
-        blob = None
+    def _columns(self, response: StoredResponse, too_large: bool, size: int) -> Steps[Any]:
+        """The response's columns (no blob when too large: streamed, over the limits)."""
+        if len(response.body) > INLINE_MAX_BODY_BYTES:
+            yield OFF_LOOP
+        limit, blob = self.max_response_bytes, None
         if not too_large and (limit is None or len(response.body) <= limit):
             blob = encode_response(response)
             if len(blob) > _MAX_BLOB_BYTES:
@@ -209,10 +191,8 @@ class SQLiteOps:
         return {"response": blob, "response_size": size, "too_large": blob is None}
 
     def complete(self, completion: Completion) -> Steps[bool]:
-        if len(completion.response.body) > INLINE_MAX_BODY_BYTES:
-            yield OFF_LOOP
         key, owner, response = completion.key_hash, completion.owner, completion.response
-        params = self._columns(response, completion.streamed, completion.body_size)
+        params = yield from self._columns(response, completion.streamed, completion.body_size)
         status = Status.DEFERRED if completion.deferred else Status.COMPLETED
         params.update(key=key, owner=owner, status=status.value, expires_at=completion.expires_at)
         if not completion.deferred:
@@ -227,22 +207,20 @@ class SQLiteOps:
         if self._purge_due():
             # (Finished rows only: an in-progress claim past its lock may still be inside
             # another host's clock-skew margin.)
-            yield Later(PURGE, self.purge_batch(completion.now, self.sql.purge_finished))
+            yield Later(self.purge_batch(completion.now, self.sql.purge_finished))
         return updated
 
     def complete_final(
         self, token: DeferredToken, response: StoredResponse, now: float
     ) -> Steps[bool]:
-        if len(response.body) > INLINE_MAX_BODY_BYTES:
-            yield OFF_LOOP
-        params = self._columns(response, False, len(response.body))
+        params = yield from self._columns(response, False, len(response.body))
         params.update(key=token.key_hash, owner=token.owner, status=_COMPLETED)
         params["expires_at"] = float(token.expires_at)
         return (yield Statement(self.sql.complete_final, params)).changed == 1
 
     def release_unfinished(self, token: DeferredToken) -> Steps[bool]:
-        arguments = (token.key_hash, token.owner)
-        return (yield Statement(self.sql.release_deferred, arguments)).changed == 1
+        statement = Statement(self.sql.release_deferred, (token.key_hash, token.owner))
+        return (yield statement).changed == 1
 
     def release(self, key_hash: str, owner: str) -> Steps[bool]:
         return (yield Statement(self.sql.release, (key_hash, owner))).changed == 1
@@ -274,13 +252,11 @@ class SQLiteOps:
                 return total
 
     def _purge_due(self) -> bool:
-        if self._purge_interval is None:
-            return False
         with self._purge_lock:
-            tick = self._clock.now()
-            if tick < self._next_purge:
+            tick = self.clock.now()
+            if self.purge_interval_seconds is None or tick < self._next_purge:
                 return False
-            self._next_purge = tick + self._purge_interval
+            self._next_purge = tick + self.purge_interval_seconds
             return True
 
     def purge_batch(self, cutoff: float, statement: str) -> Steps[None]:
@@ -289,12 +265,12 @@ class SQLiteOps:
         # not queue for another worker's lock, it skips to the next interval instead.
         yield Statement(f"PRAGMA busy_timeout = {_PURGE_BUSY_TIMEOUT_MS}")
         try:
-            deleted = (yield Statement(statement, (cutoff, self._purge_batch_size))).changed
+            deleted = (yield Statement(statement, (cutoff, self.purge_batch_size))).changed
         except sqlite3.Error as error:
             logger.debug("SQLite %s skipped: %s", PURGE, error)
             deleted = 0
-        yield Statement(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
-        if deleted >= self._purge_batch_size:
+        yield Statement(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
+        if deleted >= self.purge_batch_size:
             with self._purge_lock:
                 self._next_purge = 0.0  # more to delete: the next write continues
         if deleted:

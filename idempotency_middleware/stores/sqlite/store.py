@@ -10,7 +10,7 @@ from ...breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD
 from ...clock import SYSTEM_CLOCK, Clock
 from ...options import DEFAULT_CLOCK_SKEW_SECONDS
 from ..kit import KitStore
-from .ops import SQLiteOps
+from .ops import SQLiteOps, Statements
 from .transport import Settings, SQLiteTransport
 
 # ON CONFLICT ... DO UPDATE (upsert) arrived in SQLite 3.24, RETURNING in 3.35.
@@ -22,34 +22,30 @@ _SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 
 class SQLiteStore(KitStore):
-    """Idempotency store in one SQLite file, shared by the worker processes of one machine.
+    """Idempotency store in one SQLite file, shared by the worker processes of one machine
+    (gunicorn or uvicorn ``--workers N``): SQLite serializes writers across processes with
+    file locks, WAL lets readers run beside the one writer, and the busy timeout makes a
+    writer wait for the lock instead of failing.
 
     ``SQLiteStore("/var/lib/myapp/idempotency.sqlite3")`` serves both middlewares: the sync
-    methods (``claim``, ``complete``, ``release``, ``renew``) for WSGI, the async ones
-    (``aclaim`` ...) for ASGI, which run the same statements on the event loop when they
-    need not wait for another process's lock, else on a small thread pool owned by the
-    store (``async_threads`` of them, see transport.py).
+    methods for WSGI, the async ones for ASGI, which run on the event loop when they need
+    not wait for another process's lock, else on ``async_threads`` threads owned by the store
+    (``async_inline=False``: always there; see transport.py for what runs inline, and when).
 
-    The claim is a single ``INSERT ... ON CONFLICT DO UPDATE ... WHERE`` statement: it wins
-    when the key is absent, expired, or an in-progress claim past its lock timeout.
-    Finishing is fenced by the claim's owner token. Expired rows are claimable at once and
-    deleted by a bounded purge that piggybacks on writes at most once per
-    ``purge_interval_seconds`` (``None`` disables it; :meth:`purge_expired` runs it now),
-    timed by ``clock``.
+    The claim is one ``INSERT ... ON CONFLICT DO UPDATE ... WHERE`` statement: it wins when
+    the key is absent, expired, or an in-progress claim past its lock timeout. Finishing is
+    fenced by the claim's owner token. Expired rows are claimable at once and deleted by a
+    bounded purge riding on writes at most once per ``purge_interval_seconds`` (``None``
+    disables it; :meth:`purge_expired` runs it now), timed by ``clock``.
 
     A write that waits longer than ``busy_timeout_seconds`` for another process's lock, or
     any I/O error, raises :class:`StoreUnavailable` (the middleware answers 503).
     ``max_response_bytes`` caps the body size kept for replay (``None``: keep every
-    response); a larger response still completes its key, which is never run again within
-    its TTL. ``synchronous`` is SQLite's durability setting: ``NORMAL`` (the default) keeps
-    every commit across application crashes, while a power loss may forget the last ones;
-    ``FULL`` also survives power loss at the cost of an fsync per write.
-    ``async_inline=False`` keeps every async call on the threads (see transport.py for what
-    runs inline, and when).
-
-    Schema is created on first use (or by :meth:`create_table`, which also switches the
-    file to WAL). Use one file per machine on a local disk: SQLite's locking does not work
-    over network file systems.
+    response); a larger response still completes its key, never run again within its TTL.
+    ``synchronous``: ``NORMAL`` (the default) keeps every commit across application crashes,
+    while a power loss may forget the last ones; ``FULL`` also survives power loss, at the
+    cost of an fsync per write. The schema is made on first use (or by :meth:`create_table`).
+    Use one file per machine on a local disk: SQLite's locking fails on network file systems.
     """
 
     def __init__(
@@ -74,8 +70,8 @@ class SQLiteStore(KitStore):
                 f"SQLiteStore needs SQLite 3.24 or newer (upsert); this Python links "
                 f"SQLite {sqlite3.sqlite_version}"
             )
-        self.path = os.fspath(path)
-        if self.path in ("", ":memory:"):
+        self.path = path = os.fspath(path)
+        if path in ("", ":memory:"):
             raise ValueError(
                 "SQLiteStore needs a file path shared by the worker processes; "
                 "use MemoryStore for an in-process store"
@@ -99,7 +95,7 @@ class SQLiteStore(KitStore):
         self.synchronous = synchronous
         self.purge_batch_size = purge_batch_size
         ops = SQLiteOps(
-            table_name,
+            Statements(table_name),
             use_returning=sqlite3.sqlite_version_info >= _RETURNING_VERSION,
             max_response_bytes=max_response_bytes,
             purge_interval_seconds=purge_interval_seconds,
@@ -112,12 +108,7 @@ class SQLiteStore(KitStore):
         # where no connection may be kept for the next call.
         inline = async_inline and synchronous in ("OFF", "NORMAL") and max_idle_connections > 0
         settings = Settings(
-            self.path,
-            busy_timeout_seconds,
-            synchronous,
-            max_idle_connections,
-            async_threads,
-            inline,
+            path, busy_timeout_seconds, synchronous, max_idle_connections, async_threads, inline
         )
         super().__init__(
             ops,
@@ -136,12 +127,8 @@ class SQLiteStore(KitStore):
         self, now: float | None = None, *, clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS
     ) -> int:
         """Delete every record expired at least ``clock_skew_seconds`` before ``now``
-        (default: the clock's time); the count. (The margin keeps an in-progress claim that
-        a host whose clock is behind still holds, as the claims' own margin does.)
-
-        Runs in batches of ``purge_batch_size`` rows, each its own short write
-        transaction, so other workers are never locked out for long.
-        """
-        now = self._clock.now() if now is None else now
-        cutoff = now - clock_skew_seconds
+        (default: the clock's time), in batches of ``purge_batch_size``; the count. (The
+        margin keeps an in-progress claim that a host whose clock is behind still holds, as
+        the claims' own margin does.)"""
+        cutoff = (self._clock.now() if now is None else now) - clock_skew_seconds
         return self._run("purge", self._ops.purge(cutoff, self.purge_batch_size))

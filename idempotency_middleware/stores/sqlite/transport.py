@@ -5,10 +5,9 @@ timeout is zero: with WAL and ``synchronous=NORMAL`` a claim or a completion is 
 page-cache writes and no fsync, cheaper than the hand-off to a worker thread and back (which
 cost about half of a new key). When a statement would have to wait (another worker holds the
 write lock: ``SQLITE_BUSY`` at once, the statement changed nothing), the flow goes on from
-that statement on the store's threads, which wait up to the busy timeout without holding up
-the loop; so does a flow that asks for it (``OFF_LOOP``). What an inline connection never
-does on the loop: open itself (a thread does), or checkpoint the WAL
-(``wal_autocheckpoint = 0``; the store's threads do, every ``CHECKPOINT_EVERY`` inline flows).
+that statement on the store's threads, which wait up to the busy timeout; so does a flow
+that asks to (``OFF_LOOP``). An inline connection never opens itself on the loop, nor
+checkpoints (``wal_autocheckpoint = 0``: threads do, every ``CHECKPOINT_EVERY`` inline flows).
 """
 
 from __future__ import annotations
@@ -22,13 +21,13 @@ import time
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar, cast
 
 from ..kit import Flow
 from ..protocol import StoreUnavailable
 from ..threaded import WorkerThreads
 from .errors import is_busy, is_unavailable, unavailable
-from .ops import OFF_LOOP, Later, Reply, Statement, Steps
+from .ops import OFF_LOOP, PURGE, Later, Reply, Statement, Steps
 
 T = TypeVar("T")
 logger = logging.getLogger(__package__)
@@ -36,8 +35,7 @@ logger = logging.getLogger(__package__)
 # Inline flows between two checkpoints (SQLite's own auto-checkpoint: about 1000 pages,
 # several hundred small writes).
 CHECKPOINT_EVERY = 256
-
-_FIRST: Any = object()  # a flow's first request: not asked for yet
+_NOT_WAL = "SQLite database %s is in %s journal mode, not WAL: writers will block readers"
 
 
 @dataclass(frozen=True)
@@ -70,20 +68,15 @@ def _wal_checkpoint() -> Steps[tuple[int, int, int]]:
     return busy, frames, copied
 
 
+Opener = Callable[[], sqlite3.Connection]
+Closer = Callable[[sqlite3.Connection], None]
+
+
 class ConnectionPool:
-    """A lock-protected stack of idle connections, each used by one thread at a time.
+    """Idle connections, each lent to one thread at a time (sqlite3's rule), so that a WSGI
+    server's thread per request and the store's threads reuse them instead of reconnecting."""
 
-    sqlite3 connections must not be used by two threads at once; handing them out one
-    thread at a time (``check_same_thread=False``) lets a WSGI server that starts a thread
-    per request, and the store's worker threads, reuse them instead of reconnecting.
-    """
-
-    def __init__(
-        self,
-        connect: Callable[[], sqlite3.Connection],
-        max_idle: int,
-        discard: Callable[[sqlite3.Connection], None] = close_quietly,
-    ) -> None:
+    def __init__(self, connect: Opener, max_idle: int, discard: Closer = close_quietly) -> None:
         self._connect = connect
         self._discard = discard  # closes a connection given back that is not kept
         self._max_idle = max_idle
@@ -111,18 +104,14 @@ class ConnectionPool:
         return None
 
     def take(self) -> tuple[sqlite3.Connection, int]:
-        taken = self.take_idle()
-        if taken is None:
-            generation = self._generation  # (closed meanwhile: discarded when given back)
-            taken = self._connect(), generation
-        return taken
+        generation = self._generation  # (closed meanwhile: discarded when given back)
+        return self.take_idle() or (self._connect(), generation)
 
     def give_back(
         self, connection: sqlite3.Connection, generation: int, error: BaseException | None = None
     ) -> None:
-        """Keep ``connection`` for the next caller; after ``error`` only if that was another
-        worker's lock or no SQLite error at all, rolled back. Whatever else failed (a broken
-        file handle, a half-done transaction) is not reused."""
+        """Keep ``connection``; after ``error`` only when that was another worker's lock (or
+        no SQLite error) and it rolled back, not whatever else failed (a broken file handle)."""
         if error is not None and not (
             (is_busy(error) or not isinstance(error, sqlite3.Error)) and rolled_back(connection)
         ):
@@ -150,9 +139,7 @@ _leaked_across_fork: list[sqlite3.Connection] = []
 
 
 class SQLiteTransport:
-    """Runs flows on pooled connections (sync, or awaited on the store's ``async_threads``
-    threads) or inline on the loop; failures that mean the file could not answer become
-    :class:`StoreUnavailable`, other SQLite errors surface as they are."""
+    """Flows on pooled connections or inline; SQLite's outages become StoreUnavailable."""
 
     def __init__(self, settings: Settings, schema: tuple[str, ...]) -> None:
         self._settings = settings
@@ -169,49 +156,42 @@ class SQLiteTransport:
         self._schema_lock = threading.Lock()
 
     def _open(self) -> sqlite3.Connection:
+        path, busy_timeout = self._settings.path, self._settings.busy_timeout_seconds
         connection = sqlite3.connect(
-            self._settings.path,
-            timeout=self._settings.busy_timeout_seconds,
+            path,
+            timeout=busy_timeout,
             isolation_level=None,  # autocommit; transactions are explicit (BEGIN IMMEDIATE)
             check_same_thread=False,  # the pool hands a connection to one thread at a time
         )
         try:
-            self._configure(connection)
+            # Switching a new file to WAL takes an exclusive lock that the busy handler may
+            # not wait for when several workers start at once: retry within the busy timeout
+            # (in real time, not the store's clock: this waits on another process's lock).
+            deadline = time.monotonic() + busy_timeout
+            while True:
+                try:
+                    mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                    break
+                except sqlite3.OperationalError as error:
+                    if not is_busy(error) or time.monotonic() >= deadline:
+                        raise
+                    time.sleep(0.01)
+            if str(mode).lower() != "wal":
+                self._inline = False  # a commit outside WAL writes and syncs a journal
+                logger.warning(_NOT_WAL, path, mode)
+            connection.execute(f"PRAGMA synchronous = {self._settings.synchronous}")
+            with self._schema_lock:
+                if not self._schema_ready:
+                    for statement in self._schema:
+                        connection.execute(statement)
+                    self._schema_ready = True
         except BaseException:
             close_quietly(connection)
             raise
         return connection
 
-    def _configure(self, connection: sqlite3.Connection) -> None:
-        # Switching a new file to WAL takes an exclusive lock that the busy handler may not
-        # wait for when several workers start at once, so retry within the busy timeout.
-        # Real time, not the store's clock: this waits on another process's file lock.
-        deadline = time.monotonic() + self._settings.busy_timeout_seconds
-        while True:
-            try:
-                mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-                break
-            except sqlite3.OperationalError as error:
-                if not is_busy(error) or time.monotonic() >= deadline:
-                    raise
-                time.sleep(0.01)
-        if str(mode).lower() != "wal":
-            self._inline = False  # a commit outside WAL writes and syncs a journal
-            logger.warning(
-                "SQLite database %s is in %s journal mode, not WAL: writers will block readers",
-                self._settings.path,
-                mode,
-            )
-        connection.execute(f"PRAGMA synchronous = {self._settings.synchronous}")
-        with self._schema_lock:
-            if not self._schema_ready:
-                for statement in self._schema:
-                    connection.execute(statement)
-                self._schema_ready = True
-
     def _open_inline(self) -> sqlite3.Connection:
-        """A connection for flows on the event loop: it never waits for a lock (busy
-        timeout zero) and never checkpoints (the store's threads do)."""
+        """A connection for the event loop: it never waits for a lock, nor checkpoints."""
         connection = self._open()
         connection.execute("PRAGMA busy_timeout = 0")
         connection.execute("PRAGMA wal_autocheckpoint = 0")
@@ -222,11 +202,8 @@ class SQLiteTransport:
             raise unavailable(operation, error, self._settings.path) from error
         raise error  # no outage (a foreign table under the store's name, say): as it is
 
-    # -- sync, and on the store's threads ---------------------------------------------
-
-    def run(self, operation: str, flow: Flow[T], request: Any = _FIRST) -> T:
-        """Run ``flow`` on a pooled connection (from ``request`` on: where an inline run
-        stopped)."""
+    def run(self, operation: str, flow: Flow[T], request: Any = None) -> T:
+        """Run ``flow`` on a pooled connection (from ``request``: where an inline run stopped)."""
         try:
             connection, generation = self._pool.take()
             try:
@@ -242,10 +219,9 @@ class SQLiteTransport:
     def _steps(
         self, connection: sqlite3.Connection, flow: Flow[Any], request: Any, inline: bool
     ) -> tuple[bool, Any]:
-        """``(True, result)`` of ``flow`` from ``request`` on; inline, ``(False, request)``
-        when the rest, from ``request`` on, is for a thread."""
+        """``(True, result)``; inline, ``(False, request)``: the rest, from it, is for a thread."""
         try:
-            if request is _FIRST:
+            if request is None:  # (not asked for yet)
                 request = next(flow)
             while True:
                 in_transaction = connection.in_transaction
@@ -256,9 +232,9 @@ class SQLiteTransport:
                             return False, request
                     elif isinstance(request, Later):
                         if inline:  # not on the loop: the batch may wait for a lock a little
-                            self._in_background(self._quietly, *request)
+                            self._in_background(self._quietly, PURGE, request.flow)
                         else:
-                            self._steps(connection, request.flow, _FIRST, inline=False)
+                            self._steps(connection, request.flow, None, inline=False)
                     else:
                         cursor = connection.execute(request.sql, request.params)
                         reply = Reply(cursor.fetchall(), cursor.rowcount)
@@ -273,16 +249,10 @@ class SQLiteTransport:
         except StopIteration as done:
             return True, done.value
 
-    # -- awaited: inline first ----------------------------------------------------------
-
     async def arun(self, operation: str, flow: Flow[T]) -> T:
-        """Run ``flow`` on the event loop's thread as long as it need not wait for a lock;
-        the rest on the store's threads."""
-        if not self._inline:
-            return await self._threads.run(self.run, operation, flow)
-        if self._wal_restart_due and operation != "get":
-            # The first write after a checkpoint restarts the WAL, which syncs its header:
-            # not on the loop.
+        """Run ``flow`` inline as long as it need not wait for a lock; the rest on a thread."""
+        if not self._inline or (self._wal_restart_due and operation != "get"):
+            # (The first write after a checkpoint restarts the WAL, syncing its header.)
             self._wal_restart_due = False
             return await self._threads.run(self.run, operation, flow)
         taken = self._inline_pool.take_idle()
@@ -292,7 +262,7 @@ class SQLiteTransport:
             return await self._threads.run(self._run_then_open_inline, operation, flow)
         connection, generation = taken
         try:
-            done, outcome = self._steps(connection, flow, _FIRST, inline=True)
+            done, outcome = self._steps(connection, flow, None, inline=True)
         except BaseException as error:
             self._inline_pool.give_back(connection, generation, error)
             if isinstance(error, sqlite3.Error):
@@ -305,8 +275,7 @@ class SQLiteTransport:
         if self._inline_flows >= CHECKPOINT_EVERY:
             self._inline_flows = 0
             self._in_background(self._checkpoint)
-        result: T = outcome
-        return result
+        return cast(T, outcome)
 
     def _run_then_open_inline(self, operation: str, flow: Flow[T]) -> T:
         result = self.run(operation, flow)
@@ -314,12 +283,9 @@ class SQLiteTransport:
             self._inline_pool.give_back(*self._inline_pool.take())
         return result
 
-    # -- in the background, on the store's threads -------------------------------------
-
     def _in_background(self, call: Callable[..., object], *args: Any) -> bool:
-        """Run ``call(*args)`` on the store's threads, not waiting for it; whether it was
-        handed over. What the call rides on has happened already: a store closing meanwhile
-        must not fail it."""
+        """Whether ``call(*args)`` was handed to the store's threads (not waited for: what it
+        rides on has happened, a store closing meanwhile must not fail it)."""
         try:
             self._threads.pool().submit(call, *args)
         except RuntimeError as error:  # the pool shut down (close(), interpreter exit)
@@ -340,8 +306,7 @@ class SQLiteTransport:
             close_quietly(connection)
 
     def _checkpoint(self) -> None:
-        """Move the WAL's pages into the database without waiting for anyone (what SQLite's
-        auto-checkpoint does, which inline connections leave to this)."""
+        """SQLite's auto-checkpoint, which inline connections leave to this: waiting for no one."""
         done = self._quietly("checkpoint", _wal_checkpoint())
         if done is not None and 0 < done[1] == done[2]:  # copied whole
             self._wal_restart_due = True
