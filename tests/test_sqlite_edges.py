@@ -11,7 +11,8 @@ import pytest
 
 from idempotency_middleware import SQLiteStore
 from idempotency_middleware.stores.base import Claimed, ClaimRequest, StoreUnavailable
-from idempotency_middleware.stores.sqlite import _is_busy, _rolled_back
+from idempotency_middleware.stores.sqlite.errors import is_busy
+from idempotency_middleware.stores.sqlite.transport import rolled_back
 from idempotency_middleware.testing import FakeClock
 
 
@@ -113,9 +114,9 @@ def test_a_foreign_table_under_the_name_raises_its_own_error_not_unavailable(
 
 def test_busy_errors_are_recognised_by_message_without_an_error_code() -> None:
     # Python 3.10's sqlite3 errors carry no sqlite_errorcode; the message tells.
-    assert _is_busy(sqlite3.OperationalError("database is locked"))
-    assert _is_busy(sqlite3.OperationalError("database table is locked: t"))
-    assert not _is_busy(sqlite3.OperationalError("disk I/O error"))
+    assert is_busy(sqlite3.OperationalError("database is locked"))
+    assert is_busy(sqlite3.OperationalError("database table is locked: t"))
+    assert not is_busy(sqlite3.OperationalError("disk I/O error"))
 
 
 def test_a_connection_that_cannot_roll_back_is_not_reported_sound(tmp_path: Path) -> None:
@@ -123,7 +124,7 @@ def test_a_connection_that_cannot_roll_back_is_not_reported_sound(tmp_path: Path
     connection.execute("CREATE TABLE t (x)")
     connection.execute("BEGIN")
     connection.execute("INSERT INTO t VALUES (1)")
-    assert _rolled_back(connection)
+    assert rolled_back(connection)
     assert not connection.in_transaction
     connection.close()
-    assert not _rolled_back(connection)
+    assert not rolled_back(connection)

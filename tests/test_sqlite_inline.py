@@ -1,9 +1,9 @@
-"""SQLiteStore's async methods run inline on the event loop first (sqlite_connections.py).
+"""SQLiteStore's async methods run inline on the event loop first (sqlite/transport.py).
 
 An async call runs on the loop's thread, on a connection that never waits for a lock,
 when one is idle; when SQLite answers busy it runs again on the store's threads, which
-wait up to the busy timeout. These tests watch where each call ran: through the store's
-``_in_thread`` (counted) or on the loop's thread (traced on the inline connection).
+wait up to the busy timeout. These tests watch where each call ran: on the transport's
+threads (counted) or on the loop's thread (traced on the inline connection).
 """
 
 from __future__ import annotations
@@ -23,14 +23,11 @@ import pytest
 from idempotency_middleware.breaker import CircuitBreaker
 from idempotency_middleware.clock import SYSTEM_CLOCK
 from idempotency_middleware.records import Status, StoredResponse
-from idempotency_middleware.stores import sqlite as sqlite_module
-from idempotency_middleware.stores.base import (
-    Claimed,
-    Held,
-    StoreUnavailable,
-)
+from idempotency_middleware.stores.kit import Flow
+from idempotency_middleware.stores.protocol import Claimed, Held, StoreUnavailable
 from idempotency_middleware.stores.sqlite import SQLiteStore
-from idempotency_middleware.stores.sqlite_connections import INLINE, INLINE_MAX_BODY_BYTES
+from idempotency_middleware.stores.sqlite import transport as transport_module
+from idempotency_middleware.stores.sqlite.ops import INLINE_MAX_BODY_BYTES, PURGE, Statement
 from idempotency_middleware.testing import FakeClock
 from tests.faultproxy import wait_until
 from tests.test_breaker_outage import NOT_A_DATABASE
@@ -50,16 +47,19 @@ def token_for(key: str, owner: str, now: float) -> str:
 
 
 class ThreadCalls:
-    """Every call the store hands to its thread pool, by name, in order."""
+    """Every call the store hands to its thread pool, in order: its operation's name
+    (``names``) and the transport's method running it (``calls``)."""
 
     def __init__(self, store: SQLiteStore, monkeypatch: pytest.MonkeyPatch) -> None:
         self.names: list[str] = []
+        self.calls: list[str] = []
         self.started = asyncio.Event()
-        original = store._in_thread
+        original = store._transport._threads.run
         loop = asyncio.get_running_loop()
 
         async def counted(call: Callable[..., Any], *args: Any) -> Any:
-            self.names.append(getattr(call, "__name__", repr(call)))
+            self.names.append(args[0])
+            self.calls.append(call.__name__)
 
             def on_the_thread(*arguments: Any) -> Any:
                 loop.call_soon_threadsafe(self.started.set)
@@ -67,7 +67,7 @@ class ThreadCalls:
 
             return await original(on_the_thread, *args)
 
-        monkeypatch.setattr(store, "_in_thread", counted)
+        monkeypatch.setattr(store._transport._threads, "run", counted)
 
 
 class Traced:
@@ -97,7 +97,7 @@ class Traced:
 
 
 def the_inline_connection(store: SQLiteStore) -> sqlite3.Connection:
-    (connection,) = store._inline_pool._idle
+    (connection,) = store._transport._inline_pool._idle
     return connection
 
 
@@ -120,9 +120,16 @@ async def background_done(store: SQLiteStore) -> None:
     await asyncio.to_thread(store.close)
 
 
+async def after_the_threads_work(store: SQLiteStore) -> None:
+    """Wait for a no-op on the store's thread pool (with one thread: after what it was
+    handed before)."""
+    pool = store._transport._threads.pool()
+    await asyncio.get_running_loop().run_in_executor(pool, lambda: None)
+
+
 async def warmed_up(store: SQLiteStore) -> sqlite3.Connection:
     """Run a first async call (on a thread: it leaves an inline connection behind)."""
-    assert store._inline_pool._idle == []
+    assert store._transport._inline_pool._idle == []
     assert await store.aget("warm-up") is None
     return the_inline_connection(store)
 
@@ -131,7 +138,7 @@ async def warmed_up(store: SQLiteStore) -> sqlite3.Connection:
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SQLiteStore]:
     """A store on a fresh file, without periodic purge, over both claim detections."""
     with SQLiteStore(tmp_path / "idempotency.sqlite3", purge_interval_seconds=None) as store:
-        store._use_returning = request.param == "returning" and store._use_returning
+        store._ops.use_returning = request.param == "returning" and store._ops.use_returning
         yield store
 
 
@@ -143,13 +150,13 @@ async def test_the_first_async_call_runs_on_a_thread_and_leaves_an_inline_connec
 ) -> None:
     threaded = ThreadCalls(store, monkeypatch)
     connection = await warmed_up(store)
-    assert threaded.names == ["_call_then_open_inline"]
+    assert threaded.calls == ["_run_then_open_inline"]
     # The inline connection never waits for a lock, and never checkpoints.
     assert connection.execute("PRAGMA busy_timeout").fetchone()[0] == 0
     assert connection.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
     assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     # The thread's own connection keeps the full busy timeout.
-    (pooled,) = store._pool._idle
+    (pooled,) = store._transport._pool._idle
     assert pooled.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
 
 
@@ -204,7 +211,6 @@ async def test_later_async_calls_run_inline_on_the_loop_and_follow_the_protocol(
     for statement in ("BEGIN IMMEDIATE", "INSERT", "UPDATE", "DELETE", "SELECT"):
         assert traced.saw(statement), statement
     assert the_inline_connection(store) is connection  # the same one, given back each time
-    assert INLINE.get() is None  # no call left its connection set
 
 
 async def test_calls_at_once_on_one_loop_take_turns_on_the_inline_connection(
@@ -218,7 +224,7 @@ async def test_calls_at_once_on_one_loop_take_turns_on_the_inline_connection(
     )
     assert sum(isinstance(result, Claimed) for result in results) == 1
     assert threaded.names == []
-    assert len(store._inline_pool._idle) == 1
+    assert len(store._transport._inline_pool._idle) == 1
 
 
 # -- a lock held by another worker ------------------------------------------------------------
@@ -230,7 +236,7 @@ async def test_a_held_write_lock_sends_the_call_to_a_thread_which_waits_for_it(
     path = tmp_path / "db.sqlite3"
     async with SQLiteStore(path, purge_interval_seconds=None, busy_timeout_seconds=20) as store:
         inline = await warmed_up(store)
-        (pooled,) = store._pool._idle
+        (pooled,) = store._transport._pool._idle
         inline_traced, pooled_traced = Traced(inline), Traced(pooled)
         threaded = ThreadCalls(store, monkeypatch)
         holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -266,6 +272,7 @@ async def test_a_held_write_lock_sends_the_call_to_a_thread_which_waits_for_it(
         # The inline attempt gave up at once (the busy timeout is 20 s).
         assert reached_the_thread[0] - started < 2.0
         assert threaded.names == ["claim"]
+        assert threaded.calls == ["run"]  # from the statement that met the lock
         # The inline attempt met the lock on the loop's thread and gave up before writing.
         loop_thread = threading.get_ident()
         assert inline_traced.saw("BEGIN IMMEDIATE")
@@ -342,7 +349,7 @@ async def test_these_options_never_run_inline(
             "get",
             "delete",
         ]
-        assert store._inline_pool._idle == []
+        assert store._transport._inline_pool._idle == []
 
 
 async def test_a_database_that_will_not_use_wal_never_runs_inline(
@@ -365,7 +372,8 @@ async def test_a_database_that_will_not_use_wal_never_runs_inline(
         assert await store.aclaim(claim_request()) == Claimed()
         assert await store.acomplete(completion()) is True
         assert isinstance(await store.aclaim(claim_request(owner="b")), Held)
-        assert threaded.names == ["_call_then_open_inline", "complete", "claim"]
+        assert threaded.names == ["claim", "complete", "claim"]
+        assert threaded.calls == ["_run_then_open_inline", "run", "run"]
     assert "not WAL" in caplog.text
 
 
@@ -416,24 +424,24 @@ async def test_a_deferred_completion_with_a_large_body_is_written_on_a_thread(
 async def test_every_n_inline_calls_checkpoint_the_wal_on_a_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sqlite_module, "CHECKPOINT_EVERY", 5)
+    monkeypatch.setattr(transport_module, "CHECKPOINT_EVERY", 5)
     path = tmp_path / "db.sqlite3"
     # One thread: waiting for a no-op on it waits for whatever was submitted before.
     async with SQLiteStore(path, purge_interval_seconds=None, async_threads=1) as store:
         await warmed_up(store)
         checkpoints: list[str] = []
-        checkpoint = store._checkpoint
+        checkpoint = store._transport._checkpoint
 
         def recorded() -> None:
             checkpoints.append(threading.current_thread().name)
             checkpoint()
 
-        monkeypatch.setattr(store, "_checkpoint", recorded)
+        monkeypatch.setattr(store._transport, "_checkpoint", recorded)
         threaded = ThreadCalls(store, monkeypatch)
         size = path.stat().st_size
         for number in range(4):
             assert await store.aclaim(claim_request(f"k-{number}")) == Claimed()
-        await asyncio.get_running_loop().run_in_executor(store._thread_pool(), lambda: None)
+        await after_the_threads_work(store)
         assert checkpoints == []
         assert path.stat().st_size == size  # every write still in the WAL only
 
@@ -442,19 +450,19 @@ async def test_every_n_inline_calls_checkpoint_the_wal_on_a_thread(
         assert len(checkpoints) == 1
         assert checkpoints[0].startswith("idempotency-sqlite")
         assert threaded.names == []
-        await asyncio.get_running_loop().run_in_executor(store._thread_pool(), lambda: None)
+        await after_the_threads_work(store)
         # The WAL was copied whole: the next write restarts it, which syncs its header, so
         # that write goes to a thread; a read stays inline.
-        assert store._wal_restart_due
+        assert store._transport._wal_restart_due
         assert await store.aget("k-0") is not None
         assert threaded.names == []
         assert await store.aclaim(claim_request("k-5")) == Claimed()
         assert threaded.names == ["claim"]
-        assert not store._wal_restart_due
+        assert not store._transport._wal_restart_due
         # The count starts again.
         for number in range(6, 9):
             assert await store.aclaim(claim_request(f"k-{number}")) == Claimed()
-        await asyncio.get_running_loop().run_in_executor(store._thread_pool(), lambda: None)
+        await after_the_threads_work(store)
         assert len(checkpoints) == 1
         assert threaded.names == ["claim"]
 
@@ -466,7 +474,7 @@ def test_a_checkpoint_on_a_broken_file_logs_and_does_not_raise(
     path.write_bytes(NOT_A_DATABASE)
     caplog.set_level(logging.DEBUG, LOGGER)
     with SQLiteStore(path) as store:
-        store._checkpoint()
+        store._transport._checkpoint()
     assert "SQLite checkpoint skipped" in caplog.text
     assert path.read_bytes() == NOT_A_DATABASE
 
@@ -485,14 +493,15 @@ async def test_a_purge_piggybacked_on_an_inline_write_runs_on_a_thread(
         await warmed_up(store)
         purges: list[int] = []
         gate = threading.Event()
-        purge = store._purge_batch_on_a_thread
+        quietly = store._transport._quietly
 
-        def gated(cutoff: float, statement: str) -> None:
+        def gated(operation: str, flow: Flow[None]) -> None:
+            assert operation == PURGE
             purges.append(threading.get_ident())
             assert gate.wait(WAIT_SECONDS)
-            purge(cutoff, statement)
+            quietly(operation, flow)
 
-        monkeypatch.setattr(store, "_purge_batch_on_a_thread", gated)
+        monkeypatch.setattr(store._transport, "_quietly", gated)
         threaded = ThreadCalls(store, monkeypatch)
         clock.advance(59)
         assert await store.aclaim(claim_request("new-1", now=clock.now())) == Claimed()
@@ -520,7 +529,7 @@ def test_a_purge_on_a_thread_on_a_broken_file_logs_and_does_not_raise(
     path.write_bytes(NOT_A_DATABASE)
     caplog.set_level(logging.DEBUG, LOGGER)
     with SQLiteStore(path) as store:
-        store._purge_batch_on_a_thread(time.time(), store._sql.purge)
+        store._transport._quietly(PURGE, store._ops.purge_batch(time.time(), store._ops.sql.purge))
     assert "purge of expired idempotency records skipped" in caplog.text
     assert path.read_bytes() == NOT_A_DATABASE
 
@@ -528,29 +537,29 @@ def test_a_purge_on_a_thread_on_a_broken_file_logs_and_does_not_raise(
 # -- failures of an inline call --------------------------------------------------------------
 
 
-async def test_an_open_breaker_sends_calls_to_the_threads_and_keeps_the_inline_connection(
+async def test_an_open_breaker_refuses_claims_before_any_connection_is_used(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Not closed: the thread path, where a half-open breaker admits its probe once (an
-    # inline probe meeting a lock and re-run on a thread would ask to be admitted twice).
+    # The breaker admits a half-open probe once, before the transport: a probe that meets a
+    # lock inline goes on on a thread without asking again.
     async with SQLiteStore(tmp_path / "db.sqlite3", breaker_threshold=1) as store:
         inline = await warmed_up(store)
+        traced = Traced(inline)
         threaded = ThreadCalls(store, monkeypatch)
         store.breaker.failed(StoreUnavailable("test outage", cause="io_error", reason="test"))
         assert breaker_state(store) == "open"
         with pytest.raises(StoreUnavailable) as refused:
             await store.aclaim(claim_request())
         assert refused.value.cause == "breaker_open"
-        assert threaded.names == ["claim"]
+        assert threaded.names == []
+        assert traced.statements == []
         assert the_inline_connection(store) is inline
-        # A finishing call the store answers closes the breaker (on a thread, still).
+        # A finishing call the store answers closes the breaker.
         assert await store.arelease("k", "owner-a") is False
         assert breaker_state(store) == "closed"
-        assert threaded.names == ["claim", "release"]
-        # Closed again: inline, on the same connection.
         assert await store.aclaim(claim_request()) == Claimed()
         assert the_inline_connection(store) is inline
-        assert threaded.names == ["claim", "release"]
+        assert threaded.names == []
         assert not is_closed(inline)
 
 
@@ -581,13 +590,13 @@ async def test_an_sqlite_error_inline_surfaces_and_closes_the_inline_connection(
         with pytest.raises(StoreUnavailable, match="no such table"):
             await store.aclaim(claim_request())
         assert threaded.names == []  # not retried on a thread: it was no lock
-        assert store._inline_pool._idle == []
+        assert store._transport._inline_pool._idle == []
         await background_done(store)  # the discarded connection is closed off the loop
         assert is_closed(inline)
         # The next call opens a new inline connection (on a thread) and gets the same error.
         with pytest.raises(StoreUnavailable, match="no such table"):
             await store.aclaim(claim_request())
-        assert threaded.names == ["_call_then_open_inline"]
+        assert threaded.calls == ["_run_then_open_inline"]
 
 
 async def test_a_foreign_table_error_inline_surfaces_as_is_and_closes_the_connection(
@@ -612,7 +621,7 @@ async def test_a_foreign_table_error_inline_surfaces_as_is_and_closes_the_connec
         assert threaded.names == []
         # As a pooled connection that failed so would be: closed (its transaction with it),
         # not reused.
-        assert store._inline_pool._idle == []
+        assert store._transport._inline_pool._idle == []
         await background_done(store)
         assert is_closed(inline)
 
@@ -622,17 +631,15 @@ async def test_an_inline_connection_that_cannot_roll_back_is_closed(
 ) -> None:
     inline = await warmed_up(store)
 
-    def breaks_its_connection() -> None:
-        connection = INLINE.get()
-        assert connection is inline
-        connection.execute("BEGIN")
-        connection.close()  # the transaction cannot be rolled back now
+    def breaks_its_connection() -> Flow[None]:
+        yield Statement("BEGIN")
+        assert inline.in_transaction  # (the flow's statement ran on it)
+        inline.close()  # the transaction cannot be rolled back now
         raise RuntimeError("broken mid-call")
 
     with pytest.raises(RuntimeError, match="broken mid-call"):
-        await store._run_async(breaks_its_connection)
-    assert store._inline_pool._idle == []
-    assert INLINE.get() is None
+        await store._transport.arun("test", breaks_its_connection())
+    assert store._transport._inline_pool._idle == []
 
 
 async def test_when_the_inline_connection_cannot_be_opened_the_call_still_answers(
@@ -640,7 +647,7 @@ async def test_when_the_inline_connection_cannot_be_opened_the_call_still_answer
 ) -> None:
     threaded = ThreadCalls(store, monkeypatch)
     attempts: list[int] = []
-    open_inline = store._inline_pool._connect
+    open_inline = store._transport._inline_pool._connect
     failing = True
 
     def connect() -> sqlite3.Connection:
@@ -649,20 +656,20 @@ async def test_when_the_inline_connection_cannot_be_opened_the_call_still_answer
             raise sqlite3.OperationalError("unable to open database file")
         return open_inline()
 
-    monkeypatch.setattr(store._inline_pool, "_connect", connect)
+    monkeypatch.setattr(store._transport._inline_pool, "_connect", connect)
     assert await store.aclaim(claim_request()) == Claimed()
-    assert store._inline_pool._idle == []
+    assert store._transport._inline_pool._idle == []
     assert await store.acomplete(completion()) is True  # tried again, on a thread again
     assert len(attempts) == 2
     assert threading.get_ident() not in attempts  # never opened on the loop
-    assert threaded.names == ["_call_then_open_inline"] * 2
+    assert threaded.calls == ["_run_then_open_inline"] * 2
     failing = False
     record = await store.aget("k")
     assert record is not None
     assert record.status is Status.COMPLETED
-    assert len(store._inline_pool._idle) == 1
+    assert len(store._transport._inline_pool._idle) == 1
     assert await store.adelete("k") is True  # inline now
-    assert threaded.names == ["_call_then_open_inline"] * 3
+    assert threaded.calls == ["_run_then_open_inline"] * 3
 
 
 # -- closing --------------------------------------------------------------------------------
@@ -674,15 +681,15 @@ async def test_close_closes_the_inline_connections_and_the_store_works_again(
     inline = await warmed_up(store)
     assert await store.aclaim(claim_request()) == Claimed()
     await store.aclose()
-    assert store._inline_pool._idle == []
+    assert store._transport._inline_pool._idle == []
     assert is_closed(inline)
     threaded = ThreadCalls(store, monkeypatch)
     assert isinstance(await store.aclaim(claim_request(owner="b")), Held)
-    assert threaded.names == ["_call_then_open_inline"]
+    assert threaded.calls == ["_run_then_open_inline"]
     reopened = the_inline_connection(store)
     assert reopened is not inline
     assert await store.arelease("k", "owner-a") is True
-    assert threaded.names == ["_call_then_open_inline"]
+    assert threaded.calls == ["_run_then_open_inline"]
 
 
 async def test_an_inline_connection_in_use_during_close_is_closed_when_given_back(
@@ -690,15 +697,15 @@ async def test_an_inline_connection_in_use_during_close_is_closed_when_given_bac
 ) -> None:
     inline = await warmed_up(store)
 
-    def closes_the_store_meanwhile() -> bool:
-        # close() from another thread while this call has the inline connection.
-        closer = threading.Thread(target=store._inline_pool.close)
+    def closes_the_store_meanwhile() -> Flow[bool]:
+        # close() from another thread while this flow has the inline connection.
+        closer = threading.Thread(target=store._transport._inline_pool.close)
         closer.start()
         closer.join()
-        return store.delete("k")
+        return bool((yield Statement(store._ops.sql.delete, ("k",))).changed)
 
-    assert await store._run_async(closes_the_store_meanwhile) is False
-    assert store._inline_pool._idle == []
+    assert await store._transport.arun("delete", closes_the_store_meanwhile()) is False
+    assert store._transport._inline_pool._idle == []
     await background_done(store)
     assert is_closed(inline)
 
@@ -707,19 +714,19 @@ async def test_an_inline_connection_in_use_during_close_is_closed_when_given_bac
 
 
 async def test_the_breakers_hooks_run_outside_the_inline_call(tmp_path: Path) -> None:
-    # A hook (an event listener) that calls the store, or starts a task copying the
-    # context, must not find the inline connection in the context variable.
+    # A hook (an event listener) may call the store: the inline connection is back in its
+    # pool (or discarded) by then.
     async with SQLiteStore(tmp_path / "db.sqlite3", purge_interval_seconds=None) as store:
         await warmed_up(store)
-        seen: list[object] = []
+        seen: list[int] = []
 
         class Recording(CircuitBreaker):
             def succeeded(self) -> None:
-                seen.append(INLINE.get())
+                seen.append(len(store._transport._inline_pool._idle))
                 super().succeeded()
 
             def failed(self, error: StoreUnavailable) -> None:
-                seen.append(INLINE.get())
+                seen.append(len(store._transport._inline_pool._idle))
                 super().failed(error)
 
         store.breaker = Recording(5, 30.0, SYSTEM_CLOCK)
@@ -729,7 +736,7 @@ async def test_the_breakers_hooks_run_outside_the_inline_call(tmp_path: Path) ->
         other.close()
         with pytest.raises(StoreUnavailable, match="no such table"):
             await store.aget("k")
-        assert seen == [None, None]
+        assert seen == [1, 0]
 
 
 async def test_a_background_call_after_the_thread_pool_shut_down_is_dropped_not_raised(
@@ -738,13 +745,12 @@ async def test_a_background_call_after_the_thread_pool_shut_down_is_dropped_not_
     # The write it rides on has committed: a store closing meanwhile must not fail it.
     inline = await warmed_up(store)
     caplog.set_level(logging.DEBUG, LOGGER)
-    pool = store._thread_pool()
+    pool = store._transport._threads.pool()
     pool.shutdown(wait=True)
     ran: list[int] = []
-    assert store._in_background(ran.append, 1) is False
+    assert store._transport._in_background(ran.append, 1) is False
     assert ran == []
     assert "background append not run" in caplog.text
     # A connection to discard is then closed where it is.
-    store._close_off_the_loop(inline)
+    store._transport._close_off_the_loop(inline)
     assert is_closed(inline)
-    store._executor = None  # (what close() does; the store's next call starts a new pool)

@@ -30,6 +30,7 @@ from idempotency_middleware.stores.base import (
     StoreUnavailable,
     SyncStore,
 )
+from idempotency_middleware.stores.kit import Flow
 from idempotency_middleware.stores.sqlite import SQLiteStore
 from idempotency_middleware.testing import FakeClock
 from idempotency_middleware.wsgi import Environ, StartResponse, WSGIApp
@@ -81,7 +82,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SQLiteStor
     and the ``changes()`` fallback for older SQLite builds.
     """
     with SQLiteStore(tmp_path / "idempotency.sqlite3", purge_interval_seconds=None) as store:
-        store._use_returning = request.param == "returning" and store._use_returning
+        store._ops.use_returning = request.param == "returning" and store._ops.use_returning
         yield store
 
 
@@ -350,7 +351,7 @@ def test_lock_held_past_the_busy_timeout_raises_store_unavailable(write_lock_hel
         waited = time.monotonic() - started
         assert 0.15 < waited < 3
         assert raised.value.code in ("SQLITE_BUSY", "OperationalError")
-        assert len(store._pool._idle) == 1  # a lock timeout does not cost the connection
+        assert len(store._transport._pool._idle) == 1  # a lock timeout does not cost the connection
         # Reads still work beside the writer (WAL), and the store recovers afterwards.
         assert store.get("k") is None
 
@@ -468,25 +469,23 @@ def test_purge_that_cannot_get_the_lock_does_not_fail_the_write(tmp_path: Path) 
         _expired_rows(seeder, 2, now)
     with SQLiteStore(path, purge_interval_seconds=3600, busy_timeout_seconds=5) as store:
         holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        purge_after_write = store._maybe_purge
+        purge_after_write = store._ops.purge_batch
 
-        def another_worker_writes_first(
-            connection: sqlite3.Connection, cutoff: float, statement: str
-        ) -> None:
+        def another_worker_writes_first(cutoff: float, statement: str) -> Flow[None]:
             holder.execute("BEGIN IMMEDIATE")
             try:
-                purge_after_write(connection, cutoff, statement)
+                yield from purge_after_write(cutoff, statement)
             finally:
                 holder.execute("ROLLBACK")
 
-        store._maybe_purge = another_worker_writes_first  # type: ignore[method-assign]
+        store._ops.purge_batch = another_worker_writes_first  # type: ignore[method-assign]
         started = time.monotonic()
         assert store.claim(claim_request("new", now=now)) == Claimed()
         assert time.monotonic() - started < 1  # did not wait the 5 s busy timeout
         holder.close()
         assert _stored_keys(store, ["old-0", "old-1"]) == {"old-0", "old-1"}
         # The connection went back to the pool with its full busy timeout.
-        (connection,) = store._pool._idle
+        (connection,) = store._transport._pool._idle
         assert connection.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
 
 
@@ -580,7 +579,7 @@ def test_threads_sharing_one_store_claim_a_key_once(store: SQLiteStore) -> None:
     assert len(results) == threads
     assert sum(isinstance(result, Claimed) for result in results) == 1
     # Connections are pooled, not one per thread forever.
-    assert len(store._pool._idle) <= 16
+    assert len(store._transport._pool._idle) <= 16
 
 
 PROCESSES = 4

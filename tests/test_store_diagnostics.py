@@ -40,7 +40,7 @@ from idempotency_middleware import (
 from idempotency_middleware.errors import CAUSES
 from idempotency_middleware.keys import storage_key
 from idempotency_middleware.stores import dynamodb as ddb
-from idempotency_middleware.stores import sqlite as sqlite_store
+from idempotency_middleware.stores.sqlite.errors import unavailable as sqlite_unavailable
 from tests.diag_aws import RejectingEndpoint, aws_environment, use_environment
 from tests.faultproxy import Adapter, FaultProxy, Served, serve_workload
 from tests.servers import HOST, free_port
@@ -308,7 +308,7 @@ def test_sqlite_errors_without_a_code_are_classified_by_their_message(
 ) -> None:
     # Python 3.10's sqlite3 errors carry no sqlite_errorcode; these, made here, have none.
     error = sqlite3.OperationalError(message)
-    assert sqlite_store._unavailable("claim", error, "/x.sqlite3").cause == cause
+    assert sqlite_unavailable("claim", error, "/x.sqlite3").cause == cause
 
 
 # --- the classification of what no test server sends -------------------------------------------

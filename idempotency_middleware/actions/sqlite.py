@@ -31,7 +31,9 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+from ..stores.kit import Flow
 from ..stores.sqlite import SQLiteStore
+from ..stores.sqlite.ops import OFF_LOOP, Statement
 from .model import ADDED_FIELDS, RECORD_FIELDS, ActionRecord
 from .steps import Insert, Read, Step, Written, apply
 
@@ -67,6 +69,10 @@ class _Statements:
         )
 
 
+def _first(rows: list[tuple[Any, ...]]) -> tuple[Any, ...] | None:
+    return rows[0] if rows else None
+
+
 def _record(row: tuple[Any, ...] | None) -> ActionRecord | None:
     if row is None:
         return None
@@ -78,7 +84,8 @@ def _row(record: ActionRecord) -> tuple[Any, ...]:
 
 
 class SQLiteActions:
-    """Steps on the store's file; the async flavour runs them on the store's own threads."""
+    """Steps on the store's file, as flows its transport runs (the async flavour on the
+    store's own threads)."""
 
     def __init__(self, store: SQLiteStore) -> None:
         self._store = store
@@ -86,44 +93,41 @@ class SQLiteActions:
         self._schema_ready = False
         self._next_purge = 0.0
 
-    def _schema(self, connection: sqlite3.Connection) -> None:
-        # (Two threads may both run these at first: IF NOT EXISTS makes that harmless.)
+    def _steps(self, step: Step) -> Flow[Written]:
+        yield OFF_LOOP  # (awaited: on the store's threads, never inline on the loop)
+        # (Two threads may both make the schema at first: IF NOT EXISTS makes that harmless.)
         if not self._schema_ready:
-            connection.execute(self._sql.create_table)
-            connection.execute(self._sql.create_index)
-            present = {row[1] for row in connection.execute(self._sql.table_info)}
+            yield Statement(self._sql.create_table)
+            yield Statement(self._sql.create_index)
+            present = {row[1] for row in (yield Statement(self._sql.table_info)).rows}
             for column in _ADDED_COLUMNS:
                 if column not in present:
                     try:
-                        connection.execute(self._sql.add_column.format(column))
+                        yield Statement(self._sql.add_column.format(column))
                     except sqlite3.OperationalError as error:
                         # Another thread or process added it first.
                         if "duplicate column" not in str(error):
                             raise
             self._schema_ready = True
-
-    def write(self, step: Step) -> Written:
-        with self._store._connection("action " + type(step).__name__.lower()) as connection:
-            self._schema(connection)
-            if isinstance(step, Read):
-                return Written(
-                    True,
-                    _record(connection.execute(self._sql.select, (step.action_id,)).fetchone()),
-                )
-            # (A failure leaves the transaction to the store's connection context: it rolls
-            # back, or closes the connection, as for its own statements.)
-            connection.execute("BEGIN IMMEDIATE")
-            before = _record(connection.execute(self._sql.select, (step.action_id,)).fetchone())
-            written = apply(step, before)
-            if written.ok:
-                assert written.record is not None
-                connection.execute(self._sql.upsert, _row(written.record))
-            if isinstance(step, Insert) and step.now >= self._next_purge:
-                # Bounded, and inside the create's own transaction: no second lock.
-                self._next_purge = step.now + PURGE_INTERVAL_SECONDS
-                connection.execute(self._sql.purge, (step.now,))
-            connection.execute("COMMIT")
+        select = Statement(self._sql.select, (step.action_id,))
+        if isinstance(step, Read):
+            return Written(True, _record(_first((yield select).rows)))
+        # (A failure leaves the transaction to the store's transport: it rolls back, or
+        # closes the connection, as for its own statements.)
+        yield Statement("BEGIN IMMEDIATE")
+        written = apply(step, _record(_first((yield select).rows)))
+        if written.ok:
+            assert written.record is not None
+            yield Statement(self._sql.upsert, _row(written.record))
+        if isinstance(step, Insert) and step.now >= self._next_purge:
+            # Bounded, and inside the create's own transaction: no second lock.
+            self._next_purge = step.now + PURGE_INTERVAL_SECONDS
+            yield Statement(self._sql.purge, (step.now,))
+        yield Statement("COMMIT")
         return written
 
+    def write(self, step: Step) -> Written:
+        return self._store._run("action " + type(step).__name__.lower(), self._steps(step))
+
     async def awrite(self, step: Step) -> Written:
-        return await self._store._in_thread(self.write, step)
+        return await self._store._arun("action " + type(step).__name__.lower(), self._steps(step))

@@ -6,7 +6,8 @@ middleware awaits are derived here, each running its sync twin on a small thread
 by the store, so the event loop never waits on the disk, the network or another process's
 lock. (A store without I/O, such as ``MemoryStore``, calls its sync methods directly
 instead: a thread hop would cost more than the work. A store whose calls can often run
-without waiting overrides ``_run_async``, as ``SQLiteStore`` does to run them on the loop.)
+without waiting overrides ``_run_async``.) :class:`WorkerThreads`, the pool itself, also
+serves stores on the kit (``SQLiteStore``'s transport).
 """
 
 from __future__ import annotations
@@ -20,11 +21,48 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from ..records import Record
-from .base import ClaimRequest, ClaimResult, Completion
 from .closing import ClosingStore
+from .protocol import ClaimRequest, ClaimResult, Completion
 
 T = TypeVar("T")
 Self = TypeVar("Self", bound="ThreadedStore")
+
+
+class WorkerThreads:
+    """A store's threads for its blocking calls: ``size`` of them at most, named
+    ``name_prefix``..., started on first use, again in a forked child (a pool's threads do
+    not survive ``fork()``), and after :meth:`close`."""
+
+    def __init__(self, size: int, name_prefix: str) -> None:
+        self._size = size
+        self._name_prefix = name_prefix
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pid = 0
+        self._lock = threading.Lock()
+
+    def pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The running pool, started if need be."""
+        executor = self._executor
+        if executor is not None and self._pid == os.getpid():
+            return executor
+        with self._lock:
+            if self._executor is None or self._pid != os.getpid():
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=self._size, thread_name_prefix=self._name_prefix
+                )
+                self._pid = os.getpid()
+            return self._executor
+
+    async def run(self, call: Callable[..., T], *args: Any) -> T:
+        """``call(*args)`` on one of the threads, awaited."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool(), call, *args)
+
+    def close(self) -> None:
+        """Stop the threads after their current call (waiting for them)."""
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None and self._pid == os.getpid():
+            executor.shutdown(wait=True)
 
 
 class ThreadedStore(ClosingStore, abc.ABC):
@@ -41,11 +79,7 @@ class ThreadedStore(ClosingStore, abc.ABC):
     def __init__(self, *, async_threads: int = 4, thread_name_prefix: str = "idempotency") -> None:
         if async_threads < 1:
             raise ValueError("async_threads must be positive")
-        self._async_threads = async_threads
-        self._thread_name_prefix = thread_name_prefix
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._executor_pid = 0
-        self._executor_lock = threading.Lock()
+        self._threads = WorkerThreads(async_threads, thread_name_prefix)
 
     # -- the sync half: what a subclass writes ----------------------------------------
 
@@ -95,20 +129,10 @@ class ThreadedStore(ClosingStore, abc.ABC):
     # -- the async half, derived --------------------------------------------------------
 
     def _thread_pool(self) -> concurrent.futures.ThreadPoolExecutor:
-        executor = self._executor
-        if executor is not None and self._executor_pid == os.getpid():
-            return executor
-        with self._executor_lock:
-            # A pool inherited across fork() has no threads in the child: start a new one.
-            if self._executor is None or self._executor_pid != os.getpid():
-                self._executor = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=self._async_threads, thread_name_prefix=self._thread_name_prefix
-                )
-                self._executor_pid = os.getpid()
-            return self._executor
+        return self._threads.pool()
 
     async def _in_thread(self, call: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._thread_pool(), call, *args)
+        return await self._threads.run(call, *args)
 
     async def _run_async(self, call: Callable[..., T], *args: Any) -> T:
         """How the request path's async methods run their sync twins: on the store's
@@ -160,10 +184,7 @@ class ThreadedStore(ClosingStore, abc.ABC):
     def close(self) -> None:
         """Stop the async worker threads after their current call; using the store again
         starts them again."""
-        with self._executor_lock:
-            executor, self._executor = self._executor, None
-        if executor is not None and self._executor_pid == os.getpid():
-            executor.shutdown(wait=True)
+        self._threads.close()
 
     async def aclose(self) -> None:
         """:meth:`close` without blocking the event loop."""
