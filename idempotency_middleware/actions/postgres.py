@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..stores.postgres import PostgresStore
-from ..stores.postgres_sql import Flow, Statement, StoreUnavailable
+from ..stores.postgres.ops import Flow, Statement, StoreUnavailable, in_transaction, then_purge
 from .model import ADDED_FIELDS, RECORD_FIELDS, ActionRecord
 from .steps import Cancel, Consume, Insert, Read, SpendAttempt, Step, Written, apply
 
@@ -240,8 +240,8 @@ def _operation(step: Step) -> str:
 
 
 class PostgresActions:
-    """Steps on a ``PostgresStore``, one statement each: ``write`` on its sync pool,
-    ``awrite`` on the running loop's async pool."""
+    """Steps on a ``PostgresStore``, one statement each, through its transport (and its
+    breaker): ``write`` on its sync pool, ``awrite`` on the running loop's async pool."""
 
     def __init__(self, store: PostgresStore) -> None:
         self._store = store
@@ -250,30 +250,30 @@ class PostgresActions:
 
     def create_table(self) -> None:
         """Create the actions table and its index; safe to call again, and concurrently."""
-        self._store._sync.run("action create_table", create_flow(self._sql), None, True)
+        self._store._run("action create_table", in_transaction(create_flow(self._sql)))
 
     async def acreate_table(self) -> None:
         """:meth:`create_table` on the running loop's pool."""
-        await self._store._async.run("action create_table", create_flow(self._sql), None, True)
+        await self._store._arun("action create_table", in_transaction(create_flow(self._sql)))
+
+    def _flow(self, step: Step, purge: bool) -> Flow[Written]:
+        flow = step_flow(self._sql, step)
+        return then_purge(flow, self._purges.due(self._sql, step)) if purge else flow
 
     def write(self, step: Step) -> Written:
-        operation = _operation(step)
-        purge = self._purges.due(self._sql, step)
         try:
-            return self._store._sync.run(operation, step_flow(self._sql, step), purge)
+            return self._store._run(_operation(step), self._flow(step, True))
         except StoreUnavailable as error:
             if error.code not in (UNDEFINED_TABLE, UNDEFINED_COLUMN):
                 raise
         self.create_table()  # its first use: the step found no table (or an older one)
-        return self._store._sync.run(operation, step_flow(self._sql, step))
+        return self._store._run(_operation(step), self._flow(step, False))
 
     async def awrite(self, step: Step) -> Written:
-        operation = _operation(step)
-        purge = self._purges.due(self._sql, step)
         try:
-            return await self._store._async.run(operation, step_flow(self._sql, step), purge)
+            return await self._store._arun(_operation(step), self._flow(step, True))
         except StoreUnavailable as error:
             if error.code not in (UNDEFINED_TABLE, UNDEFINED_COLUMN):
                 raise
         await self.acreate_table()
-        return await self._store._async.run(operation, step_flow(self._sql, step))
+        return await self._store._arun(_operation(step), self._flow(step, False))

@@ -1,10 +1,12 @@
 """What ``PostgresStore`` sends, and what it makes of the answers: no I/O here.
 
-Each store operation is a *flow*: a generator that yields the statements to run, one at a
-time, receives each one's :class:`Answer`, and returns the operation's result. The sync and
-the async transports of ``postgres.py`` only send (the flow idea of httpx's auth), so the
-decisions are written once. Almost every flow is a single statement; the claim adds a
-second one only in the rare race described in :func:`claim`.
+Each store operation is a *flow* (``kit.Flow``): a generator that yields the statements to
+run, one at a time, receives each one's :class:`Answer` (or the failure, as
+``StoreUnavailable``, at its ``yield``), and returns the operation's result. The transport
+runs a whole flow on one connection, so the decisions are written once for sync and async.
+Almost every flow is a single statement; the claim adds a second one only in the rare race
+described in :func:`claim`, a write may be followed by the piggybacked purge, and the table's
+creation runs in a :class:`Transaction`.
 
 Table layout (one row per key hash)::
 
@@ -22,15 +24,29 @@ Table layout (one row per key hash)::
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
 from collections.abc import Generator, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-from ..records import Record, Status, StoredResponse, decode_response, encode_response
-from .base import CLAIMED, TAKEN_OVER, ClaimRequest, ClaimResult, Completion, Held
-from .base import StoreUnavailable as StoreUnavailable
+from ...clock import Clock
+from ...records import Record, Status, StoredResponse, decode_response, encode_response
+from ..kit import Flow as AnyFlow
+from ..protocol import (
+    CLAIMED,
+    TAKEN_OVER,
+    ClaimRequest,
+    ClaimResult,
+    Completion,
+    DeferredToken,
+    Held,
+)
+from ..protocol import StoreUnavailable as StoreUnavailable
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 # A plain identifier, optionally schema-qualified; quoted when used.
 _TABLE_NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_]{0,62}\.)?[A-Za-z_][A-Za-z0-9_]{0,50}")
@@ -40,6 +56,11 @@ MAX_BYTEA_BYTES = 1_000_000_000
 
 # How many times a claim reruns when each run raced a concurrent write (see ``claim``).
 CLAIM_ATTEMPTS = 5
+
+# SQLSTATEs of a CREATE racing another session's (unique_violation on pg_type or pg_class,
+# duplicate_table, duplicate_object): the other one created it, so creating again finds it.
+CREATE_RACES = frozenset({"23505", "42P07", "42710"})
+CREATE_ATTEMPTS = 3
 
 _IN_PROGRESS = Status.IN_PROGRESS.value
 _COMPLETED = Status.COMPLETED.value
@@ -64,6 +85,13 @@ class Answer(NamedTuple):
 
 
 Flow = Generator[Statement, Answer, T]
+
+
+class Transaction(NamedTuple):
+    """Run ``flow`` in one transaction: answered with its result, or its failure (rolled
+    back) thrown in."""
+
+    flow: Flow[Any]
 
 
 def check_table_name(table: str) -> str:
@@ -275,20 +303,15 @@ def complete(sql: Statements, completion: Completion, max_response_bytes: int | 
 
 
 def complete_final(
-    sql: Statements,
-    key_hash: str,
-    owner: str,
-    expires_at: float,
-    response: StoredResponse,
-    max_response_bytes: int | None,
+    sql: Statements, token: DeferredToken, response: StoredResponse, max_response_bytes: int | None
 ) -> Flow[bool]:
     """A deferral token's final response."""
     blob, too_large = encoded(response, False, max_response_bytes)
     params = {
-        "key": key_hash,
-        "owner": owner,
+        "key": token.key_hash,
+        "owner": token.owner,
         "status": _COMPLETED,
-        "expires_at": expires_at,
+        "expires_at": float(token.expires_at),
         "response": blob,
         "response_size": len(response.body),
         "too_large": too_large,
@@ -306,15 +329,30 @@ def get(sql: Statements, key_hash: str) -> Flow[Record | None]:
     return row_to_record(rows[0]) if rows else None
 
 
-def create_table(sql: Statements) -> Flow[None]:
-    """Create the table and its index unless both exist, serialized by an advisory lock.
+def create_table(sql: Statements) -> AnyFlow[None]:
+    """Create the table and its index unless both exist, in a transaction serialized by an
+    advisory lock (the transaction's); in a new one when it raced another session's."""
+    for attempt in range(CREATE_ATTEMPTS):
+        try:
+            yield Transaction(_create(sql))
+            return
+        except StoreUnavailable as error:
+            if error.code not in CREATE_RACES or attempt == CREATE_ATTEMPTS - 1:
+                raise
 
-    Runs inside a transaction (the advisory lock is the transaction's)."""
+
+def _create(sql: Statements) -> Flow[None]:
     if (yield Statement(sql.schema_exists, sql.schema_names)).rows[0][0]:
         return
     yield Statement(sql.create_lock, (sql.table,))
     yield Statement(sql.create_table, ())
     yield Statement(sql.create_index, ())
+
+
+def in_transaction(flow: Flow[T]) -> AnyFlow[T]:
+    """``flow`` in one transaction."""
+    result: T = yield Transaction(flow)
+    return result
 
 
 def purge(statement: str, cutoff: float, limit: int, batches: int | None) -> Flow[int]:
@@ -328,3 +366,95 @@ def purge(statement: str, cutoff: float, limit: int, batches: int | None) -> Flo
         if deleted < limit:
             break
     return total
+
+
+def then_purge(flow: Flow[T], purge: Flow[int] | None) -> Flow[T]:
+    """``flow``, then the piggybacked ``purge`` on the same connection."""
+    result = yield from flow
+    if purge is not None:
+        try:
+            yield from purge
+        except StoreUnavailable as error:
+            # The write it rides on is done; a failed purge only waits for the next one.
+            logger.debug("PostgreSQL purge of expired idempotency records failed: %s", error)
+    return result
+
+
+class Purges:
+    """When the purge piggybacked on writes is due: at most once per ``interval`` seconds
+    (``None``: never) per process, by ``clock``; at once again when a batch was full."""
+
+    def __init__(self, sql: Statements, interval: float | None, batch: int, clock: Clock) -> None:
+        self._sql = sql
+        self.interval = interval
+        self.batch = batch
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._next = 0.0  # the first write of a process purges
+
+    def due(self, cutoff: float, finished_only: bool) -> Flow[int] | None:
+        """One batch deleting rows expired before ``cutoff`` (after a completion, whose time
+        carries no clock-skew margin: finished rows only), when one is due."""
+        if self.interval is None:
+            return None
+        with self._lock:
+            tick = self._clock.now()
+            if tick < self._next:
+                return None
+            self._next = tick + self.interval
+        return self._batch(self._sql.purge_finished if finished_only else self._sql.purge, cutoff)
+
+    def _batch(self, statement: str, cutoff: float) -> Flow[int]:
+        deleted = yield from purge(statement, cutoff, self.batch, 1)
+        if deleted >= self.batch:
+            with self._lock:
+                self._next = 0.0  # more to delete: the next write continues
+        if deleted:
+            logger.debug("purged %d expired idempotency records", deleted)
+        return deleted
+
+
+class PostgresOps:
+    """The store's flows (``kit.Operations``) on one table."""
+
+    supports_deferral = True
+
+    def __init__(self, sql: Statements, max_response_bytes: int | None, purges: Purges) -> None:
+        self.sql = sql
+        self._max_response_bytes = max_response_bytes
+        self._purges = purges
+
+    def claim(self, request: ClaimRequest) -> Flow[ClaimResult]:
+        return then_purge(claim(self.sql, request), self._purges.due(request.stale_before, False))
+
+    def complete(self, completion: Completion) -> Flow[bool]:
+        flow = complete(self.sql, completion, self._max_response_bytes)
+        return then_purge(flow, self._purges.due(completion.now, True))
+
+    def release(self, key_hash: str, owner: str) -> Flow[bool]:
+        return (yield from one(self.sql.release, (key_hash, owner))) == 1
+
+    def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> Flow[bool]:
+        params = {"key": key_hash, "owner": owner, "lock_expires_at": lock_expires_at}
+        return (yield from one(self.sql.renew, params)) == 1
+
+    def complete_final(
+        self, token: DeferredToken, response: StoredResponse, now: float
+    ) -> Flow[bool]:
+        return complete_final(self.sql, token, response, self._max_response_bytes)
+
+    def release_unfinished(self, token: DeferredToken) -> Flow[bool]:
+        return (yield from one(self.sql.release_deferred, (token.key_hash, token.owner))) == 1
+
+    def get(self, key_hash: str) -> Flow[Record | None]:
+        return get(self.sql, key_hash)
+
+    def delete(self, key_hash: str) -> Flow[bool]:
+        return (yield from one(self.sql.delete, (key_hash,))) > 0
+
+    def create_table(self) -> AnyFlow[None]:
+        return create_table(self.sql)
+
+    def purge_expired(self, cutoff: float, batch: int) -> Flow[int]:
+        """Every row expired before ``cutoff``, ``batch`` rows per statement."""
+        return purge(self.sql.purge, cutoff, batch, None)
