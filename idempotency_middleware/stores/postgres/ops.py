@@ -94,37 +94,25 @@ class Transaction(NamedTuple):
     flow: Flow[Any]
 
 
-def check_table_name(table: str) -> str:
-    """``table`` quoted for SQL (``"name"`` or ``"schema"."name"``); ``ValueError`` unless
-    it is a plain identifier."""
-    if not isinstance(table, str) or not _TABLE_NAME.fullmatch(table):
-        raise ValueError(
-            f"table must be a plain SQL identifier, optionally schema-qualified, not {table!r}"
-        )
-    return ".".join(f'"{part}"' for part in table.split("."))
-
-
 class Statements:
-    """The SQL for one table."""
+    """The SQL for one table; ``ValueError`` unless its name is a plain identifier."""
 
     def __init__(self, table: str) -> None:
-        quoted = check_table_name(table)
+        if not isinstance(table, str) or not _TABLE_NAME.fullmatch(table):
+            raise ValueError(
+                f"table must be a plain SQL identifier, optionally schema-qualified, not {table!r}"
+            )
+        quoted = ".".join(f'"{part}"' for part in table.split("."))
         self.table = table
         bare = table.rsplit(".", 1)[-1]
         schema = f'"{table.split(".")[0]}".' if "." in table else ""
         self.index_name = f"{bare}_expires_at"
         self.create_table = (
-            f"CREATE TABLE IF NOT EXISTS {quoted} ("
-            "key text PRIMARY KEY, "
-            "status text NOT NULL, "
-            "fingerprint text NOT NULL, "
-            "owner text NOT NULL, "
-            "lock_expires_at double precision NOT NULL, "
-            "expires_at double precision NOT NULL, "
-            "response bytea, "
-            "response_size bigint NOT NULL DEFAULT 0, "
-            "too_large boolean NOT NULL DEFAULT false, "
-            "taken_over boolean NOT NULL DEFAULT false)"
+            f"CREATE TABLE IF NOT EXISTS {quoted} (key text PRIMARY KEY, "
+            "status text NOT NULL, fingerprint text NOT NULL, owner text NOT NULL, "
+            "lock_expires_at double precision NOT NULL, expires_at double precision NOT NULL, "
+            "response bytea, response_size bigint NOT NULL DEFAULT 0, "
+            "too_large boolean NOT NULL DEFAULT false, taken_over boolean NOT NULL DEFAULT false)"
         )
         self.create_index = (
             f'CREATE INDEX IF NOT EXISTS "{self.index_name}" ON {quoted} (expires_at)'
@@ -234,227 +222,179 @@ def row_to_record(row: Sequence[Any]) -> Record:
     )
 
 
-def encoded(
-    response: StoredResponse, streamed: bool, max_response_bytes: int | None
-) -> tuple[bytes | None, bool]:
-    """The response's bytea value, or ``None`` and "too large" (streamed, over the limits)."""
-    if streamed or (max_response_bytes is not None and len(response.body) > max_response_bytes):
-        return None, True
-    blob = encode_response(response)
-    if len(blob) > MAX_BYTEA_BYTES:
-        return None, True
-    return blob, False
-
-
-# -- flows ------------------------------------------------------------------------------
-
-
-def claim(sql: Statements, request: ClaimRequest) -> Flow[ClaimResult]:
-    """Claim in one statement; ``Held`` with the holding row from the same statement.
-
-    Under READ COMMITTED, a conflicting row is locked and the upsert's WHERE is evaluated on
-    its latest version, but the statement's second branch reads its snapshot, taken when
-    the statement began. When a concurrent transaction inserted or changed the row and
-    committed meanwhile, that branch returns nothing (a row inserted after the snapshot) or
-    an older version of the row, which, being claimable where the latest was not, is told
-    apart: then the statement runs again with a new snapshot (bounded: it takes a write
-    committed during each run to need another).
-    """
-    params = {
-        "key": request.key_hash,
-        "fingerprint": request.fingerprint,
-        "owner": request.owner,
-        "lock_expires_at": request.lock_expires_at,
-        "now": request.now,
-        "stale": request.stale_before,
-    }
-    for _ in range(CLAIM_ATTEMPTS):
-        rows = (yield Statement(sql.claim, params)).rows
-        if rows:
-            claimed, taken_over, *holding = rows[0]
-            if claimed:
-                return TAKEN_OVER if taken_over else CLAIMED
-            record = row_to_record([request.key_hash, *holding])
-            if not record.is_claimable(request.now, request.clock_skew_seconds):
-                return Held(record)
-    raise StoreUnavailable(
-        f"PostgreSQL claim of {request.key_hash!r} raced a concurrent write "
-        f"{CLAIM_ATTEMPTS} times in a row",
-        cause="write_conflict",
-        reason=f"the row of {request.key_hash!r} changed under each of {CLAIM_ATTEMPTS} claims",
-    )
-
-
-def complete(sql: Statements, completion: Completion, max_response_bytes: int | None) -> Flow[bool]:
-    """Store the response, fenced by the owner (a deferral's interim one: see SQL)."""
-    blob, too_large = encoded(completion.response, completion.streamed, max_response_bytes)
-    params = {
-        "key": completion.key_hash,
-        "owner": completion.owner,
-        "status": (Status.DEFERRED if completion.deferred else Status.COMPLETED).value,
-        "expires_at": completion.expires_at,
-        "response": blob,
-        "response_size": completion.body_size,
-        "too_large": too_large,
-    }
-    if not completion.deferred:
-        return (yield Statement(sql.complete, params)).rowcount == 1
-    return bool((yield Statement(sql.complete_interim, params)).rows[0][0])
-
-
-def complete_final(
-    sql: Statements, token: DeferredToken, response: StoredResponse, max_response_bytes: int | None
-) -> Flow[bool]:
-    """A deferral token's final response."""
-    blob, too_large = encoded(response, False, max_response_bytes)
-    params = {
-        "key": token.key_hash,
-        "owner": token.owner,
-        "status": _COMPLETED,
-        "expires_at": float(token.expires_at),
-        "response": blob,
-        "response_size": len(response.body),
-        "too_large": too_large,
-    }
-    return (yield Statement(sql.complete_final, params)).rowcount == 1
-
-
-def one(statement: str, params: dict[str, Any] | tuple[Any, ...]) -> Flow[int]:
-    """A single statement; its row count."""
-    return (yield Statement(statement, params)).rowcount
-
-
-def get(sql: Statements, key_hash: str) -> Flow[Record | None]:
-    rows = (yield Statement(sql.select, (key_hash,))).rows
-    return row_to_record(rows[0]) if rows else None
-
-
-def create_table(sql: Statements) -> AnyFlow[None]:
-    """Create the table and its index unless both exist, in a transaction serialized by an
-    advisory lock (the transaction's); in a new one when it raced another session's."""
-    for attempt in range(CREATE_ATTEMPTS):
-        try:
-            yield Transaction(_create(sql))
-            return
-        except StoreUnavailable as error:
-            if error.code not in CREATE_RACES or attempt == CREATE_ATTEMPTS - 1:
-                raise
-
-
-def _create(sql: Statements) -> Flow[None]:
-    if (yield Statement(sql.schema_exists, sql.schema_names)).rows[0][0]:
-        return
-    yield Statement(sql.create_lock, (sql.table,))
-    yield Statement(sql.create_table, ())
-    yield Statement(sql.create_index, ())
-
-
-def in_transaction(flow: Flow[T]) -> AnyFlow[T]:
-    """``flow`` in one transaction."""
-    result: T = yield Transaction(flow)
-    return result
-
-
-def purge(statement: str, cutoff: float, limit: int, batches: int | None) -> Flow[int]:
-    """Delete expired rows in batches of ``limit`` (at most ``batches`` of them); the count."""
-    total = 0
-    done = 0
-    while batches is None or done < batches:
-        deleted = (yield Statement(statement, {"cutoff": cutoff, "limit": limit})).rowcount
-        total += deleted
-        done += 1
-        if deleted < limit:
-            break
-    return total
-
-
-def then_purge(flow: Flow[T], purge: Flow[int] | None) -> Flow[T]:
-    """``flow``, then the piggybacked ``purge`` on the same connection."""
-    result = yield from flow
-    if purge is not None:
-        try:
-            yield from purge
-        except StoreUnavailable as error:
-            # The write it rides on is done; a failed purge only waits for the next one.
-            logger.debug("PostgreSQL purge of expired idempotency records failed: %s", error)
-    return result
-
-
-class Purges:
-    """When the purge piggybacked on writes is due: at most once per ``interval`` seconds
-    (``None``: never) per process, by ``clock``; at once again when a batch was full."""
-
-    def __init__(self, sql: Statements, interval: float | None, batch: int, clock: Clock) -> None:
-        self._sql = sql
-        self.interval = interval
-        self.batch = batch
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._next = 0.0  # the first write of a process purges
-
-    def due(self, cutoff: float, finished_only: bool) -> Flow[int] | None:
-        """One batch deleting rows expired before ``cutoff`` (after a completion, whose time
-        carries no clock-skew margin: finished rows only), when one is due."""
-        if self.interval is None:
-            return None
-        with self._lock:
-            tick = self._clock.now()
-            if tick < self._next:
-                return None
-            self._next = tick + self.interval
-        return self._batch(self._sql.purge_finished if finished_only else self._sql.purge, cutoff)
-
-    def _batch(self, statement: str, cutoff: float) -> Flow[int]:
-        deleted = yield from purge(statement, cutoff, self.batch, 1)
-        if deleted >= self.batch:
-            with self._lock:
-                self._next = 0.0  # more to delete: the next write continues
-        if deleted:
-            logger.debug("purged %d expired idempotency records", deleted)
-        return deleted
+def piggybacked(purge: str, cutoff: float, limit: int) -> Flow[int]:
+    """A purge batch riding on a write: its row count, 0 when it failed (the write it rides
+    on is done; a failed purge only waits for the next one)."""
+    try:
+        return (yield Statement(purge, {"cutoff": cutoff, "limit": limit})).rowcount
+    except StoreUnavailable as error:
+        logger.debug("PostgreSQL purge of expired records failed: %s", error.reason)
+        return 0
 
 
 class PostgresOps:
-    """The store's flows (``kit.Operations``) on one table."""
+    """The store's flows (``kit.Operations``) on one table, and when the purge that rides on
+    writes is due: at most once per ``purge_interval`` seconds (``None``: never) per
+    process, by ``clock``, and at once again after a full batch."""
 
     supports_deferral = True
 
-    def __init__(self, sql: Statements, max_response_bytes: int | None, purges: Purges) -> None:
+    def __init__(
+        self,
+        sql: Statements,
+        max_response_bytes: int | None,
+        purge_interval: float | None,
+        purge_batch: int,
+        clock: Clock,
+    ) -> None:
         self.sql = sql
         self._max_response_bytes = max_response_bytes
-        self._purges = purges
+        self._purge_interval = purge_interval
+        self._purge_batch = purge_batch
+        self._clock = clock
+        self._purge_lock = threading.Lock()
+        self._next_purge = 0.0  # the first write of a process purges
 
     def claim(self, request: ClaimRequest) -> Flow[ClaimResult]:
-        return then_purge(claim(self.sql, request), self._purges.due(request.stale_before, False))
+        """Claim in one statement; ``Held`` with the holding row from the same statement.
+
+        Under READ COMMITTED, a conflicting row is locked and the upsert's WHERE is
+        evaluated on its latest version, but the statement's second branch reads its
+        snapshot, taken when the statement began. When a concurrent transaction inserted or
+        changed the row and committed meanwhile, that branch returns nothing (a row inserted
+        after the snapshot) or an older version of the row, which, being claimable where the
+        latest was not, is told apart: then the statement runs again with a new snapshot
+        (bounded: it takes a write committed during each run to need another).
+        """
+        params = {
+            "key": request.key_hash,
+            "fingerprint": request.fingerprint,
+            "owner": request.owner,
+            "lock_expires_at": request.lock_expires_at,
+            "now": request.now,
+            "stale": request.stale_before,
+        }
+        for _ in range(CLAIM_ATTEMPTS):
+            rows = (yield Statement(self.sql.claim, params)).rows
+            if rows:
+                claimed, taken_over, *holding = rows[0]
+                if claimed:
+                    yield from self._purge_due(request.stale_before, self.sql.purge)
+                    return TAKEN_OVER if taken_over else CLAIMED
+                record = row_to_record([request.key_hash, *holding])
+                if not record.is_claimable(request.now, request.clock_skew_seconds):
+                    yield from self._purge_due(request.stale_before, self.sql.purge)
+                    return Held(record)
+        raise StoreUnavailable(
+            f"PostgreSQL claim of {request.key_hash!r} raced a concurrent write "
+            f"{CLAIM_ATTEMPTS} times in a row",
+            cause="write_conflict",
+            reason=f"the row of {request.key_hash!r} changed under each of {CLAIM_ATTEMPTS} claims",
+        )
 
     def complete(self, completion: Completion) -> Flow[bool]:
-        flow = complete(self.sql, completion, self._max_response_bytes)
-        return then_purge(flow, self._purges.due(completion.now, True))
-
-    def release(self, key_hash: str, owner: str) -> Flow[bool]:
-        return (yield from one(self.sql.release, (key_hash, owner))) == 1
-
-    def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> Flow[bool]:
-        params = {"key": key_hash, "owner": owner, "lock_expires_at": lock_expires_at}
-        return (yield from one(self.sql.renew, params)) == 1
+        """Store the response, fenced by the owner (a deferral's interim one: see SQL)."""
+        status = Status.DEFERRED if completion.deferred else Status.COMPLETED
+        params = self._finish(completion, completion.response, status, completion.streamed)
+        params.update(expires_at=completion.expires_at, response_size=completion.body_size)
+        if completion.deferred:
+            done = bool((yield Statement(self.sql.complete_interim, params)).rows[0][0])
+        else:
+            done = (yield Statement(self.sql.complete, params)).rowcount == 1
+        # (After a completion, whose time carries no clock-skew margin: finished rows only.)
+        yield from self._purge_due(completion.now, self.sql.purge_finished)
+        return done
 
     def complete_final(
         self, token: DeferredToken, response: StoredResponse, now: float
     ) -> Flow[bool]:
-        return complete_final(self.sql, token, response, self._max_response_bytes)
+        params = self._finish(token, response, Status.COMPLETED, False)
+        params["expires_at"] = float(token.expires_at)
+        return (yield Statement(self.sql.complete_final, params)).rowcount == 1
+
+    def _finish(
+        self,
+        of: Completion | DeferredToken,
+        response: StoredResponse,
+        status: Status,
+        streamed: bool,
+    ) -> dict[str, Any]:
+        """The parameters of a finishing write. The body is not kept (``too_large``) when it
+        was streamed, is over ``max_response_bytes``, or encodes past bytea's 1 GB."""
+        limit = self._max_response_bytes
+        blob = None
+        if not streamed and (limit is None or len(response.body) <= limit):
+            blob = encode_response(response)
+            if len(blob) > MAX_BYTEA_BYTES:
+                blob = None
+        return {
+            "key": of.key_hash,
+            "owner": of.owner,
+            "status": status.value,
+            "response": blob,
+            "response_size": len(response.body),
+            "too_large": blob is None,
+        }
+
+    def release(self, key_hash: str, owner: str) -> Flow[bool]:
+        return (yield Statement(self.sql.release, (key_hash, owner))).rowcount == 1
+
+    def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> Flow[bool]:
+        params = {"key": key_hash, "owner": owner, "lock_expires_at": lock_expires_at}
+        return (yield Statement(self.sql.renew, params)).rowcount == 1
 
     def release_unfinished(self, token: DeferredToken) -> Flow[bool]:
-        return (yield from one(self.sql.release_deferred, (token.key_hash, token.owner))) == 1
+        params = (token.key_hash, token.owner)
+        return (yield Statement(self.sql.release_deferred, params)).rowcount == 1
 
     def get(self, key_hash: str) -> Flow[Record | None]:
-        return get(self.sql, key_hash)
+        rows = (yield Statement(self.sql.select, (key_hash,))).rows
+        return row_to_record(rows[0]) if rows else None
 
     def delete(self, key_hash: str) -> Flow[bool]:
-        return (yield from one(self.sql.delete, (key_hash,))) > 0
+        return (yield Statement(self.sql.delete, (key_hash,))).rowcount > 0
 
     def create_table(self) -> AnyFlow[None]:
-        return create_table(self.sql)
+        """Create the table and its index unless both exist, in a transaction serialized by
+        an advisory lock (the transaction's); in a new one when it raced another session."""
+        for attempt in range(CREATE_ATTEMPTS):
+            try:
+                yield Transaction(self._create())
+                return
+            except StoreUnavailable as error:
+                if error.code not in CREATE_RACES or attempt == CREATE_ATTEMPTS - 1:
+                    raise
 
-    def purge_expired(self, cutoff: float, batch: int) -> Flow[int]:
-        """Every row expired before ``cutoff``, ``batch`` rows per statement."""
-        return purge(self.sql.purge, cutoff, batch, None)
+    def _create(self) -> Flow[None]:
+        sql = self.sql
+        if (yield Statement(sql.schema_exists, sql.schema_names)).rows[0][0]:
+            return
+        yield Statement(sql.create_lock, (sql.table,))
+        yield Statement(sql.create_table, ())
+        yield Statement(sql.create_index, ())
+
+    def purge_expired(self, cutoff: float) -> Flow[int]:
+        """Delete every row expired before ``cutoff``, in batches; the count."""
+        params = {"cutoff": cutoff, "limit": self._purge_batch}
+        total = 0
+        while True:
+            deleted = (yield Statement(self.sql.purge, params)).rowcount
+            total += deleted
+            if deleted < self._purge_batch:
+                return total
+
+    def _purge_due(self, cutoff: float, statement: str) -> Flow[None]:
+        """One batch of the purge riding on a write, when one is due."""
+        if self._purge_interval is None:
+            return
+        with self._purge_lock:
+            tick = self._clock.now()
+            if tick < self._next_purge:
+                return
+            self._next_purge = tick + self._purge_interval
+        deleted = yield from piggybacked(statement, cutoff, self._purge_batch)
+        if deleted >= self._purge_batch:
+            with self._purge_lock:
+                self._next_purge = 0.0  # more to delete: the next write continues
+        if deleted:
+            logger.debug("purged %d expired idempotency records", deleted)

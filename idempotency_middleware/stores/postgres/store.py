@@ -14,7 +14,7 @@ from ...breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD
 from ...clock import SYSTEM_CLOCK, Clock
 from ...options import DEFAULT_CLOCK_SKEW_SECONDS
 from ..kit import KitStore, require_modules
-from .ops import PostgresOps, Purges, Statements
+from .ops import PostgresOps, Statements
 from .transport import PostgresConfig, PostgresTransport
 
 if TYPE_CHECKING:
@@ -123,7 +123,11 @@ class PostgresStore(KitStore):
             milliseconds = max(1, round(statement_timeout_seconds * 1000))
             options = f"{parts.get('options') or ''} -c statement_timeout={milliseconds}"
             self.connect_kwargs["options"] = options.strip()
-        self._config = PostgresConfig(
+        # How long a statement's answer may take before its connection is broken off: the
+        # server's own statement timeout (30 s where none is set) and a connection's time.
+        statement = 30.0 if statement_timeout_seconds is None else statement_timeout_seconds
+        self.answer_within = statement + max(1.0, connect_timeout)
+        config = PostgresConfig(
             dsn,
             self.where,
             table,
@@ -132,14 +136,13 @@ class PostgresStore(KitStore):
             max_size,
             pool_timeout_seconds,
             connect_timeout,
-            statement_timeout_seconds,
+            self.answer_within,
             pool,
             async_pool,
         )
-        purges = Purges(sql, purge_interval_seconds, purge_batch_size, clock)
         super().__init__(
-            PostgresOps(sql, max_response_bytes, purges),
-            PostgresTransport(self._config),
+            PostgresOps(sql, max_response_bytes, purge_interval_seconds, purge_batch_size, clock),
+            PostgresTransport(config),
             clock=clock,
             breaker_threshold=breaker_threshold,
             breaker_cooldown_seconds=breaker_cooldown_seconds,
@@ -148,12 +151,6 @@ class PostgresStore(KitStore):
     def __repr__(self) -> str:
         return f"PostgresStore({self.where!r}, table={self.table!r})"
 
-    @property
-    def answer_within(self) -> float:
-        """How long a statement's answer may take before its connection is broken off: the
-        server's own statement timeout (30 s where none is set) and a connection's time."""
-        return self._config.answer_within
-
     def purge_expired(
         self, now: float | None = None, *, clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS
     ) -> int:
@@ -161,14 +158,14 @@ class PostgresStore(KitStore):
         (default: the clock's time), in batches of ``purge_batch_size`` rows (each its own
         short statement); the count."""
         cutoff = (self._clock.now() if now is None else now) - clock_skew_seconds
-        return self._run("purge", self._ops.purge_expired(cutoff, self.purge_batch_size))
+        return self._run("purge", self._ops.purge_expired(cutoff))
 
     async def apurge_expired(
         self, now: float | None = None, *, clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS
     ) -> int:
         """:meth:`purge_expired`, awaited."""
         cutoff = (self._clock.now() if now is None else now) - clock_skew_seconds
-        return await self._arun("purge", self._ops.purge_expired(cutoff, self.purge_batch_size))
+        return await self._arun("purge", self._ops.purge_expired(cutoff))
 
 
 __all__ = ["PostgresStore"]

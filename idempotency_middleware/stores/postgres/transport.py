@@ -1,14 +1,11 @@
 """The transport of ``PostgresStore``: each flow runs on one pooled autocommit connection
 (its :class:`~.ops.Transaction` in a transaction), every statement under a deadline.
 
-Sync calls (WSGI, ``idempotent`` on plain functions) use a ``psycopg_pool.ConnectionPool``,
-opened on first use (again in a forked child). Async calls use one ``loop_pool.LoopPool``
-per event loop (connections belong to the loop they were made on), kept by a
-``kit.LoopLocal``: a store used from several loops (two servers on their own threads, an
-``asyncio.run(store.acreate_table())`` before the server starts) has one pool per loop,
-closed with its loop, or, for a loop closed without its clean-up, without it (no I/O).
-psycopg's and the pools' failures come out as ``StoreUnavailable`` (``errors.py``).
-"""
+Sync calls use a ``psycopg_pool.ConnectionPool``, opened on first use (again in a forked
+child). Async calls use one ``loop_pool.LoopPool`` per event loop (connections belong to the
+loop they were made on: two servers on their own threads, an ``asyncio.run(...)`` before the
+server starts), kept by a ``kit.LoopLocal``, closed with their loop (or without it, no I/O).
+psycopg's and the pools' failures come out as ``StoreUnavailable`` (``errors.py``)."""
 
 from __future__ import annotations
 
@@ -48,16 +45,9 @@ class PostgresConfig:
     max_size: int
     pool_timeout_seconds: float
     connect_timeout: float
-    statement_timeout_seconds: float | None
+    answer_within: float  # seconds: past them, a statement's connection is broken off
     pool: ConnectionPool[Any] | None = None
     async_pool: AsyncConnectionPool[Any] | None = None
-
-    @property
-    def answer_within(self) -> float:
-        """How long a statement's answer may take before its connection is broken off: the
-        server's own statement timeout (30 s where none is set) and a connection's time."""
-        statement = self.statement_timeout_seconds
-        return (30.0 if statement is None else statement) + max(1.0, self.connect_timeout)
 
 
 class PostgresTransport:
@@ -77,10 +67,8 @@ class PostgresTransport:
 
     def wait_seconds(self) -> float:
         """How long a call waits for a pooled connection."""
-        config = self.config
-        if self.reachable:
-            return config.pool_timeout_seconds
-        return min(config.pool_timeout_seconds, config.connect_timeout)
+        timeout = self.config.pool_timeout_seconds
+        return timeout if self.reachable else min(timeout, self.config.connect_timeout)
 
     def _unavailable(self, operation: str, error: BaseException) -> StoreUnavailable:
         from .errors import unavailable
@@ -182,32 +170,31 @@ class PostgresTransport:
         autocommit = connection.autocommit
         try:
             if not autocommit:  # a connection of a pool the user gave
-                with self._answering(operation):
-                    connection.autocommit = True
+                connection.autocommit = True
             result = drive(flow, partial(self._send, operation, connection))
         except StoreUnavailable:
-            broken = connection.broken
-            _give_back(pool, connection, autocommit)
-            if broken:
+            if connection.broken:
                 # A failover broke them all: the idle ones are closed now, those in use
-                # when they come back, and new ones are made.
+                # when they come back (this one), and new ones are made.
                 self.reachable = False
                 pool.drain()
             raise
-        except BaseException:
-            _give_back(pool, connection, autocommit)
-            raise
-        _give_back(pool, connection, autocommit)
+        finally:
+            # A broken connection is discarded by the pool (and replaced).
+            if not autocommit and not connection.broken and not connection.closed:
+                connection.autocommit = False
+            pool.putconn(connection)
         self.reachable = True
         return result
 
-    def _send(self, operation: str, connection: psycopg.Connection[Any], request: Any) -> Any:
+    def _send(
+        self, operation: str, connection: psycopg.Connection[Any], request: Statement | Transaction
+    ) -> Any:
         if isinstance(request, Transaction):
             with self._answering(operation), connection.transaction():
                 return drive(request.flow, partial(self._send, operation, connection))
-        statement: Statement = request
         with self._answering(operation), WATCHDOG.watching(connection, self.config.answer_within):
-            cursor = connection.execute(statement.query, statement.params, binary=True)
+            cursor = connection.execute(request.query, request.params, binary=True)
             rows = cursor.fetchall() if cursor.description is not None else []
         return Answer(rows, cursor.rowcount)
 
@@ -245,54 +232,38 @@ class PostgresTransport:
         autocommit = connection.autocommit
         try:
             if not autocommit:
-                with self._answering(operation):
-                    await connection.set_autocommit(True)
+                await connection.set_autocommit(True)
             result = await adrive(flow, partial(self._asend, operation, connection))
         except StoreUnavailable:
-            broken = connection.broken
-            await _agive_back(pool, connection, autocommit)
-            if broken:
+            if connection.broken:
                 self.reachable = False
                 await pool.drain()
             raise
-        except BaseException:
-            await _agive_back(pool, connection, autocommit)
-            raise
-        await _agive_back(pool, connection, autocommit)
+        finally:
+            if not autocommit and not connection.broken and not connection.closed:
+                await connection.set_autocommit(False)
+            await pool.putconn(connection)
         self.reachable = True
         return result
 
     async def _asend(
-        self, operation: str, connection: psycopg.AsyncConnection[Any], request: Any
+        self,
+        operation: str,
+        connection: psycopg.AsyncConnection[Any],
+        request: Statement | Transaction,
     ) -> Any:
         if isinstance(request, Transaction):
             with self._answering(operation):
                 async with connection.transaction():
                     return await adrive(request.flow, partial(self._asend, operation, connection))
-        statement: Statement = request
         with self._answering(operation), WATCHDOG.watching(connection, self.config.answer_within):
-            cursor = await connection.execute(statement.query, statement.params, binary=True)
+            cursor = await connection.execute(request.query, request.params, binary=True)
             rows = await cursor.fetchall() if cursor.description is not None else []
         return Answer(rows, cursor.rowcount)
 
     async def aclose(self) -> None:
         """Close the running loop's pool (one the user gave stays open)."""
         await self.loop_pools.aclose()
-
-
-def _give_back(pool: ConnectionPool[Any], connection: Any, autocommit: bool) -> None:
-    # A broken connection is discarded by the pool (and replaced).
-    if not autocommit and not connection.broken and not connection.closed:
-        connection.autocommit = False
-    pool.putconn(connection)
-
-
-async def _agive_back(
-    pool: LoopPool | AsyncConnectionPool[Any], connection: Any, autocommit: bool
-) -> None:
-    if not autocommit and not connection.broken and not connection.closed:
-        await connection.set_autocommit(False)
-    await pool.putconn(connection)
 
 
 # -- the deadline of every statement ------------------------------------------------------
