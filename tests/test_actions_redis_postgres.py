@@ -40,7 +40,7 @@ from idempotency_middleware.actions.postgres import (
 from idempotency_middleware.actions.redis import KEY_INFIX
 from idempotency_middleware.actions.steps import Consume, Insert, Written
 from idempotency_middleware.stores.postgres import PostgresStore
-from idempotency_middleware.stores.postgres_sql import Answer
+from idempotency_middleware.stores.postgres.ops import Answer
 from idempotency_middleware.stores.redis import RedisStore
 from idempotency_middleware.testing import FakeClock
 from tests.action_stores import ActionsUnderTest, open_actions

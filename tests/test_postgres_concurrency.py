@@ -180,7 +180,8 @@ def test_one_store_serves_several_event_loops_at_once(postgres_dsn: str) -> None
     for thread in threads:
         thread.join(30)
     assert sum(1 for result in results if result == CLAIMED) == 1
-    assert store._async._loops == {}  # both loops' pools closed as their loops ended
+    # Both loops' pools were closed as their loops ended.
+    assert store._transport.loop_pools.values() == []
     # A loop closed without asyncio.run's clean-up: its pool is let go at the next loop.
     loop = asyncio.new_event_loop()
     assert isinstance(loop.run_until_complete(store.aclaim(request(held))), Held)
@@ -207,7 +208,7 @@ def test_close_while_a_call_waits_for_a_connection(postgres_dsn: str, flavour: s
     store = PostgresStore(postgres_dsn, table=table(), max_size=1)
     store.create_table()
     if flavour == "sync":
-        pool = store._sync.pool()
+        pool = store._transport.pool()
         busy = pool.getconn()
         results: list[Any] = []
         waiter = threading.Thread(target=lambda: results.append(store.claim(request(key()))))
@@ -225,14 +226,14 @@ def test_close_while_a_call_waits_for_a_connection(postgres_dsn: str, flavour: s
 
     async def main() -> None:
         await store.aget(key())
-        entry = await store._async._pool()
-        busy = await entry.pool.getconn(timeout=1)
+        pool = await store._transport.loop_pools.get()
+        busy = await pool.getconn(timeout=1)
         waiting = asyncio.ensure_future(store.aclaim(request(key())))
         for _ in range(5):  # the claim now waits for the one connection
             await asyncio.sleep(0)
         assert not waiting.done()
         await store.aclose()
-        await entry.pool.putconn(busy)
+        await pool.putconn(busy)
         assert await waiting == CLAIMED
         assert busy.closed  # given back to a closed pool: closed
         assert await store.aclaim(request(key())) == CLAIMED  # a new pool

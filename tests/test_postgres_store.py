@@ -122,8 +122,7 @@ def test_a_claim_and_a_duplicate_each_take_one_statement_in_one_round_trip(
     assert all(statements == 1 for _, statements in counts)
     # psycopg prepares the statement on its 5th use: that one call also sends the Parse.
     assert sorted(trips for trips, _ in counts) == [1] * 15 + [2]
-    assert store._sync._pool is not None
-    store._sync._pool.close()
+    store._transport.pool().close()
 
 
 async def test_an_async_claim_and_duplicate_take_one_statement_each(
@@ -520,7 +519,7 @@ def test_a_statement_past_its_timeout_is_timed_out(postgres_dsn: str, store: Pos
 def test_a_pool_with_every_connection_busy_is_timed_out(postgres_dsn: str) -> None:
     with PostgresStore(postgres_dsn, table=table(), max_size=1, pool_timeout_seconds=0.2) as store:
         store.create_table()
-        pool = store._sync.pool()
+        pool = store._transport.pool()
         busy = pool.getconn()
         try:
             with pytest.raises(StoreUnavailable) as waited:
@@ -585,14 +584,14 @@ def test_a_pool_the_user_gave_keeps_its_settings(postgres_dsn: str) -> None:
 async def test_an_async_pool_with_every_connection_busy_is_timed_out(postgres_dsn: str) -> None:
     store = PostgresStore(postgres_dsn, table=table(), max_size=1, pool_timeout_seconds=0.2)
     await store.acreate_table()
-    entry = await store._async._pool()
-    busy = await entry.pool.getconn(timeout=1)
+    pool = await store._transport.loop_pools.get()
+    busy = await pool.getconn(timeout=1)
     try:
         with pytest.raises(StoreUnavailable) as waited:
             await store.aclaim(request(key()))
         assert waited.value.cause == "timed_out"
     finally:
-        await entry.pool.putconn(busy)
+        await pool.putconn(busy)
     assert await store.aclaim(request(key())) == CLAIMED
     await store.aclose()
 
@@ -640,7 +639,7 @@ def test_a_forked_worker_makes_its_own_pool(store: PostgresStore) -> None:
 def test_every_failure_has_its_cause() -> None:
     from psycopg_pool import PoolClosed, TooManyRequests
 
-    from idempotency_middleware.stores.postgres_errors import cause_of, unavailable
+    from idempotency_middleware.stores.postgres.errors import cause_of, unavailable
 
     refused = psycopg.OperationalError(
         'connection failed: connection to server at "10.0.0.1", port 5432 failed: FATAL:  '

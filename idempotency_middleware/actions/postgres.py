@@ -42,11 +42,11 @@ missing (``42703``) runs the creation again, which adds them (``ADD COLUMN IF NO
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from typing import Any
 
 from ..stores.postgres import PostgresStore
-from ..stores.postgres_sql import Flow, Statement, StoreUnavailable
+from ..stores.postgres.ops import Flow, Statement, StoreUnavailable, Transaction, piggybacked
 from .model import ADDED_FIELDS, RECORD_FIELDS, ActionRecord
 from .steps import Cancel, Consume, Insert, Read, SpendAttempt, Step, Written, apply
 
@@ -208,6 +208,10 @@ def create_flow(sql: ActionStatements) -> Flow[None]:
     yield Statement(sql.create_index, ())
 
 
+def _in_transaction(flow: Flow[None]) -> Generator[Transaction, None, None]:
+    yield Transaction(flow)
+
+
 class _Purges:
     """When the next piggybacked purge is due (by the steps' own time)."""
 
@@ -217,22 +221,17 @@ class _Purges:
         self.next = 0.0
         self.lock = threading.Lock()
 
-    def due(self, sql: ActionStatements, step: Step) -> Flow[int] | None:
+    def after(self, sql: ActionStatements, step: Step) -> Flow[None]:
+        """One purge batch after ``step``, when one is due (on a create)."""
         if self.interval is None or not isinstance(step, Insert):
-            return None
+            return
         with self.lock:
             if step.now < self.next:
-                return None
+                return
             self.next = step.now + self.interval
-        return self._purge(sql, step.now)
-
-    def _purge(self, sql: ActionStatements, now: float) -> Flow[int]:
-        params = {"cutoff": now, "limit": self.batch}
-        if (yield Statement(sql.purge, params)).rowcount >= self.batch:
+        if (yield from piggybacked(sql.purge, step.now, self.batch)) >= self.batch:
             with self.lock:
                 self.next = 0.0  # more to delete: the next create continues
-        # The count stays here: the store's own purge schedule is about its records.
-        return 0
 
 
 def _operation(step: Step) -> str:
@@ -240,8 +239,8 @@ def _operation(step: Step) -> str:
 
 
 class PostgresActions:
-    """Steps on a ``PostgresStore``, one statement each: ``write`` on its sync pool,
-    ``awrite`` on the running loop's async pool."""
+    """Steps on a ``PostgresStore``, one statement each, through its transport (and its
+    breaker): ``write`` on its sync pool, ``awrite`` on the running loop's async pool."""
 
     def __init__(self, store: PostgresStore) -> None:
         self._store = store
@@ -250,30 +249,31 @@ class PostgresActions:
 
     def create_table(self) -> None:
         """Create the actions table and its index; safe to call again, and concurrently."""
-        self._store._sync.run("action create_table", create_flow(self._sql), None, True)
+        self._store._run("action create_table", _in_transaction(create_flow(self._sql)))
 
     async def acreate_table(self) -> None:
         """:meth:`create_table` on the running loop's pool."""
-        await self._store._async.run("action create_table", create_flow(self._sql), None, True)
+        await self._store._arun("action create_table", _in_transaction(create_flow(self._sql)))
+
+    def _flow(self, step: Step) -> Flow[Written]:
+        written = yield from step_flow(self._sql, step)
+        yield from self._purges.after(self._sql, step)
+        return written
 
     def write(self, step: Step) -> Written:
-        operation = _operation(step)
-        purge = self._purges.due(self._sql, step)
         try:
-            return self._store._sync.run(operation, step_flow(self._sql, step), purge)
+            return self._store._run(_operation(step), self._flow(step))
         except StoreUnavailable as error:
             if error.code not in (UNDEFINED_TABLE, UNDEFINED_COLUMN):
                 raise
         self.create_table()  # its first use: the step found no table (or an older one)
-        return self._store._sync.run(operation, step_flow(self._sql, step))
+        return self._store._run(_operation(step), self._flow(step))
 
     async def awrite(self, step: Step) -> Written:
-        operation = _operation(step)
-        purge = self._purges.due(self._sql, step)
         try:
-            return await self._store._async.run(operation, step_flow(self._sql, step), purge)
+            return await self._store._arun(_operation(step), self._flow(step))
         except StoreUnavailable as error:
             if error.code not in (UNDEFINED_TABLE, UNDEFINED_COLUMN):
                 raise
         await self.acreate_table()
-        return await self._store._async.run(operation, step_flow(self._sql, step))
+        return await self._store._arun(_operation(step), self._flow(step))

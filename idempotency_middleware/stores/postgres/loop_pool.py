@@ -94,6 +94,10 @@ class LoopPool:
 
     async def close(self) -> None:
         """Close the idle connections; those in use are closed when they come back."""
+        self.abandon()
+
+    def abandon(self) -> None:
+        """:meth:`close`, without the loop (it may be closed)."""
         self.closed = True
         self.close_idle()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import psycopg
 from psycopg_pool import PoolClosed, PoolTimeout, TooManyRequests
 
-from .base import StoreUnavailable
+from ..protocol import StoreUnavailable
 
 # SQLSTATE (or its two-character class) -> cause. Exact codes are looked up first.
 _CAUSES_BY_SQLSTATE = {

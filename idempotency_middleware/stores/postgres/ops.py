@@ -1,0 +1,400 @@
+"""What ``PostgresStore`` sends, and what it makes of the answers: no I/O here.
+
+Each store operation is a *flow* (``kit.Flow``): a generator that yields the statements to
+run, one at a time, receives each one's :class:`Answer` (or the failure, as
+``StoreUnavailable``, at its ``yield``), and returns the operation's result. The transport
+runs a whole flow on one connection, so the decisions are written once for sync and async.
+Almost every flow is a single statement; the claim adds a second one only in the rare race
+described in :func:`claim`, a write may be followed by the piggybacked purge, and the table's
+creation runs in a :class:`Transaction`.
+
+Table layout (one row per key hash)::
+
+    key              text              primary key: the key hash the middleware claims
+    status           text              "in_progress" | "deferred" | "completed"
+    fingerprint      text              sha256 of the request
+    owner            text              token of the claim that wrote the row (fencing)
+    lock_expires_at  double precision  epoch seconds (the requests' clock, never the server's)
+    expires_at       double precision  epoch seconds; indexed, for the purge
+    response         bytea             records.encode_response, once completed
+    response_size    bigint            body size in bytes
+    too_large        boolean           completed, but the body was not kept
+    taken_over       boolean           this claim replaced a stale in-progress claim
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Generator, Sequence
+from typing import Any, NamedTuple, TypeVar
+
+from ...clock import Clock
+from ...records import Record, Status, StoredResponse, decode_response, encode_response
+from ..kit import Flow as AnyFlow
+from ..protocol import (
+    CLAIMED,
+    TAKEN_OVER,
+    ClaimRequest,
+    ClaimResult,
+    Completion,
+    DeferredToken,
+    Held,
+)
+from ..protocol import StoreUnavailable as StoreUnavailable
+
+T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
+
+# A plain identifier, optionally schema-qualified; quoted when used.
+_TABLE_NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_]{0,62}\.)?[A-Za-z_][A-Za-z0-9_]{0,50}")
+
+# bytea values are limited to 1 GB; a larger encoded response is completed as "not stored".
+MAX_BYTEA_BYTES = 1_000_000_000
+
+# How many times a claim reruns when each run raced a concurrent write (see ``claim``).
+CLAIM_ATTEMPTS = 5
+
+# SQLSTATEs of a CREATE racing another session's (unique_violation on pg_type or pg_class,
+# duplicate_table, duplicate_object): the other one created it, so creating again finds it.
+CREATE_RACES = frozenset({"23505", "42P07", "42710"})
+CREATE_ATTEMPTS = 3
+
+_IN_PROGRESS = Status.IN_PROGRESS.value
+_COMPLETED = Status.COMPLETED.value
+_COLUMNS = (
+    "key, status, fingerprint, owner, lock_expires_at, expires_at, "
+    "response, response_size, too_large, taken_over"
+)
+
+
+class Statement(NamedTuple):
+    """One statement to send, with its parameters."""
+
+    query: str
+    params: dict[str, Any] | tuple[Any, ...]
+
+
+class Answer(NamedTuple):
+    """What the server said to a statement: its rows (empty without any) and row count."""
+
+    rows: Sequence[tuple[Any, ...]]
+    rowcount: int
+
+
+Flow = Generator[Statement, Answer, T]
+
+
+class Transaction(NamedTuple):
+    """Run ``flow`` in one transaction: answered with its result, or its failure (rolled
+    back) thrown in."""
+
+    flow: Flow[Any]
+
+
+class Statements:
+    """The SQL for one table; ``ValueError`` unless its name is a plain identifier."""
+
+    def __init__(self, table: str) -> None:
+        if not isinstance(table, str) or not _TABLE_NAME.fullmatch(table):
+            raise ValueError(
+                f"table must be a plain SQL identifier, optionally schema-qualified, not {table!r}"
+            )
+        quoted = ".".join(f'"{part}"' for part in table.split("."))
+        self.table = table
+        bare = table.rsplit(".", 1)[-1]
+        schema = f'"{table.split(".")[0]}".' if "." in table else ""
+        self.index_name = f"{bare}_expires_at"
+        self.create_table = (
+            f"CREATE TABLE IF NOT EXISTS {quoted} (key text PRIMARY KEY, "
+            "status text NOT NULL, fingerprint text NOT NULL, owner text NOT NULL, "
+            "lock_expires_at double precision NOT NULL, expires_at double precision NOT NULL, "
+            "response bytea, response_size bigint NOT NULL DEFAULT 0, "
+            "too_large boolean NOT NULL DEFAULT false, taken_over boolean NOT NULL DEFAULT false)"
+        )
+        self.create_index = (
+            f'CREATE INDEX IF NOT EXISTS "{self.index_name}" ON {quoted} (expires_at)'
+        )
+        # Creators of the same table queue on one advisory lock, so two of them never race
+        # on the catalogs (CREATE ... IF NOT EXISTS alone can fail with a unique violation
+        # on pg_type when two sessions create the same table at once).
+        self.create_lock = "SELECT pg_advisory_xact_lock(1768189257, hashtext(%s))"
+        # Whether both exist already: a role without CREATE on the schema can then still
+        # call create_table() (the DDL would be refused before IF NOT EXISTS is looked at).
+        self.schema_exists = "SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL"
+        self.schema_names = (quoted, f'{schema}"{self.index_name}"')
+        claimable = (
+            f"(r.status <> '{_IN_PROGRESS}' AND r.expires_at <= %(now)s) "
+            f"OR (r.status = '{_IN_PROGRESS}' AND r.lock_expires_at <= %(stale)s)"
+        )
+        # The claim, one statement. The upsert inserts an absent key or replaces a
+        # claimable row (``taken_over`` says whether the replaced row was an in-progress
+        # claim: in DO UPDATE, ``r`` is the existing row); RETURNING reports it. When the
+        # upsert does not apply, the second branch returns the holding row in the same
+        # round trip. It reads the statement's snapshot, which may predate the row (see
+        # ``claim``).
+        self.claim = (
+            f"WITH claimed AS (INSERT INTO {quoted} AS r ({_COLUMNS}) "
+            f"VALUES (%(key)s, '{_IN_PROGRESS}', %(fingerprint)s, %(owner)s, "
+            "%(lock_expires_at)s, %(lock_expires_at)s, NULL, 0, false, false) "
+            "ON CONFLICT (key) DO UPDATE SET "
+            f"taken_over = (r.status = '{_IN_PROGRESS}'), "
+            "status = excluded.status, fingerprint = excluded.fingerprint, "
+            "owner = excluded.owner, lock_expires_at = excluded.lock_expires_at, "
+            "expires_at = excluded.expires_at, "
+            "response = NULL, response_size = 0, too_large = false "
+            f"WHERE {claimable} "
+            "RETURNING r.taken_over) "
+            "SELECT true, taken_over, NULL, NULL, NULL, NULL::float8, NULL::float8, "
+            "NULL::bytea, NULL::bigint, NULL::boolean FROM claimed "
+            "UNION ALL "
+            "SELECT false, false, status, fingerprint, owner, lock_expires_at, expires_at, "
+            f"response, response_size, too_large FROM {quoted} "
+            "WHERE key = %(key)s AND NOT EXISTS (SELECT 1 FROM claimed)"
+        )
+        self.select = (
+            "SELECT key, status, fingerprint, owner, lock_expires_at, expires_at, "
+            f"response, response_size, too_large FROM {quoted} WHERE key = %s"
+        )
+        finish = (
+            f"UPDATE {quoted} SET status = %(status)s, expires_at = %(expires_at)s, "
+            "response = %(response)s, response_size = %(response_size)s, "
+            "too_large = %(too_large)s WHERE key = %(key)s AND owner = %(owner)s"
+        )
+        self.complete = finish
+        # A deferred key's interim response, only over the claim still in progress (never
+        # over the work's final response, which may land first); true when it was stored,
+        # or when the key is still ours anyway (deferred already, or finished first).
+        self.complete_interim = (
+            f"WITH done AS ({finish} AND status = '{_IN_PROGRESS}' RETURNING 1) "
+            "SELECT EXISTS (SELECT 1 FROM done) "
+            f"OR EXISTS (SELECT 1 FROM {quoted} WHERE key = %(key)s AND owner = %(owner)s)"
+        )
+        # A deferral token's final response: fenced by the owner, on a key not completed.
+        self.complete_final = f"{finish} AND status <> '{_COMPLETED}'"
+        self.release_deferred = (
+            f"DELETE FROM {quoted} WHERE key = %s AND owner = %s AND status <> '{_COMPLETED}'"
+        )
+        # Only a claim still in progress: never a final response a deferral's worker stored
+        # while the handler was still running.
+        self.release = (
+            f"DELETE FROM {quoted} WHERE key = %s AND owner = %s AND status = '{_IN_PROGRESS}'"
+        )
+        self.renew = (
+            f"UPDATE {quoted} SET lock_expires_at = %(lock_expires_at)s, "
+            "expires_at = %(lock_expires_at)s "
+            f"WHERE key = %(key)s AND owner = %(owner)s AND status = '{_IN_PROGRESS}'"
+        )
+        self.delete = f"DELETE FROM {quoted} WHERE key = %s"
+        # A bounded batch: the keys of at most ``limit`` expired rows, skipping rows a claim
+        # holds locked (a purge never waits for one), deleted by primary key with the
+        # condition checked again on each row's latest version (a key reclaimed meanwhile
+        # stays).
+        self.purge = self._purge(quoted, "")
+        # After a completion, whose time carries no clock-skew margin: finished rows only.
+        self.purge_finished = self._purge(quoted, f" AND status <> '{_IN_PROGRESS}'")
+
+    @staticmethod
+    def _purge(quoted: str, extra: str) -> str:
+        return (
+            f"DELETE FROM {quoted} WHERE key = ANY(ARRAY("
+            f"SELECT key FROM {quoted} WHERE expires_at <= %(cutoff)s{extra} "
+            "LIMIT %(limit)s FOR UPDATE SKIP LOCKED)) "
+            f"AND expires_at <= %(cutoff)s{extra}"
+        )
+
+
+def row_to_record(row: Sequence[Any]) -> Record:
+    """A ``Record`` from a row of ``Statements.select``'s columns."""
+    key_hash, status, fingerprint, owner, lock_expires_at, expires_at, blob, size, too_large = row
+    return Record(
+        key_hash,
+        Status(status),
+        fingerprint,
+        owner,
+        float(lock_expires_at),
+        float(expires_at),
+        decode_response(bytes(blob)) if blob is not None else None,
+        bool(too_large),
+        int(size),
+    )
+
+
+def piggybacked(purge: str, cutoff: float, limit: int) -> Flow[int]:
+    """A purge batch riding on a write: its row count, 0 when it failed (the write it rides
+    on is done; a failed purge only waits for the next one)."""
+    try:
+        return (yield Statement(purge, {"cutoff": cutoff, "limit": limit})).rowcount
+    except StoreUnavailable as error:
+        logger.debug("PostgreSQL purge of expired records failed: %s", error.reason)
+        return 0
+
+
+class PostgresOps:
+    """The store's flows (``kit.Operations``) on one table, and when the purge that rides on
+    writes is due: at most once per ``purge_interval`` seconds (``None``: never) per
+    process, by ``clock``, and at once again after a full batch."""
+
+    supports_deferral = True
+
+    def __init__(
+        self,
+        sql: Statements,
+        max_response_bytes: int | None,
+        purge_interval: float | None,
+        purge_batch: int,
+        clock: Clock,
+    ) -> None:
+        self.sql = sql
+        self._max_response_bytes = max_response_bytes
+        self._purge_interval = purge_interval
+        self._purge_batch = purge_batch
+        self._clock = clock
+        self._purge_lock = threading.Lock()
+        self._next_purge = 0.0  # the first write of a process purges
+
+    def claim(self, request: ClaimRequest) -> Flow[ClaimResult]:
+        """Claim in one statement; ``Held`` with the holding row from the same statement.
+
+        Under READ COMMITTED, a conflicting row is locked and the upsert's WHERE is
+        evaluated on its latest version, but the statement's second branch reads its
+        snapshot, taken when the statement began. When a concurrent transaction inserted or
+        changed the row and committed meanwhile, that branch returns nothing (a row inserted
+        after the snapshot) or an older version of the row, which, being claimable where the
+        latest was not, is told apart: then the statement runs again with a new snapshot
+        (bounded: it takes a write committed during each run to need another).
+        """
+        params = {
+            "key": request.key_hash,
+            "fingerprint": request.fingerprint,
+            "owner": request.owner,
+            "lock_expires_at": request.lock_expires_at,
+            "now": request.now,
+            "stale": request.stale_before,
+        }
+        for _ in range(CLAIM_ATTEMPTS):
+            rows = (yield Statement(self.sql.claim, params)).rows
+            if rows:
+                claimed, taken_over, *holding = rows[0]
+                if claimed:
+                    yield from self._purge_due(request.stale_before, self.sql.purge)
+                    return TAKEN_OVER if taken_over else CLAIMED
+                record = row_to_record([request.key_hash, *holding])
+                if not record.is_claimable(request.now, request.clock_skew_seconds):
+                    yield from self._purge_due(request.stale_before, self.sql.purge)
+                    return Held(record)
+        raise StoreUnavailable(
+            f"PostgreSQL claim of {request.key_hash!r} raced a concurrent write "
+            f"{CLAIM_ATTEMPTS} times in a row",
+            cause="write_conflict",
+            reason=f"the row of {request.key_hash!r} changed under each of {CLAIM_ATTEMPTS} claims",
+        )
+
+    def complete(self, completion: Completion) -> Flow[bool]:
+        """Store the response, fenced by the owner (a deferral's interim one: see SQL)."""
+        status = Status.DEFERRED if completion.deferred else Status.COMPLETED
+        params = self._finish(completion, completion.response, status, completion.streamed)
+        params.update(expires_at=completion.expires_at, response_size=completion.body_size)
+        if completion.deferred:
+            done = bool((yield Statement(self.sql.complete_interim, params)).rows[0][0])
+        else:
+            done = (yield Statement(self.sql.complete, params)).rowcount == 1
+        # (After a completion, whose time carries no clock-skew margin: finished rows only.)
+        yield from self._purge_due(completion.now, self.sql.purge_finished)
+        return done
+
+    def complete_final(
+        self, token: DeferredToken, response: StoredResponse, now: float
+    ) -> Flow[bool]:
+        params = self._finish(token, response, Status.COMPLETED, False)
+        params["expires_at"] = float(token.expires_at)
+        return (yield Statement(self.sql.complete_final, params)).rowcount == 1
+
+    def _finish(
+        self,
+        of: Completion | DeferredToken,
+        response: StoredResponse,
+        status: Status,
+        streamed: bool,
+    ) -> dict[str, Any]:
+        """The parameters of a finishing write. The body is not kept (``too_large``) when it
+        was streamed, is over ``max_response_bytes``, or encodes past bytea's 1 GB."""
+        limit = self._max_response_bytes
+        blob = None
+        if not streamed and (limit is None or len(response.body) <= limit):
+            blob = encode_response(response)
+            if len(blob) > MAX_BYTEA_BYTES:
+                blob = None
+        return {
+            "key": of.key_hash,
+            "owner": of.owner,
+            "status": status.value,
+            "response": blob,
+            "response_size": len(response.body),
+            "too_large": blob is None,
+        }
+
+    def release(self, key_hash: str, owner: str) -> Flow[bool]:
+        return (yield Statement(self.sql.release, (key_hash, owner))).rowcount == 1
+
+    def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> Flow[bool]:
+        params = {"key": key_hash, "owner": owner, "lock_expires_at": lock_expires_at}
+        return (yield Statement(self.sql.renew, params)).rowcount == 1
+
+    def release_unfinished(self, token: DeferredToken) -> Flow[bool]:
+        params = (token.key_hash, token.owner)
+        return (yield Statement(self.sql.release_deferred, params)).rowcount == 1
+
+    def get(self, key_hash: str) -> Flow[Record | None]:
+        rows = (yield Statement(self.sql.select, (key_hash,))).rows
+        return row_to_record(rows[0]) if rows else None
+
+    def delete(self, key_hash: str) -> Flow[bool]:
+        return (yield Statement(self.sql.delete, (key_hash,))).rowcount > 0
+
+    def create_table(self) -> AnyFlow[None]:
+        """Create the table and its index unless both exist, in a transaction serialized by
+        an advisory lock (the transaction's); in a new one when it raced another session."""
+        for attempt in range(CREATE_ATTEMPTS):
+            try:
+                yield Transaction(self._create())
+                return
+            except StoreUnavailable as error:
+                if error.code not in CREATE_RACES or attempt == CREATE_ATTEMPTS - 1:
+                    raise
+
+    def _create(self) -> Flow[None]:
+        sql = self.sql
+        if (yield Statement(sql.schema_exists, sql.schema_names)).rows[0][0]:
+            return
+        yield Statement(sql.create_lock, (sql.table,))
+        yield Statement(sql.create_table, ())
+        yield Statement(sql.create_index, ())
+
+    def purge_expired(self, cutoff: float) -> Flow[int]:
+        """Delete every row expired before ``cutoff``, in batches; the count."""
+        params = {"cutoff": cutoff, "limit": self._purge_batch}
+        total = 0
+        while True:
+            deleted = (yield Statement(self.sql.purge, params)).rowcount
+            total += deleted
+            if deleted < self._purge_batch:
+                return total
+
+    def _purge_due(self, cutoff: float, statement: str) -> Flow[None]:
+        """One batch of the purge riding on a write, when one is due."""
+        if self._purge_interval is None:
+            return
+        with self._purge_lock:
+            tick = self._clock.now()
+            if tick < self._next_purge:
+                return
+            self._next_purge = tick + self._purge_interval
+        deleted = yield from piggybacked(statement, cutoff, self._purge_batch)
+        if deleted >= self._purge_batch:
+            with self._purge_lock:
+                self._next_purge = 0.0  # more to delete: the next write continues
+        if deleted:
+            logger.debug("purged %d expired idempotency records", deleted)

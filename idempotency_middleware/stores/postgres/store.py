@@ -1,0 +1,171 @@
+"""``PostgresStore``: the store for services that run on PostgreSQL already.
+
+psycopg 3, sync and async alike (``transport.py``: a ``psycopg_pool.ConnectionPool``, and one
+small asyncio pool per event loop, each opened on first use). Every operation is one
+statement on an autocommit connection (one round trip); the SQL and the decisions live in
+``ops.py``, written once for both; everything else a store does is ``kit.KitStore``'s.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ...breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD
+from ...clock import SYSTEM_CLOCK, Clock
+from ...options import DEFAULT_CLOCK_SKEW_SECONDS
+from ..kit import KitStore, require_modules
+from .ops import PostgresOps, Statements
+from .transport import PostgresConfig, PostgresTransport
+
+if TYPE_CHECKING:
+    from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+
+class PostgresStore(KitStore):
+    """Idempotency store in one PostgreSQL table, shared by every host of a service.
+
+    ``PostgresStore("postgresql://app@db/app")`` serves both middlewares and ``idempotent``.
+    The claim is one ``INSERT ... ON CONFLICT (key) DO UPDATE ... WHERE ... RETURNING``
+    statement that reports a takeover, or the holding row in the same round trip; finishing
+    and renewing are fenced by the claim's owner token. Times are the requests' own (double
+    precision epoch seconds), never the server's clock.
+
+    Connections: ``min_size``/``max_size`` size the sync pool (the async pool of each event
+    loop connects on demand, up to ``max_size``); a call waits at most
+    ``pool_timeout_seconds`` for a free connection (``connect_timeout`` while the server is
+    not known to be reachable, so an outage answers fast), ``statement_timeout_seconds``
+    bounds each statement on the server (``None``: the server's setting; it is sent as a
+    startup option, which PgBouncer refuses unless ``ignore_startup_parameters`` lists
+    ``options``: behind it, pass ``None`` and set it on the role). Pass ``pool=``
+    (a ``psycopg_pool.ConnectionPool``) and/or ``async_pool=`` (an ``AsyncConnectionPool``,
+    used on its own event loop only) to bring your own: the store uses them as they are
+    (it switches a connection to autocommit while it holds it; the timeouts above are then
+    yours to set) and never closes them.
+    ``prepare_threshold`` is psycopg's (statements are prepared on a connection after that
+    many uses); behind PgBouncer in transaction mode older than 1.21, pass ``None``.
+
+    Expired rows stay claimable at once; a bounded purge (``purge_batch_size`` rows) rides
+    on a write at most once per ``purge_interval_seconds`` per process (``None`` disables
+    it), and :meth:`purge_expired` runs it now. A failure becomes ``StoreUnavailable`` with
+    its cause (a claim answers 503); a broken connection drains the pool (its connections are
+    replaced), and the store works again once the server is back.
+    """
+
+    _ops: PostgresOps
+    _transport: PostgresTransport
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        table: str = "idempotency",
+        pool: ConnectionPool[Any] | None = None,
+        async_pool: AsyncConnectionPool[Any] | None = None,
+        min_size: int = 1,
+        max_size: int = 10,
+        pool_timeout_seconds: float = 5.0,
+        connect_timeout: float = 5.0,
+        statement_timeout_seconds: float | None = 5.0,
+        prepare_threshold: int | None = 5,
+        purge_interval_seconds: float | None = 60.0,
+        purge_batch_size: int = 1000,
+        max_response_bytes: int | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        breaker_threshold: int = DEFAULT_THRESHOLD,
+        breaker_cooldown_seconds: float = DEFAULT_COOLDOWN_SECONDS,
+    ) -> None:
+        require_modules(type(self).__name__, ("psycopg", "psycopg_pool"), "postgres")
+        import psycopg
+        from psycopg.conninfo import conninfo_to_dict
+
+        if dsn is None:
+            given = pool if pool is not None else async_pool
+            if given is None or not isinstance(given.conninfo, str):
+                raise ValueError("PostgresStore needs a dsn, or a pool to take it from")
+            dsn = given.conninfo
+        if not 1 <= min_size <= max_size or purge_batch_size < 1:
+            raise ValueError("need 1 <= min_size <= max_size and a positive purge_batch_size")
+        if pool_timeout_seconds <= 0 or connect_timeout <= 0:
+            raise ValueError("pool_timeout_seconds and connect_timeout must be positive")
+        self.dsn = dsn
+        try:
+            parts = conninfo_to_dict(dsn)
+        except psycopg.ProgrammingError as error:
+            raise ValueError(
+                f"not a PostgreSQL connection string ({error}): expected "
+                "postgresql://user@host:5432/dbname or 'host=... dbname=...'"
+            ) from None
+        port = str(parts.get("port") or "5432")
+        if not all(part.isdigit() for part in port.split(",")):
+            raise ValueError(f"the PostgreSQL port must be a number, not {port!r}")
+        # For messages: where the server is, never the password.
+        self.where = (
+            f"{parts.get('host') or 'localhost'}:{parts.get('port') or 5432}"
+            f"/{parts.get('dbname') or parts.get('user') or ''}"
+        )
+        sql = Statements(table)  # (checks the name)
+        self.table = table
+        self.min_size, self.max_size = min_size, max_size
+        self.pool_timeout_seconds = pool_timeout_seconds
+        self.connect_timeout = connect_timeout
+        self.statement_timeout_seconds = statement_timeout_seconds
+        self.purge_interval_seconds = purge_interval_seconds
+        self.purge_batch_size = purge_batch_size
+        self.max_response_bytes = max_response_bytes
+        self.connect_kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "prepare_threshold": prepare_threshold,
+            "connect_timeout": max(1, round(connect_timeout)),
+        }
+        if statement_timeout_seconds is not None:
+            # A startup option, not a SET after connecting: no extra round trip per
+            # connection, and a connection is ready as soon as it is made.
+            milliseconds = max(1, round(statement_timeout_seconds * 1000))
+            options = f"{parts.get('options') or ''} -c statement_timeout={milliseconds}"
+            self.connect_kwargs["options"] = options.strip()
+        # How long a statement's answer may take before its connection is broken off: the
+        # server's own statement timeout (30 s where none is set) and a connection's time.
+        statement = 30.0 if statement_timeout_seconds is None else statement_timeout_seconds
+        self.answer_within = statement + max(1.0, connect_timeout)
+        config = PostgresConfig(
+            dsn,
+            self.where,
+            table,
+            self.connect_kwargs,
+            min_size,
+            max_size,
+            pool_timeout_seconds,
+            connect_timeout,
+            self.answer_within,
+            pool,
+            async_pool,
+        )
+        super().__init__(
+            PostgresOps(sql, max_response_bytes, purge_interval_seconds, purge_batch_size, clock),
+            PostgresTransport(config),
+            clock=clock,
+            breaker_threshold=breaker_threshold,
+            breaker_cooldown_seconds=breaker_cooldown_seconds,
+        )
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self.where!r}, table={self.table!r})"
+
+    def purge_expired(
+        self, now: float | None = None, *, clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS
+    ) -> int:
+        """Delete every record expired at least ``clock_skew_seconds`` before ``now``
+        (default: the clock's time), in batches of ``purge_batch_size`` rows (each its own
+        short statement); the count."""
+        cutoff = (self._clock.now() if now is None else now) - clock_skew_seconds
+        return self._run("purge", self._ops.purge_expired(cutoff))
+
+    async def apurge_expired(
+        self, now: float | None = None, *, clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS
+    ) -> int:
+        """:meth:`purge_expired`, awaited."""
+        cutoff = (self._clock.now() if now is None else now) - clock_skew_seconds
+        return await self._arun("purge", self._ops.purge_expired(cutoff))
+
+
+__all__ = ["PostgresStore"]

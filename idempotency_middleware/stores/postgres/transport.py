@@ -1,0 +1,347 @@
+"""The transport of ``PostgresStore``: each flow runs on one pooled autocommit connection
+(its :class:`~.ops.Transaction` in a transaction), every statement under a deadline.
+
+Sync calls use a ``psycopg_pool.ConnectionPool``, opened on first use (again in a forked
+child). Async calls use one ``loop_pool.LoopPool`` per event loop (connections belong to the
+loop they were made on: two servers on their own threads, an ``asyncio.run(...)`` before the
+server starts), kept by a ``kit.LoopLocal``, closed with their loop (or without it, no I/O).
+psycopg's and the pools' failures come out as ``StoreUnavailable`` (``errors.py``)."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ..kit import Flow, LoopLocal, adrive, drive
+from ..protocol import StoreUnavailable
+from .loop_pool import LoopPool
+from .ops import Answer, Statement, Transaction
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class PostgresConfig:
+    """Where the server is and how long to wait for it; pools the user gave (``pool``,
+    ``async_pool``) are used as they are and never closed."""
+
+    dsn: str
+    where: str  # for messages: host:port/dbname, never the password
+    table: str
+    connect_kwargs: dict[str, Any]
+    min_size: int
+    max_size: int
+    pool_timeout_seconds: float
+    connect_timeout: float
+    answer_within: float  # seconds: past them, a statement's connection is broken off
+    pool: ConnectionPool[Any] | None = None
+    async_pool: AsyncConnectionPool[Any] | None = None
+
+
+class PostgresTransport:
+    """Runs flows (``kit.Transport``). ``reachable``: whether the last call reached the
+    server; until one does, a call waits for a connection no longer than a connection
+    attempt may take, so an outage answers fast."""
+
+    def __init__(self, config: PostgresConfig) -> None:
+        self.config = config
+        self.reachable = False
+        self._pool = config.pool
+        self._pool_lock = threading.Lock()
+        self._pid = os.getpid()
+        self.loop_pools: LoopLocal[LoopPool] = LoopLocal(
+            self._new_loop_pool, LoopPool.close, LoopPool.abandon
+        )
+
+    def wait_seconds(self) -> float:
+        """How long a call waits for a pooled connection."""
+        timeout = self.config.pool_timeout_seconds
+        return timeout if self.reachable else min(timeout, self.config.connect_timeout)
+
+    def _unavailable(self, operation: str, error: BaseException) -> StoreUnavailable:
+        from .errors import unavailable
+
+        return unavailable(operation, error, self.config.where, self.config.table)
+
+    @contextlib.contextmanager
+    def _answering(self, operation: str) -> Iterator[None]:
+        """psycopg's and the pool's failures (``psycopg.Error``) as ``StoreUnavailable``."""
+        import psycopg
+
+        try:
+            yield
+        except psycopg.Error as error:
+            raise self._unavailable(operation, error) from error
+
+    # -- sync ---------------------------------------------------------------------------
+
+    def pool(self) -> ConnectionPool[Any]:
+        """The sync pool, opened on first use."""
+        if self._pid != os.getpid():
+            # Forked after the pool was made: its worker threads did not come along and its
+            # connections are the parent's, so the child makes its own.
+            self._pid = os.getpid()
+            self._pool = self.config.pool
+            self._pool_lock = threading.Lock()
+        pool = self._pool
+        return pool if pool is not None else self._new_pool(None)
+
+    def _new_pool(self, stuck: ConnectionPool[Any] | None) -> ConnectionPool[Any]:
+        """Open the sync pool, or replace ``stuck`` (closed in the background)."""
+        from psycopg_pool import ConnectionPool
+
+        config = self.config
+        with self._pool_lock:
+            if self._pool is None or self._pool is stuck:
+                new: ConnectionPool[Any] = ConnectionPool(
+                    config.dsn,
+                    kwargs=config.connect_kwargs,
+                    min_size=config.min_size,
+                    max_size=config.max_size,
+                    timeout=config.pool_timeout_seconds,
+                    name=f"idempotency-{config.table}",
+                    open=False,
+                )
+                new.open(wait=False)
+                self._pool = new
+            pool = self._pool
+        if stuck is not None:
+            threading.Thread(target=stuck.close, name="idempotency-postgres-close").start()
+        return pool
+
+    def _acquire(self, operation: str) -> tuple[ConnectionPool[Any], psycopg.Connection[Any]]:
+        """A pool and one of its connections, or ``StoreUnavailable`` saying why none."""
+        from psycopg_pool import PoolClosed, PoolTimeout
+
+        pool = self.pool()
+        given = pool is self.config.pool
+        if not self.reachable and not given:
+            # The server is not known to answer (a new store, or after an outage): a
+            # connection attempt of our own says at once why not, where waiting for the
+            # pool's workers would take the whole wait (they retry with backoff).
+            failure = self._probe()
+            if failure is not None:
+                raise self._unavailable(operation, failure)
+        with self._answering(operation):
+            try:
+                try:
+                    return pool, pool.getconn(timeout=self.wait_seconds())
+                except PoolClosed:
+                    # close() ran meanwhile: the store reopens on use, as after any close().
+                    pool = self.pool()
+                    return pool, pool.getconn(timeout=self.wait_seconds())
+            except PoolTimeout as error:
+                if self.reachable or given:
+                    raise  # every connection is busy
+                failure = self._probe()
+                if failure is not None:  # (it went away since the first attempt)
+                    raise self._unavailable(operation, failure) from error
+            # The server answers, but the pool is still waiting out its reconnection backoff
+            # after an outage (up to minutes): a new pool serves at once.
+            pool = self._new_pool(pool)
+            return pool, pool.getconn(timeout=self.config.pool_timeout_seconds)
+
+    def _probe(self) -> BaseException | None:
+        """Why the pool gave no connection while the server was not known reachable: the
+        error of a connection attempt of its own, or ``None`` when that one succeeds."""
+        import psycopg
+
+        try:
+            psycopg.connect(self.config.dsn, **self.config.connect_kwargs).close()
+        except psycopg.Error as failure:
+            return failure
+        return None
+
+    def run(self, operation: str, flow: Flow[T]) -> T:
+        """Run ``flow`` on one pooled connection."""
+        pool, connection = self._acquire(operation)
+        autocommit = connection.autocommit
+        try:
+            if not autocommit:  # a connection of a pool the user gave
+                connection.autocommit = True
+            result = drive(flow, partial(self._send, operation, connection))
+        except StoreUnavailable:
+            if connection.broken:
+                # A failover broke them all: the idle ones are closed now, those in use
+                # when they come back (this one), and new ones are made.
+                self.reachable = False
+                pool.drain()
+            raise
+        finally:
+            # A broken connection is discarded by the pool (and replaced).
+            if not autocommit and not connection.broken and not connection.closed:
+                connection.autocommit = False
+            pool.putconn(connection)
+        self.reachable = True
+        return result
+
+    def _send(
+        self, operation: str, connection: psycopg.Connection[Any], request: Statement | Transaction
+    ) -> Any:
+        if isinstance(request, Transaction):
+            with self._answering(operation), connection.transaction():
+                return drive(request.flow, partial(self._send, operation, connection))
+        with self._answering(operation), WATCHDOG.watching(connection, self.config.answer_within):
+            cursor = connection.execute(request.query, request.params, binary=True)
+            rows = cursor.fetchall() if cursor.description is not None else []
+        return Answer(rows, cursor.rowcount)
+
+    def close(self) -> None:
+        """Close the sync pool (one the user gave stays open; reopened on use), and let go
+        of the pools of event loops closed meanwhile."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, self.config.pool
+        if pool is not None and pool is not self.config.pool:
+            pool.close()
+        self.loop_pools.release_closed_loops()
+
+    # -- async --------------------------------------------------------------------------
+
+    async def _new_loop_pool(self) -> LoopPool:
+        return LoopPool(self.config.dsn, self.config.connect_kwargs, self.config.max_size)
+
+    async def _loop_pool(self) -> LoopPool | AsyncConnectionPool[Any]:
+        given = self.config.async_pool
+        return given if given is not None else await self.loop_pools.get()
+
+    async def arun(self, operation: str, flow: Flow[T]) -> T:
+        """Run ``flow`` on one connection of the running loop's pool."""
+        from psycopg_pool import PoolClosed
+
+        pool = await self._loop_pool()
+        with self._answering(operation):
+            # (A connection attempt's own error says why: refused, bad password ...)
+            try:
+                connection = await pool.getconn(timeout=self.wait_seconds())
+            except PoolClosed:
+                # aclose() ran meanwhile: the store reopens on use, as after any aclose().
+                pool = await self._loop_pool()
+                connection = await pool.getconn(timeout=self.wait_seconds())
+        autocommit = connection.autocommit
+        try:
+            if not autocommit:
+                await connection.set_autocommit(True)
+            result = await adrive(flow, partial(self._asend, operation, connection))
+        except StoreUnavailable:
+            if connection.broken:
+                self.reachable = False
+                await pool.drain()
+            raise
+        finally:
+            if not autocommit and not connection.broken and not connection.closed:
+                await connection.set_autocommit(False)
+            await pool.putconn(connection)
+        self.reachable = True
+        return result
+
+    async def _asend(
+        self,
+        operation: str,
+        connection: psycopg.AsyncConnection[Any],
+        request: Statement | Transaction,
+    ) -> Any:
+        if isinstance(request, Transaction):
+            with self._answering(operation):
+                async with connection.transaction():
+                    return await adrive(request.flow, partial(self._asend, operation, connection))
+        with self._answering(operation), WATCHDOG.watching(connection, self.config.answer_within):
+            cursor = await connection.execute(request.query, request.params, binary=True)
+            rows = await cursor.fetchall() if cursor.description is not None else []
+        return Answer(rows, cursor.rowcount)
+
+    async def aclose(self) -> None:
+        """Close the running loop's pool (one the user gave stays open)."""
+        await self.loop_pools.aclose()
+
+
+# -- the deadline of every statement ------------------------------------------------------
+#
+# ``statement_timeout`` is the server's: a server that hangs (stopped, swapping, wedged) or a
+# network that drops packets without a reset never sends its answer, and a read waiting for
+# it would wait for ever. A watchdog thread shuts the socket of a statement down once its
+# deadline passed: the blocked read fails at once (sync or asyncio alike), psycopg marks the
+# connection broken, the pool drops it, and the store answers ``timed_out`` (503 on a claim).
+# Arming costs a dict insert under a lock; the thread wakes a few times a second.
+
+# How often the watchdog looks: a statement may outlive its deadline by this much.
+CHECK_INTERVAL_SECONDS = 0.25
+
+
+class Watchdog:
+    """Shuts down the sockets of statements past their deadlines."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._armed: dict[int, tuple[float, int]] = {}  # token: (deadline, socket fd)
+        self._fired: set[int] = set()
+        self._tokens = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def watching(self, connection: Any, seconds: float) -> Iterator[None]:
+        """Run the block with ``connection``'s socket shut down after ``seconds``; the error
+        the shutdown caused comes out as psycopg's ``ConnectionTimeout`` (``timed_out``)."""
+        token = next(self._tokens)
+        with self._lock:
+            self._armed[token] = (time.monotonic() + seconds, connection.pgconn.socket)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="idempotency-postgres-deadlines", daemon=True
+                )
+                self._thread.start()
+        try:
+            yield
+        except Exception as error:
+            with self._lock:
+                fired = token in self._fired
+            if fired:
+                import psycopg
+
+                raise psycopg.errors.ConnectionTimeout(
+                    f"no answer within {seconds:.1f} s: the connection was broken off"
+                ) from error
+            raise
+        finally:
+            with self._lock:
+                self._armed.pop(token, None)
+                self._fired.discard(token)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(CHECK_INTERVAL_SECONDS)
+            now = time.monotonic()
+            with self._lock:
+                late = [
+                    (token, fd) for token, (deadline, fd) in self._armed.items() if deadline <= now
+                ]
+                for token, _ in late:
+                    del self._armed[token]
+                    self._fired.add(token)
+            for _, fd in late:
+                _shut_down(fd)
+
+
+def _shut_down(fd: int) -> None:
+    # shutdown() acts on the socket itself, so a duplicate of its descriptor reaches it
+    # without closing the descriptor psycopg still owns.
+    with contextlib.suppress(OSError):
+        duplicate = socket.socket(fileno=socket.dup(fd))
+        try:
+            duplicate.shutdown(socket.SHUT_RDWR)
+        finally:
+            duplicate.close()
+
+
+WATCHDOG = Watchdog()
