@@ -1,0 +1,1 @@
+AsyncDynamoDBStore("idempotency", s3_bucket="my-idempotency-overflow", s3_prefix="idempotency/")

@@ -1,0 +1,1 @@
+store = AsyncDynamoDBStore("idempotency", breaker_threshold=5, breaker_cooldown_seconds=5.0)

@@ -1,0 +1,1 @@
+pip install "idempotency-middleware[postgres]"   # psycopg 3 (binary) and psycopg_pool

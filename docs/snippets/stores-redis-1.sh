@@ -1,0 +1,1 @@
+pip install 'idempotency-middleware[redis]'    # redis-py >= 5

@@ -1,0 +1,5 @@
+from idempotency_middleware import IdempotencyMiddleware, RedisStore, idempotent
+
+store = RedisStore("redis://cache.internal:6379/0")  # builds its own clients
+app.add_middleware(IdempotencyMiddleware, store=store)  # ASGI: the asyncio client
+# WSGI (IdempotencyWSGIMiddleware) and @idempotent(store=store, ...) use the same object.
