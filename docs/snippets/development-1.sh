@@ -1,2 +1,0 @@
-make demo   # creates .venv, installs, runs FastAPI and Flask apps on moto's DynamoDB server on 127.0.0.1 and shows the behaviour
-make test   # creates .venv, installs, runs lint (ruff), type checks (mypy --strict) and the whole test suite
