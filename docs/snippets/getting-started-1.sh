@@ -1,1 +1,1 @@
-pip install "idempotency-middleware[dynamodb,fastapi]" uvicorn
+pip install -e '.[dynamodb,fastapi]' uvicorn   # from a checkout

@@ -1,1 +1,1 @@
-pip install "idempotency-middleware[boto3,flask]" waitress
+pip install -e '.[boto3,flask]' waitress   # from a checkout

@@ -1,1 +1,1 @@
-pip install "idempotency-middleware[boto3,django]"
+pip install -e '.[boto3,django]'   # from a checkout

@@ -1,1 +1,1 @@
-pip install "idempotency-middleware[postgres]"   # psycopg 3 (binary) and psycopg_pool
+pip install -e '.[postgres]'   # psycopg 3 (binary) and psycopg_pool

@@ -1,1 +1,1 @@
-pip install 'idempotency-middleware[redis]'    # redis-py >= 5
+pip install -e '.[redis]'    # redis-py >= 5
