@@ -1,3 +1,4 @@
+# --8<-- [start:show]
 from idempotency_middleware import (
     Action,
     ActionAlreadyUsedError,
@@ -41,3 +42,6 @@ from idempotency_middleware import (
     scope_by_header,
     scope_by_tenant_header,
 )
+
+# --8<-- [end:show]
+assert all(name in globals() for name in __import__("idempotency_middleware").__all__)
