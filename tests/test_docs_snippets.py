@@ -225,3 +225,11 @@ def test_the_problem_in_the_http_snippet_is_json_with_its_status(name: str) -> N
     problem = json.loads(text.strip().splitlines()[-1])
     assert problem["status"] == int(status_line.group(1))
     assert {"type", "title", "status", "detail"} <= set(problem)
+
+
+def test_the_api_reference_documents_every_public_name() -> None:
+    import idempotency_middleware
+
+    reference = "".join(page.read_text() for page in (ROOT / "docs" / "reference").glob("*.md"))
+    for name in idempotency_middleware.__all__:
+        assert f"::: idempotency_middleware.{name}\n" in reference, name
