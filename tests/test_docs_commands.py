@@ -45,6 +45,8 @@ def environment(tmp_path: Path) -> dict[str, str]:
         AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "aws-config"),
         AWS_EC2_METADATA_DISABLED="true",
         NO_PROXY="*",
+        # examples.celery_task's SQLite file, kept out of the repository's root.
+        RECEIPTS_IDEMPOTENCY_DB=str(tmp_path / "receipts-idempotency.sqlite3"),
     )
     return env
 
