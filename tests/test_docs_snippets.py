@@ -16,6 +16,8 @@ they show.
   ``create_table()`` makes (on moto); the IAM policies and the Step Functions definition are
   JSON.
 - **HTTP**: the problem bodies are JSON whose status is the status line's.
+- **Logs**: the store-failure lines on the observability page have the shape the middleware
+  writes (made here by a store that cannot open its file).
 """
 
 from __future__ import annotations
@@ -233,3 +235,36 @@ def test_the_api_reference_documents_every_public_name() -> None:
     reference = "".join(page.read_text() for page in (ROOT / "docs" / "reference").glob("*.md"))
     for name in idempotency_middleware.__all__:
         assert f"::: idempotency_middleware.{name}\n" in reference, name
+
+
+# The shape of a store-failure log line, as the observability page shows it (the key
+# shortened there) and as the middleware writes it.
+STORE_FAILED = re.compile(
+    r"idempotency store failed(?:: (?:claim|complete): .+"
+    r"| on claim: .+; handler run WITHOUT idempotency protection)"
+    r" \(key [0-9a-f]+(?:\.\.\.)?; POST /orders\)"
+)
+
+
+def test_the_store_failure_log_lines_have_the_shape_the_middleware_writes(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from idempotency_middleware import IdempotencyMiddleware, SQLiteStore
+
+    shown = (SNIPPETS / "operating-observability-1.txt").read_text().splitlines()
+    assert shown and all(STORE_FAILED.fullmatch(line) for line in shown), shown
+    written = []
+    for on_store_error in ("fail", "run"):
+        app = FastAPI()
+        app.post("/orders")(lambda: {})
+        store = SQLiteStore(str(tmp_path / "missing" / "idempotency.sqlite3"))
+        app.add_middleware(IdempotencyMiddleware, store=store, on_store_error=on_store_error)
+        caplog.clear()
+        with caplog.at_level("ERROR", logger="idempotency_middleware"):
+            TestClient(app).post("/orders", headers={"Idempotency-Key": "k"})
+        written += [record.getMessage() for record in caplog.records]
+    assert any("WITHOUT" in line for line in written), written
+    assert all(STORE_FAILED.fullmatch(line) for line in written), written
