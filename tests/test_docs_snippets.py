@@ -16,6 +16,7 @@ they show.
   ``create_table()`` makes (on moto); the IAM policies and the Step Functions definition are
   JSON.
 - **HTTP**: the problem bodies are JSON whose status is the status line's.
+- **Command line**: a missing table is answered with the page's message and exit status.
 - **Logs**: the store-failure lines on the observability page have the shape the middleware
   writes (made here by a store that cannot open its file).
 """
@@ -268,3 +269,28 @@ def test_the_store_failure_log_lines_have_the_shape_the_middleware_writes(
         written += [record.getMessage() for record in caplog.records]
     assert any("WITHOUT" in line for line in written), written
     assert all(STORE_FAILED.fullmatch(line) for line in written), written
+
+
+def test_the_command_line_answers_a_missing_table_as_its_page_shows(
+    moto_endpoint: str, tmp_path: Path
+) -> None:
+    """operating-cli-2.txt: the command, its message and its exit status, run on moto (the
+    endpoint in the message is then moto's, not the Region's)."""
+    shown = (SNIPPETS / "operating-cli-2.txt").read_text().splitlines()
+    command, message, _, status = shown
+    endpoint = f"https://dynamodb.{REGION}.amazonaws.com"
+    env = {**environment(tmp_path), "AWS_ENDPOINT_URL_DYNAMODB": moto_endpoint}
+    env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
+    arguments = shlex.split(command.removeprefix("$ ").replace("eu-west-1", REGION))
+    result = subprocess.run(
+        [sys.executable, "-m", "idempotency_middleware", *arguments[1:]],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    expected = message.replace("eu-west-1", REGION).replace(endpoint, moto_endpoint)
+    assert (result.stdout + result.stderr).strip() == expected
+    assert result.returncode == int(status)
