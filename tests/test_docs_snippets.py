@@ -15,7 +15,8 @@ they show.
 - **DynamoDB**: the CloudFormation and Terraform tables have the key and TTL attribute that
   ``create_table()`` makes (on moto); the IAM policies and the Step Functions definition are
   JSON.
-- **HTTP**: the problem bodies are JSON whose status is the status line's.
+- **HTTP**: the problem responses are what the middleware answers a reused key (with
+  ``problem_base_url``) and what a wrong PIN gets: status, headers and body.
 - **Command line**: a missing table is answered with the page's message and exit status.
 - **Logs**: the store-failure lines on the observability page have the shape the middleware
   writes (made here by a store that cannot open its file).
@@ -294,3 +295,49 @@ def test_the_command_line_answers_a_missing_table_as_its_page_shows(
     expected = message.replace("eu-west-1", REGION).replace(endpoint, moto_endpoint)
     assert (result.stdout + result.stderr).strip() == expected
     assert result.returncode == int(status)
+
+
+def shown_response(name: str) -> tuple[str, dict[str, str], dict[str, Any]]:
+    """The status line, the headers and the JSON body of the response an .http snippet
+    shows (after its request, when it shows one)."""
+    text = (SNIPPETS / name).read_text()
+    response = text[text.index("HTTP/1.1 ") :].strip().splitlines()
+    blank = response.index("")
+    headers = dict(line.split(": ", 1) for line in response[1:blank])
+    return response[0], {k.lower(): v for k, v in headers.items()}, json.loads(response[-1])
+
+
+def test_the_key_reused_problem_is_what_the_middleware_answers() -> None:
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from idempotency_middleware import IdempotencyMiddleware, MemoryStore
+
+    status_line, headers, body = shown_response("http-semantics-1.http")
+    app = FastAPI()
+    app.post("/orders")(lambda: {})
+    app.add_middleware(
+        IdempotencyMiddleware,
+        store=MemoryStore(),
+        problem_base_url="https://api.example.com/problems/",
+    )
+    client = TestClient(app)
+    client.post("/orders", json={"item": "book"}, headers={"Idempotency-Key": "k"})
+    reused = client.post("/orders", json={"item": "pen"}, headers={"Idempotency-Key": "k"})
+    assert status_line.startswith(f"HTTP/1.1 {reused.status_code} ")
+    assert reused.headers["content-type"] == headers["content-type"]
+    assert reused.headers["link"] == headers["link"]
+    assert reused.json() == body
+
+
+def test_the_invalid_pin_problem_is_what_a_wrong_pin_gets() -> None:
+    from idempotency_middleware import InvalidPinError, MemoryStore, OneTimeActions
+
+    status_line, headers, body = shown_response("one-time-actions-2.http")
+    actions = OneTimeActions(MemoryStore())
+    action = actions.create(expires_in=60, pin="4821")
+    with pytest.raises(InvalidPinError) as refused:
+        actions.consume(action.action_id, pin="0000")
+    assert status_line.startswith(f"HTTP/1.1 {refused.value.status} ")
+    assert headers["content-type"] == "application/problem+json"
+    assert refused.value.problem() == body
