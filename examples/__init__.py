@@ -1,1 +1,1 @@
-"""Runnable examples of ``idempotent``, quoted in the README (run each with ``python -m``)."""
+"""Runnable examples, shown on the documentation site (each page gives the command that runs it)."""

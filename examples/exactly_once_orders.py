@@ -2,7 +2,7 @@
 DynamoDB transaction, so a crash between the business write and the completion can never
 make a retry order twice.
 
-    pip install "idempotency-middleware[dynamodb,fastapi]" uvicorn
+    pip install -e '.[dynamodb,fastapi]' uvicorn     (from a checkout)
     uvicorn exactly_once_orders:app     (from this repository: examples.exactly_once_orders:app)
 
 Configured by the environment alone: the AWS SDK's own variables (credentials, AWS_REGION,

@@ -1,7 +1,7 @@
 """The FastAPI quick start, complete: the table is created at start-up and the store's
 client closed at shutdown, in FastAPI's lifespan.
 
-    pip install "idempotency-middleware[dynamodb,fastapi]" uvicorn
+    pip install -e '.[dynamodb,fastapi]' uvicorn     (from a checkout)
     uvicorn fastapi_quickstart:app     (from this repository: examples.fastapi_quickstart:app)
 
 The AWS SDK finds credentials the usual way (environment, ~/.aws, an instance role);

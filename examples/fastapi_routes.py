@@ -1,5 +1,5 @@
-"""The README's FastAPI opt-in example: IdempotencyKey beside each route, and the OpenAPI
-schema documenting the key header and the middleware's responses.
+"""The FastAPI opt-in example (the site's FastAPI page): IdempotencyKey beside each route,
+and the OpenAPI schema documenting the key header and the middleware's responses.
 
     uvicorn fastapi_routes:app     (from this repository: examples.fastapi_routes:app)
 

@@ -1,7 +1,7 @@
 """The Flask quick start, complete: a ``flask create-table`` command creates the table once,
 and the store's client is closed when the process exits.
 
-    pip install "idempotency-middleware[boto3,flask]" waitress
+    pip install -e '.[boto3,flask]' waitress     (from a checkout)
     flask --app flask_quickstart create-table
     waitress-serve flask_quickstart:app      (from this repository: examples.flask_quickstart:app)
 

@@ -24,7 +24,7 @@ from idempotency_middleware import DynamoDBStore, idempotent
 logger = logging.getLogger(__name__)
 
 store = DynamoDBStore(
-    os.environ["IDEMPOTENCY_TABLE"],
+    os.environ.get("IDEMPOTENCY_TABLE", "idempotency"),
     endpoint_url=os.environ.get("DYNAMODB_ENDPOINT_URL"),  # unset in Lambda: the real one
 )
 
@@ -57,7 +57,26 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     return {"batchItemFailures": failures}
 
 
+def local_dynamodb() -> Any:
+    """moto's DynamoDB on 127.0.0.1 for the run, through the AWS SDK's own variables (read
+    when the store first connects); the server, to stop at the end."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = f"http://{host}:{port}"
+    for name, value in [
+        ("AWS_ACCESS_KEY_ID", "local"),
+        ("AWS_SECRET_ACCESS_KEY", "local"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ]:
+        os.environ.setdefault(name, value)
+    return server
+
+
 if __name__ == "__main__":
+    server = None if os.environ.get("DYNAMODB_ENDPOINT_URL") else local_dynamodb()
     store.create_table()  # once, at deploy time (or `idempotency-middleware create-table`)
     key = {"IdempotencyKey": {"stringValue": "signup-42", "dataType": "String"}}
     records = [  # two sends of one signup (a producer retry), and a malformed message
@@ -68,3 +87,6 @@ if __name__ == "__main__":
     print(handler({"Records": records}, None))  # m-3 failed; one email sent
     print(handler({"Records": records}, None))  # Lambda's retry: m-3 again, no new email
     print(sent_emails)
+    store.close()
+    if server is not None:
+        server.stop()

@@ -1,7 +1,7 @@
 """Long-running work: answer 202 at once, do the work in a worker, and give retries of the
 same request the final result once it is there.
 
-    pip install "idempotency-middleware[dynamodb,fastapi]" uvicorn
+    pip install -e '.[dynamodb,fastapi]' uvicorn     (from a checkout)
     uvicorn long_running_work:app     (from this repository: examples.long_running_work:app)
 
 Configured by the environment alone: the AWS SDK's own variables (credentials, AWS_REGION,

@@ -1,7 +1,7 @@
 """One-time actions over HTTP: create, consume, cancel and read actions (magic links,
 coupons, approvals), every refusal answered as ``application/problem+json``.
 
-    pip install "idempotency-middleware[dynamodb,fastapi]" uvicorn
+    pip install -e '.[dynamodb,fastapi]' uvicorn     (from a checkout)
     uvicorn one_time_actions:app     (from this repository: examples.one_time_actions:app)
 
 Configured by the environment alone: the AWS SDK's own variables (credentials, AWS_REGION,

@@ -6,14 +6,20 @@ key is the producer's ``IdempotencyKey`` attribute (the MessageId when there is 
 the handler is ``@idempotent``: a delivery whose key already completed replays the stored
 result instead of paying again, and the message is deleted.
 
-    python -m examples.sqs_consumer QUEUE_URL   # AWS_ENDPOINT_URL=... for a local SQS
+    python -m examples.sqs_consumer             # on a fresh clone (after `make install`)
+    python -m examples.sqs_consumer QUEUE_URL   # your queue (AWS_ENDPOINT_URL=... for a local SQS)
+
+With no queue URL it starts moto's SQS on 127.0.0.1, sends four payments there (one of them
+twice, as a producer's retry does) and consumes them: three are recorded, not four.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import sys
+import tempfile
 from typing import Any
 
 from idempotency_middleware import KeyInProgressError, SQLiteStore, SyncStore, idempotent
@@ -75,13 +81,56 @@ def consume(
                 sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=receipt)
 
 
-if __name__ == "__main__":
+def local_queue(sqs: Any) -> str:
+    """A queue on moto's SQS with four payments, one sent twice (a producer's retry)."""
+    queue_url = str(sqs.create_queue(QueueName="payments")["QueueUrl"])
+    for body, key in [
+        ("pay 10 to alice", "payment-1"),
+        ("pay 10 to alice", "payment-1"),
+        ("pay 20 to bob", "payment-2"),
+        ("pay 30 to carol", "payment-3"),
+    ]:
+        attributes = {"IdempotencyKey": {"DataType": "String", "StringValue": key}}
+        sqs.send_message(QueueUrl=queue_url, MessageBody=body, MessageAttributes=attributes)
+    return queue_url
+
+
+def main(arguments: list[str]) -> int:
     import boto3
 
+    if len(arguments) > 1 or arguments[:1] in (["-h"], ["--help"]):
+        print("usage: python -m examples.sqs_consumer [QUEUE_URL]", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO)
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server, request by request
     ledger: list[str] = []
-    # One SQLite file serves every consumer process on this machine; DynamoDBStore(table)
-    # serves consumers on many machines.
-    with SQLiteStore("consumer-idempotency.sqlite3") as store:
-        consume(sys.argv[1], boto3.client("sqs"), store, ledger, stop_when_empty=True)
+    path = "consumer-idempotency.sqlite3"
+    with contextlib.ExitStack() as stack:
+        if arguments:
+            queue_url, sqs = arguments[0], boto3.client("sqs")
+        else:  # a fresh clone: moto's SQS on 127.0.0.1, started and stopped here
+            from moto.server import ThreadedMotoServer
+
+            server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+            server.start()
+            stack.callback(server.stop)
+            host, port = server.get_host_and_port()
+            sqs = boto3.client(
+                "sqs",
+                endpoint_url=f"http://{host}:{port}",
+                region_name="us-east-1",
+                aws_access_key_id="local",
+                aws_secret_access_key="local",
+            )
+            queue_url = local_queue(sqs)
+            path = f"{stack.enter_context(tempfile.TemporaryDirectory())}/{path}"  # a new queue
+        # One SQLite file serves every consumer process on this machine; DynamoDBStore(table)
+        # serves consumers on many machines.
+        store = stack.enter_context(SQLiteStore(path))
+        consume(queue_url, sqs, store, ledger, wait_time_seconds=1, stop_when_empty=True)
     print(f"recorded {len(ledger)} payments")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

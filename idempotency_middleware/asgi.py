@@ -51,7 +51,7 @@ class IdempotencyMiddleware:
 
     ``app.add_middleware(IdempotencyMiddleware, store=AsyncDynamoDBStore("idempotency"))``.
     The store must be async (``AsyncDynamoDBStore``, ``SQLiteStore`` or ``MemoryStore``).
-    The options (``options.MiddlewareOptions``) are those of the README.
+    The options (``options.MiddlewareOptions``) are listed in the documentation (Options).
     """
 
     def __init__(

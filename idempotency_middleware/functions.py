@@ -76,8 +76,8 @@ def idempotent(
     """Run the decorated function once per key; calls with a completed key get its result.
 
     ``key`` names the parameter whose value is the key, or is a callable taking the
-    function's arguments and returning it. The README's "Functions and message consumers"
-    section is the whole contract.
+    function's arguments and returning it. The documentation's "Functions and consumers"
+    page is the whole contract.
     """
     options = Options.build(
         required=required,

@@ -1,4 +1,5 @@
-"""The README's quick starts, run as a user runs them: ``examples/fastapi_quickstart.py``
+"""The DynamoDB quick starts (the site's Getting started), run as a user runs them:
+``examples/fastapi_quickstart.py``
 under uvicorn (lifespan on) and ``examples/flask_quickstart.py`` under waitress, each in its
 own process, unmodified.
 
@@ -8,8 +9,8 @@ botocore since 1.31), dummy credentials, empty AWS config files, no instance met
 region is the one the quick starts name (no ``AWS_REGION``), so the table is created where
 the code says. Each test checks: the table is created (TTL on), a POST with a key runs once
 and its retry is the replay, the records are in DynamoDB, and the server stops cleanly on
-Ctrl-C (exit 0, nothing on stderr about unclosed clients, no traceback). The README's
-create-table snippet runs the same way, taken from the README itself.
+Ctrl-C (exit 0, nothing on stderr about unclosed clients, no traceback). The page's
+create-table snippet (docs/snippets/create_table.py, which the page includes) runs the same way.
 """
 
 from __future__ import annotations
@@ -181,22 +182,15 @@ def test_the_flask_quick_start_creates_its_table_by_command_runs_once_per_key_an
     assert f"Serving on {url}" in output
 
 
-def readme_create_table_snippet() -> str:
-    """The README's Python snippet that creates the table at deploy time."""
-    readme = (REPO_ROOT / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)
-    [snippet] = [
-        block
-        for block in blocks
-        if "await store.create_table()" in block and "asyncio.run(" in block
-    ]
-    return str(snippet)
+def create_table_snippet() -> str:
+    """The page's Python snippet that creates the table at deploy time."""
+    return (REPO_ROOT / "docs" / "snippets" / "create_table.py").read_text()
 
 
-def test_the_readme_create_table_snippet_creates_the_table_and_closes_its_client(
+def test_the_create_table_snippet_creates_the_table_and_closes_its_client(
     quickstart_env: dict[str, str], dynamodb: Any
 ) -> None:
-    snippet = readme_create_table_snippet()
+    snippet = create_table_snippet()
     result = run_python(["-c", snippet], quickstart_env)
     assert result.returncode == 0, result.stdout + result.stderr
     for text in UNCLEAN:

@@ -1,0 +1,1 @@
+pip install -e '.[dynamodb,fastapi]' uvicorn   # from a checkout

@@ -1,0 +1,1 @@
+idempotency-middleware create-table --table idempotency --region eu-west-1

@@ -1,0 +1,1 @@
+pip install -e '.[boto3,flask]' waitress   # from a checkout

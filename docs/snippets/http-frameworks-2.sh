@@ -1,0 +1,1 @@
+pip install -e '.[boto3,django]'   # from a checkout

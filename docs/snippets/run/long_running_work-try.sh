@@ -1,0 +1,2 @@
+curl -i -X POST localhost:8001/reports -H 'Idempotency-Key: report-1' \
+     -H 'Content-Type: application/json' -d '{"month": "2026-11"}'

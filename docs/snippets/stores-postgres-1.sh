@@ -1,0 +1,1 @@
+pip install -e '.[postgres]'   # psycopg 3 (binary) and psycopg_pool

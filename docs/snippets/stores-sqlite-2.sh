@@ -1,0 +1,1 @@
+gunicorn --workers 4 --threads 8 myapp:app

@@ -1,0 +1,1 @@
+uvicorn --workers 4 myapp:app
