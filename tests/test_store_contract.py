@@ -28,6 +28,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 import boto3
 import pytest
 
+from examples.kv_store import KeyValueStore
 from idempotency_middleware import AsyncDynamoDBStore, DynamoDBStore, MemoryStore, SQLiteStore
 from idempotency_middleware.records import Record, Status, StoredResponse
 from idempotency_middleware.stores import (
@@ -46,7 +47,6 @@ from idempotency_middleware.stores.dynamodb import (
     IN_PROGRESS_TTL_GRACE_SECONDS,
     MAX_ITEM_RESPONSE_BYTES,
 )
-from examples.kv_store import KeyValueStore
 from tests.conftest import REGION
 from tests.db_stores import DB_KINDS, is_db_kind, open_db_store
 from tests.servers import free_port
