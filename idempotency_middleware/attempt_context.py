@@ -9,12 +9,19 @@ ends, so nothing of a finished attempt stays visible to the thread afterwards.
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .stores.base import ClaimRequest
-    from .transactions import Transaction
+from .stores.protocol import ClaimRequest
+
+
+class Writes(Sized, Protocol):
+    """What an attempt needs of its transaction (``transactions.Transaction``, which imports
+    this module, not the reverse): its writes in the order added."""
+
+    @property
+    def items(self) -> tuple[dict[str, Any], ...]: ...
 
 __all__ = ["CURRENT", "CurrentAttempt", "current_attempt", "streams_now"]
 
@@ -44,7 +51,7 @@ class CurrentAttempt:
         self.ttl_seconds = ttl_seconds
         self.http = http
         self.store: Any = None  # set by the driver that runs the attempt
-        self.transaction: Transaction | None = None
+        self.transaction: Writes | None = None
         self.deferred = False
         self.live = False
         self.finished = False  # the handler returned: its transaction takes no more writes

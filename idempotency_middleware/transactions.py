@@ -45,6 +45,7 @@ def completion_transaction() -> Transaction:
             )
         transaction = Transaction(attempt, store.layout.table_name, store.layout.key_attribute)
         attempt.transaction = transaction
+    assert isinstance(transaction, Transaction)  # the only writes an attempt is given
     return transaction
 
 
