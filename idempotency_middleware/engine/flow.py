@@ -95,14 +95,19 @@ class Context:
 def attempt(context: Context, attempt: core.Attempt) -> Flow:
     """One attempt of a covered call carrying a valid key."""
     claim = attempt.claim
+    # Events are yielded (``Emit``) only when someone listens (``Reporter.wants``): a request
+    # nobody observes pays for none of them.
     reporter = context.reporter
+    kind: EventKind
     clock = context.clock
     cache = context.cache
     if cache is not None:
         cached = yield Recall(cache, claim.key_hash, claim.now)
         if cached is not None:
             answer = core.answer_held(cached, claim.fingerprint)
-            yield Emit(reporter, attempt, core.held_event_kind(answer), answer.status)
+            kind = core.held_event_kind(answer)
+            if reporter.wants(kind):
+                yield Emit(reporter, attempt, kind, answer.status)
             return answer
     wait_until: float | None = None  # set when a duplicate starts waiting (wait_seconds)
     polls = 0
@@ -155,9 +160,13 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
         if cache is not None:
             yield Remember(cache, record)
         answer = core.answer_held(record, claim.fingerprint)
-        yield Emit(reporter, attempt, core.held_event_kind(answer), answer.status, latency_ms)
+        kind = core.held_event_kind(answer)
+        if reporter.wants(kind):
+            yield Emit(reporter, attempt, kind, answer.status, latency_ms)
         return answer
-    yield Emit(reporter, attempt, "taken_over" if taken_over else "claimed", None, latency_ms)
+    kind = "taken_over" if taken_over else "claimed"
+    if reporter.wants(kind):
+        yield Emit(reporter, attempt, kind, None, latency_ms)
     policy = attempt.policy
     granted_at = claim.now
     if granted_at + claim.lock_timeout_seconds - now < policy.renewal_interval:
@@ -227,12 +236,13 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
         yield from _release(context, attempt)
         return refusal
     if stored is not None:
-        kind: EventKind = "completed"
+        kind = "completed"
         if not stored:
             kind = "lost"
         elif completion.deferred:
             kind = "deferred"
-        yield Emit(reporter, attempt, kind, ran.status)
+        if reporter.wants(kind):
+            yield Emit(reporter, attempt, kind, ran.status)
     if completion.writes and not stored:
         if stored is None:
             # The commit never got an answer: it landed whole or not at all, and the key
@@ -253,7 +263,9 @@ def _release(context: Context, attempt: core.Attempt) -> Generator[Effect, Any, 
         released = yield from _retry_finish(context, attempt, release, "release", error)
     if released is not None:
         # Fenced out: another request took the key over while we ran; nothing was deleted.
-        yield Emit(context.reporter, attempt, "released" if released else "lost")
+        kind: EventKind = "released" if released else "lost"
+        if context.reporter.wants(kind):
+            yield Emit(context.reporter, attempt, kind)
 
 
 def _retry_finish(
