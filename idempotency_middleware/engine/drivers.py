@@ -115,10 +115,10 @@ class SyncDriver:
                     value = store.claim(effect)
                 elif type(effect) is Run:
                     value = self._run(effect, run)
-                elif type(effect) is Emit:
-                    emit(effect)
                 elif type(effect) is Completion:
                     value = store.complete(effect)
+                elif type(effect) is Emit:  # (only when someone listens: Reporter.wants)
+                    emit(effect)
                 else:
                     value = getattr(self, _PERFORM[type(effect)])(effect)
             except Suspended:
@@ -216,16 +216,18 @@ class AsyncDriver:
                     entered = CURRENT.set(current)
                     try:
                         renewals.start(effect)
-                        value = _with_requests(await run(), current)
+                        value = await run()
+                        if current.transaction is not None or current.deferred:
+                            value = _with_requests(value, current)
                     finally:
                         # An ASGI response, live or not, has been sent when the app returns.
                         renewals.stop(effect.attempt.claim.owner)
                         current.finished = True
                         CURRENT.reset(entered)
-                elif type(effect) is Emit:
-                    emit(effect)
                 elif type(effect) is Completion:
                     value = await store.acomplete(effect)
+                elif type(effect) is Emit:  # (only when someone listens: Reporter.wants)
+                    emit(effect)
                 elif type(effect) is Wait and wait is not None:
                     value = await wait(effect.seconds)
                 else:
