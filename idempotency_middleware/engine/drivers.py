@@ -1,6 +1,8 @@
 """The two interpreters of an attempt: one sync (WSGI, sync functions), one async (ASGI,
-coroutine functions). They are the only code that calls a store, sleeps, or runs the inner
-app; the sequence itself is ``flow.attempt``, written once.
+coroutine functions). They are the only code that calls a store, sleeps, runs the inner
+app, feeds the event hook or touches the replay cache; the sequence itself is
+``flow.attempt``, written once. While the inner thing runs, the driver shows it its attempt
+(``attempt_context.CURRENT``) and hands what it asked for back to the flow in ``Ran``.
 
 A store's ``StoreUnavailable`` (and any other exception, a cancellation included) is thrown
 into the flow at the effect that raised it, so the flow handles failures where they happen.
