@@ -6,18 +6,16 @@ response captured, send the answer. The attempt itself is ``engine.flow.attempt`
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from . import asgi_messages as messages
-from . import core, problems
+from . import core, refusals
 from .asgi_messages import ASGIApp, Message, Receive, Scope, Send
 from .engine import flow
 from .engine.drivers import AsyncDriver
 from .engine.effects import Ran
 from .options import MiddlewareOptions, Options
-from .problems import Problem
 from .records import StoredResponse
 from .renewal import LoopRenewals
 from .rules import IdempotencyRule
@@ -27,23 +25,41 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 __all__ = [
-    "COVERED_KEY",
     "ASGIApp",
     "IdempotencyMiddleware",
     "Message",
     "Receive",
+    "RouteOptIns",
     "Scope",
     "Send",
+    "add_route_opt_ins",
 ]
 
-# Set in the scope of every request a route opt-in covers, to its key (``None`` when the
-# request has none and passed through), so the route's ``fastapi.IdempotencyKey`` can tell
-# a request covered by its own settings from one the middleware never applied them to.
-COVERED_KEY = "idempotency_middleware.key"
 
-# The FastAPI integration. Imported by the app when it uses IdempotencyKey; when it is not
-# imported, no route can carry one, so the middleware never imports FastAPI itself.
-_FASTAPI_MODULE = "idempotency_middleware.fastapi"
+class RouteOptIns(NamedTuple):
+    """What a framework integration hands the ASGI door about per-route opt-ins.
+
+    ``read(app)`` turns the routes of the app the middleware wraps into rules (route
+    templates and methods, in the router's order; see ``Options.with_route_rules``).
+    ``scope_key`` is set in the scope of every request such an opt-in covers, to the
+    request's key (``None`` when it had none and passed through), so the route can tell a
+    request covered by its own settings from one no middleware applied them to.
+    """
+
+    read: Callable[[ASGIApp], Sequence[IdempotencyRule]]
+    scope_key: str
+
+
+# Integrations register when they are imported: an app that never imports one has no
+# route carrying an opt-in, and the door never imports a framework itself.
+_ROUTE_OPT_INS: list[RouteOptIns] = []
+
+
+def add_route_opt_ins(opt_ins: RouteOptIns) -> None:
+    """Register an integration's route opt-ins; every ``IdempotencyMiddleware`` reads them
+    from its app at its first scope (registering the same one twice changes nothing)."""
+    if opt_ins not in _ROUTE_OPT_INS:
+        _ROUTE_OPT_INS.append(opt_ins)
 
 
 class IdempotencyMiddleware:
@@ -77,19 +93,31 @@ class IdempotencyMiddleware:
         # The app's routes are read at the first scope (lifespan start-up or the first
         # request), when they are all defined, not here: the app may still be growing.
         self._routes_unread = True
+        # The scope keys of the registered integrations whose opt-ins this door applies.
+        self._opt_in_keys: tuple[str, ...] = ()
 
     def _read_routes(self) -> None:
-        """Turn the app's route opt-ins (``IdempotencyKey`` beside a FastAPI route) into
-        route policies, once. Routes added later are not seen; their ``IdempotencyKey``
-        raises instead of running unprotected."""
-        integration = sys.modules.get(_FASTAPI_MODULE)
-        if integration is not None:
-            rules: Sequence[IdempotencyRule] = integration.route_rules(self.app)
-            if rules:
-                self.options = self.options.with_route_rules(rules)
+        """Turn the app's route opt-ins (``RouteOptIns`` of the registered integrations)
+        into route policies, once. Routes added later are not seen; an integration's
+        route then refuses to run unprotected."""
+        rules: list[IdempotencyRule] = []
+        keys: list[str] = []
+        for opt_ins in _ROUTE_OPT_INS:
+            read = opt_ins.read(self.app)
+            if read:
+                rules.extend(read)
+                keys.append(opt_ins.scope_key)
+        if rules:
+            self.options = self.options.with_route_rules(rules)
+            self._opt_in_keys = tuple(keys)
         # Only once they were read: a route that cannot be covered (a bad template, GET)
         # fails start-up, and every request after it, rather than being skipped.
         self._routes_unread = False
+
+    def _mark_opt_in(self, scope: Scope, key: str | None) -> None:
+        """Tell the route, through its scope, that its own opt-in covered the request."""
+        for scope_key in self._opt_in_keys:
+            scope[scope_key] = key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._routes_unread:
@@ -115,37 +143,31 @@ class IdempotencyMiddleware:
         key_lines, content_length, content_type = messages.read_headers(
             scope["headers"], self.options.header_key
         )
-        admitted = core.admit(self.options, policy, scope["path"], key_lines)
+        admitted = core.admit_request(
+            self.options, policy, scope["path"], key_lines, content_length
+        )
+        if policy.route_opt_in:
+            self._mark_opt_in(scope, admitted.key if type(admitted) is core.Admitted else None)
         if admitted is None:
-            if policy.route_opt_in:
-                scope[COVERED_KEY] = None
             await self.app(scope, receive, send)
-        elif isinstance(admitted, Problem):
-            await messages.send_problem(send, admitted, self.options.problem_base_url)
+        elif isinstance(admitted, core.Admitted):
+            await self._handle(admitted, content_type, scope, receive, send)
         else:
-            if policy.route_opt_in:
-                scope[COVERED_KEY] = admitted.key
-            await self._handle(admitted, content_length, content_type, scope, receive, send)
+            await messages.send_problem(send, admitted, self.options.problem_base_url)
 
     async def _handle(
         self,
         admitted: core.Admitted,
-        content_length: bytes | None,
         content_type: bytes | None,
         scope: Scope,
         receive: Receive,
         send: Send,
     ) -> None:
-        base_url = self.options.problem_base_url
-        too_large = core.check_declared_length(self.options, content_length)
-        if too_large is not None:
-            await messages.send_problem(send, too_large, base_url)
-            return
         try:
             body = await messages.read_body(receive, self.options.max_body_bytes)
         except messages.BodyTooLarge:
-            too_large = problems.body_too_large(self.options.max_body_bytes)
-            await messages.send_problem(send, too_large, base_url)
+            too_large = core.body_too_large(self.options)
+            await messages.send_problem(send, too_large, self.options.problem_base_url)
             return
         except messages.ClientGone:
             return  # nobody to answer and nothing claimed
@@ -159,6 +181,7 @@ class IdempotencyMiddleware:
             body=body,
             request_view=lambda route: messages.request_view(scope, route),
             now=self.options.clock.now(),
+            owner=self._context.entropy.owner(),
         )
         start: Message | None = None
 
@@ -185,7 +208,8 @@ class IdempotencyMiddleware:
         elif type(outcome) is StoredResponse:
             await messages.send_replay(send, outcome)
         elif type(outcome) is core.Refusal:
-            await messages.send_problem(send, problems.for_refusal(outcome), base_url)
+            problem = refusals.problem_for(outcome)
+            await messages.send_problem(send, problem, self.options.problem_base_url)
         elif outcome is flow.RUN_UNPROTECTED:  # the store failed and on_store_error="run"
             await self.app(scope, messages.replaying_receive(body, receive), send)
         # else None: the app sent nothing; the server answers 500 itself

@@ -1,22 +1,24 @@
 """Pure decisions, no I/O: what the middleware does with a request at each step.
 
-Both adapters drive the same sequence (data flows one way)::
+Every door drives the same sequence (data flows one way)::
 
-    options.policy_for()      -> pass through | Policy
-    admit(key header)         -> pass through | problem (400) | Admitted(policy, key)
-    check_declared_length()   -> problem (413) | None
-    begin_attempt(body)       -> Attempt: key namespaced, request fingerprinted
-    cache / store.claim       -> Claimed: run the app, buffer, then completion_for()/release
+    options.policy_for()      -> pass through | Policy                       (the rule)
+    admit_request(key header) -> pass through | problem (400, 413) | Admitted (key, length)
+    door reads the body       -> problem (413): body_too_large / check_body_size
+    begin_attempt(body)       -> Attempt: key namespaced, request fingerprinted, claim built
+    engine.flow.attempt       -> Claimed: run the app, buffer, then completion_for()/release
                                  Held:    answer_held() -> replay | 409 | 422 | 410
+    refusals.problem_for / error_for: the door words a refusal
+
+The ``idempotent`` function door reads its key and payload from the call's arguments and
+joins at ``call_attempt``. Time (``now``) and randomness (``owner``, ``jitter``) are
+arguments: the engine takes them from its clock and its ``entropy.Entropy``.
 """
 
 from __future__ import annotations
 
-import itertools
-import os
-import random
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 from . import problems
 from .events import EventKind
@@ -25,13 +27,30 @@ from .keys import InvalidKey, parse_idempotency_key, storage_key
 from .options import Options, Policy
 from .problems import Problem
 from .records import Headers, Record, Status, StoredResponse, storable_headers
+from .refusals import (
+    COMMIT_UNAVAILABLE,
+    IN_PROGRESS_RETRY_AFTER,
+    KEY_IN_PROGRESS,
+    KEY_REUSED,
+    STORE_UNAVAILABLE,
+    STORE_UNAVAILABLE_RETRY_AFTER,
+    Refusal,
+    RefusalReason,
+)
 from .request_view import RequestView
 from .stores.base import ClaimRequest, Completion
 
-# A handler holding a key usually finishes within a second; a dead owner's claim is taken
-# over at its lock timeout whatever a client waits, so a short hint serves both cases.
-IN_PROGRESS_RETRY_AFTER = 1
-STORE_UNAVAILABLE_RETRY_AFTER = 1
+# The refusals (``refusals.py``) are part of core's vocabulary: the engine decides them here.
+__all__ = [
+    "COMMIT_UNAVAILABLE",
+    "IN_PROGRESS_RETRY_AFTER",
+    "KEY_IN_PROGRESS",
+    "KEY_REUSED",
+    "STORE_UNAVAILABLE",
+    "STORE_UNAVAILABLE_RETRY_AFTER",
+    "Refusal",
+    "RefusalReason",
+]
 
 # Finishing (complete, release) after the handler ran is retried: losing it costs a second
 # run after the lock timeout (complete) or a locked key until then (release).
@@ -50,67 +69,10 @@ LOST_CLAIM_RELEASE_DELAYS = (0.0, 0.5, 1.0, 2.0, 4.0)
 MIN_POLL_INTERVAL = 0.1
 MAX_POLL_INTERVAL = 1.0
 
-
-RefusalReason = Literal[
-    "in_progress",
-    "reused",
-    "not_stored",
-    "unavailable",
-    "commit_unavailable",
-    "transaction_conflict",
-    "transaction_rejected",
-]
-
-# The HTTP status each refusal is answered with, and the event it is reported as.
-_REFUSAL_STATUS: dict[str, int] = {
-    "in_progress": 409,
-    "reused": 422,
-    "not_stored": 410,
-    "unavailable": 503,
-    "commit_unavailable": 503,
-    "transaction_conflict": 409,
-    "transaction_rejected": 500,
-}
-_REFUSAL_EVENT: dict[str, EventKind] = {
-    "in_progress": "conflict",
-    "reused": "mismatch",
-    "not_stored": "not_stored",
-    "transaction_conflict": "transaction_conflict",
-    "transaction_rejected": "transaction_rejected",
-}
-
-
-class Refusal(NamedTuple):
-    """Why an attempt does not run; each door words it (a problem response, an exception).
-
-    ``in_progress``: another attempt holds the key; ``reused``: the key was used with other
-    input; ``not_stored``: completed, but its response (``size`` bytes) was not kept;
-    ``unavailable``: the store failed on the claim; ``commit_unavailable``: it failed on a
-    transaction's commit, which then landed whole or not at all;
-    ``transaction_conflict``: a condition of the handler's transaction failed, nothing was
-    written; ``transaction_rejected``: DynamoDB cannot commit it as written (too large).
-    """
-
-    reason: RefusalReason
-    retry_after: int | None = None
-    size: int = 0
-    # The error behind it: the store's (unavailable), the transaction's (transaction_*).
-    error: BaseException | None = None
-
-    @property
-    def status(self) -> int:
-        return _REFUSAL_STATUS[self.reason]
-
-    @property
-    def event_kind(self) -> EventKind:
-        """The event it is reported as (an outage is reported as the store's error)."""
-        return _REFUSAL_EVENT[self.reason]
-
-
-KEY_IN_PROGRESS = Refusal("in_progress", IN_PROGRESS_RETRY_AFTER)
-KEY_REUSED = Refusal("reused")
-STORE_UNAVAILABLE = Refusal("unavailable", STORE_UNAVAILABLE_RETRY_AFTER)
-COMMIT_UNAVAILABLE = Refusal("commit_unavailable", STORE_UNAVAILABLE_RETRY_AFTER)
+# Events of a function call carry this as their ``method`` and its ``name`` as ``route``.
+CALL_METHOD = "CALL"
+# A function's keys are namespaced apart from every HTTP route: "@" is no HTTP method.
+_FUNCTION_NAMESPACE = "@function"
 
 
 class Admitted(NamedTuple):
@@ -148,8 +110,35 @@ def check_declared_length(options: Options, content_length: bytes | str | None) 
     except ValueError:
         return None  # the server rejects a malformed Content-Length itself
     if declared > options.max_body_bytes:
-        return problems.body_too_large(options.max_body_bytes)
+        return body_too_large(options)
     return None
+
+
+def admit_request(
+    options: Options,
+    policy: Policy,
+    path: str,
+    key_lines: Sequence[bytes],
+    content_length: bytes | str | None,
+) -> Admitted | Problem | None:
+    """The steps of a covered HTTP request before its body is read: ``admit`` its key, then
+    refuse a declared length over the limit (``check_declared_length``)."""
+    admitted = admit(options, policy, path, key_lines)
+    if type(admitted) is Admitted and content_length is not None:
+        too_large = check_declared_length(options, content_length)
+        if too_large is not None:
+            return too_large
+    return admitted
+
+
+def body_too_large(options: Options) -> Problem:
+    """413 for a body found over ``max_body_bytes`` while (or after) a door read it."""
+    return problems.body_too_large(options.max_body_bytes)
+
+
+def check_body_size(options: Options, size: int) -> Problem | None:
+    """413 for a body read whole whose length was undeclared (chunked) or understated."""
+    return body_too_large(options) if size > options.max_body_bytes else None
 
 
 class Attempt(NamedTuple):
@@ -165,6 +154,27 @@ class Attempt(NamedTuple):
         return self.claim.key_hash
 
 
+def new_attempt(
+    policy: Policy,
+    method: str,
+    route: str,
+    key_hash: str,
+    fingerprint: str,
+    now: float,
+    owner: str,
+) -> Attempt:
+    """The attempt every door hands the engine: its claim request, built in this one place."""
+    claim = ClaimRequest(
+        key_hash,
+        fingerprint,
+        owner,
+        now,
+        policy.lock_timeout_seconds,
+        policy.clock_skew_seconds,
+    )
+    return Attempt(method, route, policy, claim)
+
+
 def begin_attempt(
     admitted: Admitted,
     *,
@@ -175,43 +185,40 @@ def begin_attempt(
     body: bytes,
     request_view: Callable[[str], RequestView],
     now: float,
+    owner: str,
 ) -> Attempt:
     """Namespace the key (method, route template, scope) and fingerprint the request.
 
     ``request_view(route)`` builds the view a ``scope`` callable receives; it is only called
-    when there is one.
+    when there is one. ``owner`` is a fresh token (``entropy.Entropy.owner``).
     """
     policy, route, key = admitted
     scope_value = policy.scope(request_view(route)) if policy.scope is not None else None
-    claim = ClaimRequest(
+    return new_attempt(
+        policy,
+        method,
+        route,
         storage_key(method, route, scope_value, key),
         fingerprint_request(method, path, query_string, content_type, body),
-        new_owner(),
         now,
-        policy.lock_timeout_seconds,
-        policy.clock_skew_seconds,
+        owner,
     )
-    return Attempt(method, route, policy, claim)
 
 
-# Owner tokens fence a claim's finishing writes. A random per-process prefix and a counter
-# make them unique without a system call per request; a forked child draws its own prefix,
-# so parent and child never hand out the same token.
-_owner_prefix = os.urandom(12).hex() + "-"
-_owner_numbers = itertools.count()
-
-
-def new_owner() -> str:
-    """A fresh owner token for one attempt's claim."""
-    return f"{_owner_prefix}{next(_owner_numbers):x}"
-
-
-def _new_owner_prefix() -> None:
-    global _owner_prefix
-    _owner_prefix = os.urandom(12).hex() + "-"
-
-
-os.register_at_fork(after_in_child=_new_owner_prefix)
+def call_attempt(
+    policy: Policy, name: str, key: str, fingerprint: str, now: float, owner: str
+) -> Attempt:
+    """The attempt of one call of ``idempotent`` function ``name``: its keys live in a
+    namespace of their own, apart from every HTTP route."""
+    return new_attempt(
+        policy,
+        CALL_METHOD,
+        name,
+        storage_key(_FUNCTION_NAMESPACE, name, None, key),
+        fingerprint,
+        now,
+        owner,
+    )
 
 
 def answer_held(record: Record, fingerprint: str) -> StoredResponse | Refusal:
@@ -231,15 +238,16 @@ def is_waitable(record: Record, claim: ClaimRequest) -> bool:
     return record.status is Status.IN_PROGRESS and record.fingerprint == claim.fingerprint
 
 
-def poll_delay(number: int, remaining: float) -> float | None:
+def poll_delay(number: int, remaining: float, jitter: float) -> float | None:
     """How long waiter poll ``number`` (0+) pauses, with ``remaining`` seconds of its wait
     left; ``None`` when too little is left for another poll. Exponential backoff with jitter
-    between ``MIN_POLL_INTERVAL`` and ``MAX_POLL_INTERVAL``: never two polls closer than the
-    minimum, and waiters of one key do not poll in lockstep."""
+    (``jitter``, a draw in ``[0, 1)``) between ``MIN_POLL_INTERVAL`` and
+    ``MAX_POLL_INTERVAL``: never two polls closer than the minimum, and waiters of one key do
+    not poll in lockstep."""
     if remaining < MIN_POLL_INTERVAL:
         return None
-    ceiling = min(MIN_POLL_INTERVAL * 2 ** (min(number, 8) + 1), MAX_POLL_INTERVAL)
-    return min(random.uniform(ceiling / 2, ceiling), remaining)
+    ceiling = min(MIN_POLL_INTERVAL * 2.0 ** (min(number, 8) + 1), MAX_POLL_INTERVAL)
+    return min(ceiling / 2 + jitter * (ceiling / 2), remaining)
 
 
 def is_own_claim(record: Record, claim: ClaimRequest) -> bool:
@@ -287,9 +295,10 @@ def completion_for(
     )
 
 
-def finish_delay(attempt_number: int) -> float:
-    """Exponential backoff with full jitter before finishing attempt ``attempt_number`` (1+)."""
-    return random.uniform(0, _FINISH_BASE_DELAY * (2 ** (attempt_number - 1)))
+def finish_delay(attempt_number: int, jitter: float) -> float:
+    """Exponential backoff with full jitter (``jitter``, a draw in ``[0, 1)``) before
+    finishing attempt ``attempt_number`` (1+)."""
+    return jitter * _FINISH_BASE_DELAY * (2.0 ** (attempt_number - 1))
 
 
 def gave_up(error: Exception, attempts: int) -> str:

@@ -20,7 +20,7 @@ from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.utils.module_loading import import_string
 
-from . import core, problems
+from . import core, problems, refusals
 from . import wsgi_environ as wsgi_io
 from .attempt_context import streams_now
 from .engine import flow
@@ -68,33 +68,36 @@ class IdempotencyDjangoMiddleware:
         policy = self.options.policy_for(method, path)
         if policy is None:
             return self.get_response(request)
-        admitted = core.admit(
-            self.options, policy, path, wsgi_io.key_lines(request.META, self.options)
+        meta = request.META
+        admitted = core.admit_request(
+            self.options,
+            policy,
+            path,
+            wsgi_io.key_lines(meta, self.options),
+            meta.get("CONTENT_LENGTH") or None,
         )
         if admitted is None:
             return self.get_response(request)
-        if isinstance(admitted, Problem):
-            return problem_response(admitted, self.options.problem_base_url)
-        return self._handle(admitted, method, path, request)
+        if isinstance(admitted, core.Admitted):
+            return self._handle(admitted, method, path, request)
+        return problem_response(admitted, self.options.problem_base_url)
 
     def _handle(
         self, admitted: core.Admitted, method: str, path: str, request: HttpRequest
     ) -> HttpResponseBase:
         meta: dict[str, Any] = request.META
-        limit = self.options.max_body_bytes
-        too_large = core.check_declared_length(self.options, meta.get("CONTENT_LENGTH") or None)
-        if too_large is not None:
-            return problem_response(too_large, self.options.problem_base_url)
         try:
             # Django keeps the body it read, so the view still gets request.body / POST.
             body: bytes = request.body
         except RequestDataTooBig:
+            # Django's own limit (DATA_UPLOAD_MAX_MEMORY_SIZE) refused it before ours could.
             return problem_response(
                 problems.body_too_large(settings.DATA_UPLOAD_MAX_MEMORY_SIZE),
                 self.options.problem_base_url,
             )
-        if len(body) > limit:  # undeclared (chunked, under ASGI) or understated length
-            return problem_response(problems.body_too_large(limit), self.options.problem_base_url)
+        too_large = core.check_body_size(self.options, len(body))
+        if too_large is not None:
+            return problem_response(too_large, self.options.problem_base_url)
 
         attempt = core.begin_attempt(
             admitted,
@@ -105,6 +108,7 @@ class IdempotencyDjangoMiddleware:
             body=body,
             request_view=lambda route: wsgi_io.request_view(meta, method, path, route),
             now=self.options.clock.now(),
+            owner=self._context.entropy.owner(),
         )
         response: HttpResponseBase | None = None
 
@@ -129,7 +133,7 @@ class IdempotencyDjangoMiddleware:
         if type(outcome) is StoredResponse:
             return replay_response(outcome)
         if type(outcome) is core.Refusal:
-            return problem_response(problems.for_refusal(outcome), self.options.problem_base_url)
+            return problem_response(refusals.problem_for(outcome), self.options.problem_base_url)
         return self.get_response(request)  # the store failed; on_store_error="run"
 
     def _resume(self, running: flow.Flow, size: int, failed: bool) -> None:

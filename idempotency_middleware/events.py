@@ -130,6 +130,11 @@ class Reporter:
     def hook(self) -> EventHook | None:
         return self._hook
 
+    def wants(self, kind: EventKind) -> bool:
+        """Whether an event of ``kind`` reaches anyone (the hook, or the logger at its
+        level): the engine skips the events of every request when nobody listens."""
+        return self._hook is not None or logger.isEnabledFor(_LEVELS[kind])
+
     def report_store(self, kind: EventKind, *, failure: BaseException | None = None) -> None:
         """Hand on an event about the store itself (the breaker's), which has no request:
         its ``key_hash``, ``method`` and ``route`` are empty. Not logged here: the breaker

@@ -9,8 +9,9 @@
 - ``document_idempotency(app)`` adds the key header and the middleware's own responses to
   every operation the middleware covers.
 
-Importing this module imports FastAPI; importing the package does not (the middleware looks
-this module up in ``sys.modules`` and reads routes only when it was imported).
+Importing this module imports FastAPI; importing the package does not. On import, this
+module hands the ASGI door its route reader and scope marker (``asgi.add_route_opt_ins``):
+the door knows no framework, and reads routes only of an app whose integration was imported.
 """
 
 # No ``from __future__ import annotations`` here: FastAPI reads the annotations of
@@ -24,20 +25,27 @@ from typing import Any
 from fastapi import FastAPI, routing
 from starlette.requests import Request
 
-from . import core, problems
-from .asgi import COVERED_KEY, IdempotencyMiddleware
+from . import problems, refusals
+from .asgi import IdempotencyMiddleware, RouteOptIns, add_route_opt_ins
 from .keys import MAX_KEY_LENGTH
 from .options import Options, Policy
 from .problems import Problem
 from .rules import COVERABLE_METHODS, IdempotencyRule, ScopeFunction
 
 __all__ = [
+    "COVERED_KEY",
     "PROBLEM_SCHEMA_NAME",
     "IdempotencyKey",
     "IdempotencyNotCoveredError",
     "document_idempotency",
     "route_rules",
 ]
+
+# Set by IdempotencyMiddleware in the scope of every request a route opt-in covers, to its
+# key (``None`` when the request has none and passed through), so the route's
+# ``IdempotencyKey`` can tell a request covered by its own settings from one the middleware
+# never applied them to.
+COVERED_KEY = "idempotency_middleware.key"
 
 PROBLEM_SCHEMA_NAME = "IdempotencyProblem"
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -194,6 +202,11 @@ def _keys_of(dependant: Any) -> list[IdempotencyKey]:
             keys.append(call)
         pending.extend(current.dependencies)
     return keys
+
+
+# Every IdempotencyMiddleware reads these routes (at its first scope) and marks the requests
+# they cover with COVERED_KEY.
+add_route_opt_ins(RouteOptIns(route_rules, COVERED_KEY))
 
 
 # --- OpenAPI --------------------------------------------------------------------------------
@@ -369,7 +382,7 @@ def _problem_responses(
         yield 400, f"Missing or invalid {header} header", [problems.missing_key(header), invalid]
     else:
         yield 400, f"Invalid {header} header", [invalid]
-    in_progress = problems.key_in_progress(core.IN_PROGRESS_RETRY_AFTER)
+    in_progress = problems.key_in_progress(refusals.IN_PROGRESS_RETRY_AFTER)
     yield 409, in_progress.title, [in_progress]
     not_stored = problems.response_not_stored(600_000)
     yield 410, not_stored.title, [not_stored]
@@ -377,7 +390,7 @@ def _problem_responses(
     yield 413, too_large.title, [too_large]
     reused = problems.fingerprint_mismatch()
     yield 422, reused.title, [reused]
-    unavailable = problems.store_unavailable(core.STORE_UNAVAILABLE_RETRY_AFTER)
+    unavailable = problems.store_unavailable(refusals.STORE_UNAVAILABLE_RETRY_AFTER)
     yield 503, unavailable.title, [unavailable]
 
 

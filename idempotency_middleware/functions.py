@@ -13,21 +13,15 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar, cast, overload
 
-from . import core
+from . import core, refusals
 from .attempt_context import CURRENT
 from .clock import SYSTEM_CLOCK, Clock
+from .core import CALL_METHOD
 from .engine import flow
 from .engine.drivers import AsyncDriver, SyncDriver
 from .engine.effects import Ran
-from .errors import (
-    InvalidKeyError,
-    KeyInProgressError,
-    KeyReusedError,
-    ResultNotStoredError,
-    StoreUnavailableError,
-)
+from .errors import InvalidKeyError
 from .events import EventHook
-from .keys import storage_key
 from .options import (
     DEFAULT_CLOCK_SKEW_SECONDS,
     DEFAULT_LOCK_TIMEOUT_SECONDS,
@@ -38,15 +32,11 @@ from .payloads import fingerprint_arguments, fingerprint_payload
 from .records import StoredResponse
 from .renewal import LoopRenewals, ThreadRenewals
 from .results import ResultCodec, Serializer
-from .stores.base import AsyncStore, ClaimRequest, SyncStore
+from .stores.base import AsyncStore, SyncStore
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
-# Events of a function call carry this as their ``method`` and its ``name`` as ``route``.
-CALL_METHOD = "CALL"
-# A function's keys are namespaced apart from every HTTP route: "@" is no HTTP method.
-_NAMESPACE = "@function"
 # Parameters that are the instance or the class of a method, never part of the payload.
 _BOUND_PARAMETERS = frozenset({"self", "cls"})
 # A stored result is a response to the engine: this status, no headers, the result's bytes.
@@ -314,15 +304,14 @@ class _FunctionDoor:
             )
         else:
             fingerprint = fingerprint_payload(self.name, self.payload(*args, **kwargs))
-        claim = ClaimRequest(
-            storage_key(_NAMESPACE, self.name, None, key),
+        return core.call_attempt(
+            self.policy,
+            self.name,
+            key,
             fingerprint,
-            core.new_owner(),
             self.clock.now(),
-            self.policy.lock_timeout_seconds,
-            self.policy.clock_skew_seconds,
+            self.context.entropy.owner(),
         )
-        return core.Attempt(CALL_METHOD, self.name, self.policy, claim)
 
     def _result(self, outcome: flow.Outcome, results: list[Any]) -> Any:
         if type(outcome) is Ran:
@@ -330,50 +319,7 @@ class _FunctionDoor:
         if type(outcome) is StoredResponse:
             return self.codec.decode(outcome.body)
         assert type(outcome) is core.Refusal, outcome
-        raise self._error(outcome)
-
-    def _error(self, refusal: core.Refusal) -> Exception:
-        name = self.name
-        if refusal.reason in ("transaction_conflict", "transaction_rejected"):
-            assert isinstance(refusal.error, Exception), refusal
-            return refusal.error
-        if refusal.reason == "commit_unavailable":
-            return StoreUnavailableError(
-                f"idempotent function {name}: it ran, but the idempotency store could not "
-                "confirm the commit of its result and writes, which landed whole or not at "
-                "all; retry with the same key (it returns the result, or runs again if "
-                "nothing landed)",
-                cause="unknown",
-            )
-        if refusal.reason == "in_progress":
-            return KeyInProgressError(
-                f"idempotent function {name}: a call with this key is still running",
-                retry_after=refusal.retry_after or core.IN_PROGRESS_RETRY_AFTER,
-            )
-        if refusal.reason == "reused":
-            return KeyReusedError(
-                f"idempotent function {name}: this key was already used with another "
-                "payload; use a new key for new work"
-            )
-        if refusal.reason == "not_stored":
-            return ResultNotStoredError(
-                f"idempotent function {name}: the call with this key completed, but its "
-                f"result ({refusal.size} bytes) was too large to keep; it will not run again "
-                "under this key",
-                size=refusal.size,
-            )
-        error = refusal.error
-        reason = getattr(error, "reason", "") or "the store failed"
-        unavailable = StoreUnavailableError(
-            f"idempotent function {name}: the idempotency store failed ({reason}), so the "
-            "function did not run; retry with the same key",
-            code=getattr(error, "code", ""),
-            cause=getattr(error, "cause", "unknown"),
-            reason=getattr(error, "reason", ""),
-            retry_after=getattr(error, "retry_after", None),
-        )
-        unavailable.__cause__ = error
-        return unavailable
+        raise refusals.error_for(outcome, self.name)
 
 
 __all__ = ["CALL_METHOD", "idempotent"]

@@ -57,8 +57,8 @@ class Policy(NamedTuple):
     scope: ScopeFunction | None
     renewal_interval: float  # how often a running claim is renewed (see RENEWALS_PER_LOCK)
     wait_seconds: float = 0.0  # how long a duplicate waits for the first attempt's outcome
-    # A route opt-in's (Options.with_route_rules): its requests are marked in the ASGI scope
-    # for the route's IdempotencyKey dependency (asgi.COVERED_KEY).
+    # A route opt-in's (Options.with_route_rules): the ASGI door marks its requests in their
+    # scope for the route (asgi.RouteOptIns.scope_key).
     route_opt_in: bool = False
     # The takeover margin a claim carries (ClaimRequest.clock_skew_seconds).
     clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS

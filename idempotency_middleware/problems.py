@@ -8,14 +8,10 @@ middleware has a base URL (validated by ``options.Options.build``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import orjson
 
 from .records import Headers
-
-if TYPE_CHECKING:
-    from .core import Refusal
 
 PROBLEM_TYPE_BASE = "urn:idempotency-middleware:problem:"
 
@@ -183,22 +179,3 @@ def transaction_rejected(reason: str) -> Problem:
         )
         + ", so nothing was written. The idempotency key was released.",
     )
-
-
-def for_refusal(refusal: Refusal) -> Problem:
-    """The HTTP answer to an attempt the engine refused to run."""
-    reason = refusal.reason
-    if reason == "in_progress":
-        return key_in_progress(refusal.retry_after or 1)
-    if reason == "reused":
-        return fingerprint_mismatch()
-    if reason == "not_stored":
-        return response_not_stored(refusal.size)
-    if reason == "transaction_conflict":
-        error = refusal.error
-        return transaction_conflict(getattr(error, "position", 0), getattr(error, "reason", ""))
-    if reason == "transaction_rejected":
-        return transaction_rejected(getattr(refusal.error, "reason", ""))
-    if reason == "commit_unavailable":
-        return commit_unavailable(refusal.retry_after or 1)
-    return store_unavailable(refusal.retry_after or 1)

@@ -117,7 +117,10 @@ class LoopRenewals:
         # Called on the loop that started the lease. The timer stays: it finds nothing due
         # and stops rescheduling once idle. A renewal already in flight is harmless: renew
         # is conditional on an in-progress claim.
-        self._leases_of(asyncio.get_running_loop()).leases.remove(owner)
+        # Owner tokens are unique, so a lease found among the last-seen loop's is this
+        # one: the usual single loop ends a lease without looking its loop up again.
+        if self._current[1].leases.active.pop(owner, None) is None:
+            self._leases_of(asyncio.get_running_loop()).leases.remove(owner)
 
     def _schedule(self, loop: asyncio.AbstractEventLoop, state: _LoopLeases, due: float) -> None:
         if state.timer is not None:

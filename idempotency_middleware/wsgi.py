@@ -10,13 +10,12 @@ import io
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from . import core, problems
+from . import core, refusals
 from . import wsgi_environ as wsgi_io
 from .engine import flow
 from .engine.drivers import Suspended, SyncDriver
 from .engine.effects import Ran, StreamEnd
 from .options import MiddlewareOptions, Options
-from .problems import Problem
 from .records import StoredResponse
 from .renewal import ThreadRenewals
 from .stores.base import SyncStore
@@ -62,12 +61,18 @@ class IdempotencyWSGIMiddleware:
         policy = self.options.policy_for(method, path)
         if policy is None:
             return self.app(environ, start_response)
-        admitted = core.admit(self.options, policy, path, wsgi_io.key_lines(environ, self.options))
+        admitted = core.admit_request(
+            self.options,
+            policy,
+            path,
+            wsgi_io.key_lines(environ, self.options),
+            environ.get("CONTENT_LENGTH") or None,
+        )
         if admitted is None:
             return self.app(environ, start_response)
-        if isinstance(admitted, Problem):
-            return wsgi_io.send_problem(start_response, admitted, self.options.problem_base_url)
-        return self._handle(admitted, method, path, environ, start_response)
+        if isinstance(admitted, core.Admitted):
+            return self._handle(admitted, method, path, environ, start_response)
+        return wsgi_io.send_problem(start_response, admitted, self.options.problem_base_url)
 
     def _handle(
         self,
@@ -77,16 +82,11 @@ class IdempotencyWSGIMiddleware:
         environ: Environ,
         start_response: StartResponse,
     ) -> Iterable[bytes]:
-        too_large = core.check_declared_length(self.options, environ.get("CONTENT_LENGTH") or None)
-        if too_large is not None:
-            return wsgi_io.send_problem(start_response, too_large, self.options.problem_base_url)
         try:
             body = wsgi_io.read_body(environ, self.options.max_body_bytes)
         except wsgi_io.BodyTooLarge:
             return wsgi_io.send_problem(
-                start_response,
-                problems.body_too_large(self.options.max_body_bytes),
-                self.options.problem_base_url,
+                start_response, core.body_too_large(self.options), self.options.problem_base_url
             )
         environ["wsgi.input"] = io.BytesIO(body)
         environ["CONTENT_LENGTH"] = str(len(body))
@@ -100,6 +100,7 @@ class IdempotencyWSGIMiddleware:
             body=body,
             request_view=lambda route: wsgi_io.request_view(environ, method, path, route),
             now=self.options.clock.now(),
+            owner=self._context.entropy.owner(),
         )
         captured = wsgi_io.CapturedResponse()
         running = flow.attempt(self._context, attempt)
@@ -131,7 +132,7 @@ class IdempotencyWSGIMiddleware:
             return wsgi_io.send_replay(start_response, outcome)
         if type(outcome) is core.Refusal:
             return wsgi_io.send_problem(
-                start_response, problems.for_refusal(outcome), self.options.problem_base_url
+                start_response, refusals.problem_for(outcome), self.options.problem_base_url
             )
         if outcome is None:
             raise RuntimeError("the WSGI application returned without calling start_response")

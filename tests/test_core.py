@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
 import pytest
 
-from idempotency_middleware import HeaderView, IdempotencyRule, RequestView, core, problems
+from idempotency_middleware import (
+    HeaderView,
+    IdempotencyRule,
+    RequestView,
+    core,
+    refusals,
+)
+from idempotency_middleware.entropy import new_owner
 from idempotency_middleware.options import Options
 from idempotency_middleware.problems import Problem
 from idempotency_middleware.records import Record, Status, StoredResponse
@@ -50,6 +58,7 @@ def attempt_for(
         body=body,
         request_view=view_for(path, *headers),
         now=NOW,
+        owner=new_owner(),
     )
 
 
@@ -205,6 +214,7 @@ def test_request_view_is_only_built_when_a_scope_needs_it() -> None:
         body=b"",
         request_view=no_view,
         now=NOW,
+        owner=new_owner(),
     )
     assert attempt.claim.key_hash
 
@@ -267,7 +277,7 @@ def test_same_fingerprint_in_progress_is_409_with_retry_after() -> None:
     assert isinstance(answer, core.Refusal)
     assert answer.reason == "in_progress" and answer.status == 409
     assert answer.retry_after is not None and answer.retry_after > 0
-    problem = problems.for_refusal(answer)
+    problem = refusals.problem_for(answer)
     assert problem.status == 409
     assert (b"retry-after", str(answer.retry_after).encode()) in problem.headers(problem.body())
 
@@ -281,7 +291,7 @@ def test_completed_without_a_kept_response_is_410() -> None:
     answer = core.answer_held(record, "fp")
     assert isinstance(answer, core.Refusal)
     assert answer.reason == "not_stored" and answer.size == 600_000
-    problem = problems.for_refusal(answer)
+    problem = refusals.problem_for(answer)
     assert problem.status == 410 and problem.retry_after is None
     assert "600000" in problem.detail
 
@@ -348,7 +358,7 @@ def test_claim_is_renewed_several_times_per_lock_timeout() -> None:
 def test_finish_backoff_is_full_jitter_under_a_doubling_cap() -> None:
     for attempt_number in range(1, core.FINISH_ATTEMPTS + 1):
         cap = 0.05 * 2 ** (attempt_number - 1)
-        delays = [core.finish_delay(attempt_number) for _ in range(200)]
+        delays = [core.finish_delay(attempt_number, random.random()) for _ in range(200)]
         assert all(0 <= delay <= cap for delay in delays)
         assert len(set(delays)) > 100  # jittered, not a fixed delay
         assert max(delays) > cap / 2

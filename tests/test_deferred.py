@@ -57,8 +57,8 @@ from idempotency_middleware import (
     idempotent,
     scope_by_tenant_header,
 )
-from idempotency_middleware.core import new_owner
 from idempotency_middleware.deferred import new_token, parse_token
+from idempotency_middleware.entropy import new_owner
 from idempotency_middleware.records import (
     Record,
     Status,

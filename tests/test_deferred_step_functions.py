@@ -41,8 +41,8 @@ from idempotency_middleware import (
     IdempotencyWSGIMiddleware,
     defer_completion,
 )
-from idempotency_middleware.core import new_owner
 from idempotency_middleware.deferred import new_token, parse_token
+from idempotency_middleware.entropy import new_owner
 from idempotency_middleware.records import Status, StoredResponse
 from idempotency_middleware.stores.base import Claimed, ClaimRequest, Completion, Held
 from tests.conftest import REGION

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from idempotency_middleware import core
-from idempotency_middleware.attempt_context import CurrentAttempt
 from idempotency_middleware.engine import flow
 from idempotency_middleware.engine.drivers import AsyncDriver, Suspended, SyncDriver
 from idempotency_middleware.engine.effects import (
@@ -38,7 +37,7 @@ from idempotency_middleware.stores.base import (
 )
 from idempotency_middleware.stores.memory import MemoryStore
 from idempotency_middleware.testing import FakeClock
-from tests.attempts import order_attempt
+from tests.attempts import BOOKKEEPING, bookkeeping, order_attempt, without_bookkeeping
 
 LOCK = 30.0
 INTERVAL = LOCK / 3
@@ -81,6 +80,9 @@ class Scripted:
                 effect = running.send(value) if error is None else running.throw(error)
             except StopIteration as stop:
                 return stop.value
+            if isinstance(effect, BOOKKEEPING):
+                value, error = bookkeeping(effect), None
+                continue
             self.effects.append(effect)
             value, error = None, None
             try:
@@ -499,11 +501,7 @@ def test_the_thread_renewer_extends_a_running_lease_from_the_clock_time_it_renew
     store = MemoryStore()
     assert store.claim(script.attempt.claim) == CLAIMED
     renewals = ThreadRenewals(store, script.context.reporter, script.clock)
-    lease = Run(
-        script.attempt,
-        script.attempt.claim.now,
-        CurrentAttempt(script.attempt.claim, 60.0, http=True),
-    )
+    lease = Run(script.attempt, script.attempt.claim.now)
     leases = Leases()
     leases.add(lease)
     now = script.clock.advance(INTERVAL)
@@ -583,7 +581,7 @@ def test_a_claim_cancelled_while_renewing_before_its_run_is_released() -> None:
 
 def test_a_flow_closed_while_a_live_stream_is_pending_closes_cleanly() -> None:
     script = Scripted()
-    running = flow.attempt(script.context, script.attempt)
+    running = without_bookkeeping(flow.attempt(script.context, script.attempt))
     assert isinstance(next(running), ClaimRequest)
     assert isinstance(running.send(CLAIMED), Run)
     assert running.send(LIVE) == AwaitStreamEnd()
@@ -592,7 +590,7 @@ def test_a_flow_closed_while_a_live_stream_is_pending_closes_cleanly() -> None:
 
 def test_a_flow_closed_while_renewing_before_its_run_yields_nothing_more() -> None:
     script = Scripted()
-    running = flow.attempt(script.context, script.attempt)
+    running = without_bookkeeping(flow.attempt(script.context, script.attempt))
     assert isinstance(next(running), ClaimRequest)
     script.clock.advance(LOCK)  # the claim took its whole lease to land
     assert isinstance(running.send(CLAIMED), Renew)

@@ -19,7 +19,6 @@ from idempotency_middleware import (
     StoreUnavailableError,
     idempotent,
 )
-from idempotency_middleware.attempt_context import CurrentAttempt
 from idempotency_middleware.core import Attempt
 from idempotency_middleware.engine.effects import Run
 from idempotency_middleware.events import Reporter
@@ -173,9 +172,7 @@ def test_each_event_loop_renews_its_own_claims() -> None:
 
     def lease(owner: str) -> Run:
         claim = ClaimRequest(owner, "fp", owner, 0.0, policy.lock_timeout_seconds)
-        return Run(
-            Attempt("CALL", "f", policy, claim), 0.0, CurrentAttempt(claim, 60.0, http=False)
-        )
+        return Run(Attempt("CALL", "f", policy, claim), 0.0, http=False)
 
     async def hold(owner: str) -> None:
         renewals.start(lease(owner))

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from idempotency_middleware import core, problems
+from idempotency_middleware import core, problems, refusals
 from idempotency_middleware.keys import InvalidKey, parse_idempotency_key
 from idempotency_middleware.options import Options
 from idempotency_middleware.problems import PROBLEM_TYPE_BASE, Problem
@@ -24,10 +24,10 @@ ALL_PROBLEMS: list[tuple[Problem, int, int | None]] = [
     (problems.fingerprint_mismatch(), 422, None),
     (problems.response_not_stored(600_000), 410, None),
     (problems.store_unavailable(2), 503, 2),
-    (problems.for_refusal(core.STORE_UNAVAILABLE), 503, core.STORE_UNAVAILABLE_RETRY_AFTER),
-    (problems.for_refusal(core.KEY_IN_PROGRESS), 409, core.IN_PROGRESS_RETRY_AFTER),
-    (problems.for_refusal(core.KEY_REUSED), 422, None),
-    (problems.for_refusal(core.Refusal("not_stored", size=5)), 410, None),
+    (refusals.problem_for(core.STORE_UNAVAILABLE), 503, core.STORE_UNAVAILABLE_RETRY_AFTER),
+    (refusals.problem_for(core.KEY_IN_PROGRESS), 409, core.IN_PROGRESS_RETRY_AFTER),
+    (refusals.problem_for(core.KEY_REUSED), 422, None),
+    (refusals.problem_for(core.Refusal("not_stored", size=5)), 410, None),
 ]
 
 

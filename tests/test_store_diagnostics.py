@@ -35,7 +35,7 @@ from idempotency_middleware import (
     StoreUnavailableError,
     core,
     idempotent,
-    problems,
+    refusals,
 )
 from idempotency_middleware.errors import CAUSES
 from idempotency_middleware.keys import storage_key
@@ -48,7 +48,7 @@ from tests.servers import HOST, free_port
 from .conftest import REGION
 
 # The one 503 body every store failure gets, whatever its cause.
-GENERIC_503 = problems.for_refusal(core.STORE_UNAVAILABLE).body()
+GENERIC_503 = refusals.problem_for(core.STORE_UNAVAILABLE).body()
 ONE_FAST_ATTEMPT: dict[str, Any] = {"max_attempts": 1, "connect_timeout": 1, "read_timeout": 1}
 
 

@@ -56,7 +56,7 @@ from idempotency_middleware.records import Status, StoredResponse
 from idempotency_middleware.renewal import ThreadRenewals
 from idempotency_middleware.stores.base import CLAIMED, AsyncStore, ClaimRequest
 from idempotency_middleware.testing import FakeClock
-from tests.attempts import order_attempt
+from tests.attempts import BOOKKEEPING, order_attempt
 from tests.conftest import REGION
 from tests.servers import serve_asgi, serve_wsgi
 from tests.wait_apps import (
@@ -94,7 +94,8 @@ def recording(running: flow.Flow, effects: list[Effect]) -> flow.Flow:
         except StopIteration as stop:
             outcome: flow.Outcome = stop.value
             return outcome
-        effects.append(effect)
+        if not isinstance(effect, BOOKKEEPING):  # events: the World's on_event records them
+            effects.append(effect)
         value, error = None, None
         try:
             value = yield effect

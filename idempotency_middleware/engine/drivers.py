@@ -1,6 +1,8 @@
 """The two interpreters of an attempt: one sync (WSGI, sync functions), one async (ASGI,
-coroutine functions). They are the only code that calls a store, sleeps, or runs the inner
-app; the sequence itself is ``flow.attempt``, written once.
+coroutine functions). They are the only code that calls a store, sleeps, runs the inner
+app, feeds the event hook or touches the replay cache; the sequence itself is
+``flow.attempt``, written once. While the inner thing runs, the driver shows it its attempt
+(``attempt_context.CURRENT``) and hands what it asked for back to the flow in ``Ran``.
 
 A store's ``StoreUnavailable`` (and any other exception, a cancellation included) is thrown
 into the flow at the effect that raised it, so the flow handles failures where they happen.
@@ -13,21 +15,26 @@ import threading
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, TypeVar
 
-from ..attempt_context import CURRENT
+from ..attempt_context import CURRENT, CurrentAttempt
 from ..clock import Clock
+from ..records import Record
 from ..renewal import LoopRenewals, ThreadRenewals
 from ..stores.base import AsyncStore, ClaimRequest, Completion, SyncStore
 from .effects import (
     AwaitStreamEnd,
     Effect,
+    Emit,
     EndLease,
     Ran,
+    Recall,
     Release,
+    Remember,
     Renew,
     Run,
     Sleep,
     Spawn,
     Wait,
+    emit,
 )
 
 T = TypeVar("T")
@@ -39,6 +46,8 @@ AsyncWaiter = Callable[[float], Awaitable[bool]]
 # Which method of a driver performs each of the rarer effects (``_release`` ...): one table
 # for both drivers. The three of every call (claim, run, complete) are dispatched inline.
 _PERFORM = {
+    Recall: "_recall",
+    Remember: "_remember",
     Release: "_release",
     Renew: "_renew",
     Sleep: "_sleep",
@@ -52,6 +61,22 @@ _PERFORM = {
 def _lease_ends_with_run(ran: Ran | None) -> bool:
     """A live stream still going out keeps its lease until the flow yields ``EndLease``."""
     return ran is None or ran.ended
+
+
+def _current(effect: Run, store: object) -> CurrentAttempt:
+    """The attempt as the handler sees it while ``effect`` runs (``attempt_context``)."""
+    attempt = effect.attempt
+    current = CurrentAttempt(attempt.claim, attempt.policy.ttl_seconds, http=effect.http)
+    current.store = store
+    return current
+
+
+def _with_requests(ran: Ran | None, current: CurrentAttempt) -> Ran | None:
+    """``ran`` with what its handler asked for beyond its answer: a transaction's writes, a
+    deferral. Returned as a value, so nothing the flow handed the driver comes back changed."""
+    if ran is None or (current.transaction is None and not current.deferred):
+        return ran
+    return ran._replace(writes=current.writes(), deferred=current.deferred)
 
 
 class Suspended(Exception):
@@ -94,6 +119,8 @@ class SyncDriver:
                     value = self._run(effect, run)
                 elif type(effect) is Completion:
                     value = store.complete(effect)
+                elif type(effect) is Emit:  # (only when someone listens: Reporter.wants)
+                    emit(effect)
                 else:
                     value = getattr(self, _PERFORM[type(effect)])(effect)
             except Suspended:
@@ -106,8 +133,7 @@ class SyncDriver:
 
     def _run(self, effect: Run, run: SyncRun | None) -> Ran | None:
         assert run is not None, "a flow yielded Run with nothing to run"
-        current = effect.current
-        current.store = self.store
+        current = _current(effect, self.store)
         entered = CURRENT.set(current)
         try:
             self.renewals.start(effect)
@@ -120,7 +146,13 @@ class SyncDriver:
             CURRENT.reset(entered)
         if _lease_ends_with_run(ran):
             self.renewals.stop(effect.attempt.claim.owner)
-        return ran
+        return _with_requests(ran, current)
+
+    def _recall(self, effect: Recall) -> Record | None:
+        return effect.cache.get(effect.key_hash, effect.now)
+
+    def _remember(self, effect: Remember) -> None:
+        effect.cache.put(effect.record)
 
     def _release(self, effect: Release) -> bool:
         return self.store.release(effect.key_hash, effect.owner)
@@ -182,12 +214,13 @@ class AsyncDriver:
                     value = await store.aclaim(effect)
                 elif type(effect) is Run:
                     assert run is not None, "a flow yielded Run with nothing to run"
-                    current = effect.current
-                    current.store = store
+                    current = _current(effect, store)
                     entered = CURRENT.set(current)
                     try:
                         renewals.start(effect)
                         value = await run()
+                        if current.transaction is not None or current.deferred:
+                            value = _with_requests(value, current)
                     finally:
                         # An ASGI response, live or not, has been sent when the app returns.
                         renewals.stop(effect.attempt.claim.owner)
@@ -195,6 +228,8 @@ class AsyncDriver:
                         CURRENT.reset(entered)
                 elif type(effect) is Completion:
                     value = await store.acomplete(effect)
+                elif type(effect) is Emit:  # (only when someone listens: Reporter.wants)
+                    emit(effect)
                 elif type(effect) is Wait and wait is not None:
                     value = await wait(effect.seconds)
                 else:
@@ -206,6 +241,12 @@ class AsyncDriver:
                 raise
             except BaseException as raised:
                 error = raised
+
+    async def _recall(self, effect: Recall) -> Record | None:
+        return effect.cache.get(effect.key_hash, effect.now)
+
+    async def _remember(self, effect: Remember) -> None:
+        effect.cache.put(effect.record)
 
     async def _release(self, effect: Release) -> bool:
         return await self.store.arelease(effect.key_hash, effect.owner)

@@ -2,7 +2,11 @@
 
 An attempt (``flow.attempt``) never does I/O: it yields one of these and receives the
 result (or has the store's exception thrown into it). The sync and the async driver
-(``drivers.py``) are the only places that touch a store, a clock's sleep, or the inner app.
+(``drivers.py``) are the only places that touch a store, a clock's sleep, the inner app,
+the ``on_event`` hook (``Emit``) or the replay cache (``Recall``, ``Remember``).
+
+Effects are immutable values: nothing the flow hands a driver comes back changed; what
+the driver learns comes back as the effect's result.
 """
 
 from __future__ import annotations
@@ -10,8 +14,10 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any, NamedTuple
 
-from ..attempt_context import CurrentAttempt
+from ..cache import ReplayCache
 from ..core import Attempt
+from ..events import EventKind, Reporter
+from ..records import Record
 from ..stores.base import ClaimRequest, Completion
 
 # A ``ClaimRequest`` is itself the claim effect: ``store.claim(request)`` -> ``Claimed | Held``;
@@ -53,13 +59,14 @@ class Run(NamedTuple):
     it answered nothing). The driver renews the claim while it runs, counting from
     ``granted_at`` (the time the lease's deadline counts from), and stops renewing when it
     returns or raises, except for a live stream that has not ended (``EndLease`` ends that
-    one). Its exceptions are thrown into the attempt. While it runs, ``current`` is the
-    attempt as its handler sees it (``attempt_context.CURRENT``); the driver sets its store,
-    and marks it finished when the run ends."""
+    one). Its exceptions are thrown into the attempt. While it runs, the driver shows the
+    handler its attempt (``attempt_context.CURRENT``; ``http`` False for a function call)
+    and returns what the handler asked for beyond its answer (``Ran.writes``,
+    ``Ran.deferred``)."""
 
     attempt: Attempt
     granted_at: float
-    current: CurrentAttempt
+    http: bool = True
 
 
 class EndLease(NamedTuple):
@@ -76,6 +83,51 @@ class AwaitStreamEnd(NamedTuple):
 AWAIT_STREAM_END = AwaitStreamEnd()
 
 
+class Emit(NamedTuple):
+    """Report an event of ``attempt`` to ``reporter`` (the log and the ``on_event`` hook)
+    -> ``None``. The fields are ``events.Reporter.report``'s."""
+
+    reporter: Reporter
+    attempt: Attempt
+    kind: EventKind
+    status: int | None = None
+    store_latency_ms: float | None = None
+    operation: str | None = None
+    error: str | None = None
+    failure: BaseException | None = None
+    note: str | None = None
+
+
+def emit(effect: Emit) -> None:
+    """Perform an ``Emit``: what both drivers (and a hand-stepping test) do with one."""
+    effect.reporter.report(
+        effect.attempt,
+        effect.kind,
+        status=effect.status,
+        operation=effect.operation,
+        error=effect.error,
+        store_latency_ms=effect.store_latency_ms,
+        failure=effect.failure,
+        note=effect.note,
+    )
+
+
+class Recall(NamedTuple):
+    """``cache.get(key_hash, now)`` -> ``Record | None``: a completed record kept in the
+    door's replay cache (yielded only by a door that has one)."""
+
+    cache: ReplayCache
+    key_hash: str
+    now: float
+
+
+class Remember(NamedTuple):
+    """``cache.put(record)`` -> ``None``: keep a held record for replays (when completed)."""
+
+    cache: ReplayCache
+    record: Record
+
+
 class Spawn(NamedTuple):
     """Run another flow in the background (a task, or a daemon thread) -> ``None``."""
 
@@ -90,6 +142,9 @@ Effect = (
     | Sleep
     | Wait
     | Run
+    | Emit
+    | Recall
+    | Remember
     | EndLease
     | AwaitStreamEnd
     | Spawn
@@ -101,6 +156,8 @@ class Ran(NamedTuple):
 
     ``live`` when the response went (or goes) to its client as it came; ``ended`` when such
     a stream is already over (ASGI sends it within the app call), with ``size`` bytes.
+    ``writes`` (the handler's transaction) and ``deferred`` (``defer_completion()``) are
+    added by the driver: what the handler asked to be kept with its answer.
     """
 
     status: int
@@ -109,6 +166,8 @@ class Ran(NamedTuple):
     live: bool = False
     ended: bool = True
     size: int = 0
+    writes: tuple[dict[str, Any], ...] = ()
+    deferred: bool = False
 
 
 class StreamEnd(NamedTuple):

@@ -12,21 +12,22 @@
 
 ``attempt`` is a generator: it yields effects (``effects.py``) and receives their results,
 or has the store's ``StoreUnavailable`` (or a cancellation) thrown into it. The drivers in
-``drivers.py`` interpret it, one sync and one async: the httpx ``auth_flow`` idea.
+``drivers.py`` interpret it, one sync and one async: the httpx ``auth_flow`` idea. Its only
+inputs besides effect results are the context's clock (time) and entropy (jitter); events
+and the replay cache are effects too (``Emit``, ``Recall``, ``Remember``).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .. import core
-from ..attempt_context import CurrentAttempt
 from ..breaker import CircuitBreaker
 from ..cache import ReplayCache
 from ..clock import Clock
+from ..entropy import SYSTEM_ENTROPY, Entropy
 from ..errors import TransactionConflictError, TransactionRejectedError
 from ..events import EventKind, Reporter
 from ..options import Options
@@ -35,9 +36,12 @@ from ..stores.base import Completion, Held, StoreUnavailable
 from .effects import (
     AWAIT_STREAM_END,
     Effect,
+    Emit,
     EndLease,
     Ran,
+    Recall,
     Release,
+    Remember,
     Renew,
     Run,
     Sleep,
@@ -69,6 +73,7 @@ class Context:
     cache: ReplayCache | None
     on_store_error: str
     http: bool = True  # an HTTP door (False: ``idempotent`` functions)
+    entropy: Entropy = SYSTEM_ENTROPY  # owner tokens and jitter
 
     @classmethod
     def for_options(cls, options: Options, store: object, *, http: bool = True) -> Context:
@@ -90,26 +95,33 @@ class Context:
 def attempt(context: Context, attempt: core.Attempt) -> Flow:
     """One attempt of a covered call carrying a valid key."""
     claim = attempt.claim
+    # Events are yielded (``Emit``) only when someone listens (``Reporter.wants``): a request
+    # nobody observes pays for none of them.
+    reporter = context.reporter
+    kind: EventKind
+    clock = context.clock
     cache = context.cache
     if cache is not None:
-        cached = cache.get(claim.key_hash, claim.now)
+        cached = yield Recall(cache, claim.key_hash, claim.now)
         if cached is not None:
             answer = core.answer_held(cached, claim.fingerprint)
-            context.reporter.report(attempt, core.held_event_kind(answer), status=answer.status)
+            kind = core.held_event_kind(answer)
+            if reporter.wants(kind):
+                yield Emit(reporter, attempt, kind, answer.status)
             return answer
     wait_until: float | None = None  # set when a duplicate starts waiting (wait_seconds)
     polls = 0
     while True:
-        started = time.perf_counter()
+        started = clock.now()
         try:
             result = yield claim
         except StoreUnavailable as error:
-            context.reporter.report(attempt, "store_error", operation="claim", failure=error)
+            yield Emit(reporter, attempt, "store_error", operation="claim", failure=error)
             if error.cause != "breaker_open":
                 # (A claim the breaker refused was never sent: there is nothing to release.)
                 yield Spawn(release_lost_claim(attempt))
             if context.on_store_error == "run" and wait_until is None:
-                context.reporter.report(attempt, "fail_open", operation="claim", failure=error)
+                yield Emit(reporter, attempt, "fail_open", operation="claim", failure=error)
                 return RUN_UNPROTECTED
             # (A waiter whose poll failed saw the key held by a running attempt: running
             # unprotected beside it would be the duplicate run this exists to prevent.)
@@ -122,7 +134,9 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
             # Cancelled (a deadline, a shutdown) with the claim possibly on the wire.
             yield Spawn(release_lost_claim(attempt))
             raise
-        latency_ms = (time.perf_counter() - started) * 1000
+        # One clock read serves the claim's latency and the lease check below.
+        now = clock.now()
+        latency_ms = (now - started) * 1000
         if not isinstance(result, Held):
             taken_over = result.taken_over
             break
@@ -134,32 +148,27 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
         if attempt.policy.wait_seconds and core.is_waitable(record, claim):
             # A duplicate of a running attempt: wait for its outcome, polling with the same
             # claim (same owner), so a key the first released is claimed and run here.
-            now = context.clock.now()
             if wait_until is None:
                 wait_until = now + attempt.policy.wait_seconds
-            delay = core.poll_delay(polls, wait_until - now)
+            delay = core.poll_delay(polls, wait_until - now, context.entropy.jitter())
             if delay is not None:
                 polls += 1
                 if (yield Wait(delay)):
-                    claim = claim._replace(now=context.clock.now())
+                    claim = claim._replace(now=clock.now())
                     attempt = attempt._replace(claim=claim)
                     continue
         if cache is not None:
-            cache.put(record)
+            yield Remember(cache, record)
         answer = core.answer_held(record, claim.fingerprint)
-        context.reporter.report(
-            attempt,
-            core.held_event_kind(answer),
-            status=answer.status,
-            store_latency_ms=latency_ms,
-        )
+        kind = core.held_event_kind(answer)
+        if reporter.wants(kind):
+            yield Emit(reporter, attempt, kind, answer.status, latency_ms)
         return answer
-    context.reporter.report(
-        attempt, "taken_over" if taken_over else "claimed", store_latency_ms=latency_ms
-    )
+    kind = "taken_over" if taken_over else "claimed"
+    if reporter.wants(kind):
+        yield Emit(reporter, attempt, kind, None, latency_ms)
     policy = attempt.policy
     granted_at = claim.now
-    now = context.clock.now()
     if granted_at + claim.lock_timeout_seconds - now < policy.renewal_interval:
         # The claim took so long to land that less than one renewal interval is left of its
         # lease (counted from before it was sent): renew before running, or do not run, so
@@ -168,7 +177,7 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
         try:
             renewed = yield Renew(claim.key_hash, claim.owner, now + claim.lock_timeout_seconds)
         except StoreUnavailable as error:
-            context.reporter.report(attempt, "store_error", operation="renew", failure=error)
+            yield Emit(reporter, attempt, "store_error", operation="renew", failure=error)
             yield from _release(context, attempt)
             return core.STORE_UNAVAILABLE
         except GeneratorExit:
@@ -179,12 +188,11 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
             raise
         if not renewed:
             # Taken over while the claim was in flight: the other request runs, not us.
-            context.reporter.report(attempt, "lost", status=409)
+            yield Emit(reporter, attempt, "lost", 409)
             return core.KEY_IN_PROGRESS
         granted_at = now
-    current = CurrentAttempt(claim, policy.ttl_seconds, http=context.http)
     try:
-        ran: Ran | None = yield Run(attempt, granted_at, current)
+        ran: Ran | None = yield Run(attempt, granted_at, context.http)
         end = None
         if ran is not None and not ran.ended:
             # A live stream still going out: the door resumes us with how it ended (a
@@ -206,10 +214,10 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
         ran.status,
         ran.headers,
         ran.body,
-        context.clock.now(),
+        clock.now(),
         streamed_size=streamed_size,
-        writes=current.writes(),
-        deferred=current.deferred,
+        writes=ran.writes,
+        deferred=ran.deferred,
     )
     try:
         try:
@@ -224,18 +232,17 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
             else "transaction_rejected",
             error=failed,
         )
-        context.reporter.report(
-            attempt, refusal.event_kind, status=refusal.status, error=str(failed)
-        )
+        yield Emit(reporter, attempt, refusal.event_kind, refusal.status, error=str(failed))
         yield from _release(context, attempt)
         return refusal
     if stored is not None:
-        kind: EventKind = "completed"
+        kind = "completed"
         if not stored:
             kind = "lost"
         elif completion.deferred:
             kind = "deferred"
-        context.reporter.report(attempt, kind, status=ran.status)
+        if reporter.wants(kind):
+            yield Emit(reporter, attempt, kind, ran.status)
     if completion.writes and not stored:
         if stored is None:
             # The commit never got an answer: it landed whole or not at all, and the key
@@ -256,7 +263,9 @@ def _release(context: Context, attempt: core.Attempt) -> Generator[Effect, Any, 
         released = yield from _retry_finish(context, attempt, release, "release", error)
     if released is not None:
         # Fenced out: another request took the key over while we ran; nothing was deleted.
-        context.reporter.report(attempt, "released" if released else "lost")
+        kind: EventKind = "released" if released else "lost"
+        if context.reporter.wants(kind):
+            yield Emit(context.reporter, attempt, kind)
 
 
 def _retry_finish(
@@ -270,14 +279,15 @@ def _retry_finish(
     lands: losing it costs a second run after the lock timeout (complete) or a key locked
     until then (release)."""
     for number in range(1, core.FINISH_ATTEMPTS):
-        yield Sleep(core.finish_delay(number))
+        yield Sleep(core.finish_delay(number, context.entropy.jitter()))
         try:
             done: bool = yield effect
         except StoreUnavailable as next_error:
             error = next_error
             continue
         return done
-    context.reporter.report(
+    yield Emit(
+        context.reporter,
         attempt,
         "store_error",
         operation=operation,
