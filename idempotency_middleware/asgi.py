@@ -15,9 +15,9 @@ from .asgi_messages import ASGIApp, Message, Receive, Scope, Send
 from .engine import flow
 from .engine.drivers import AsyncDriver
 from .engine.effects import Ran
+from .engine.renewal import LoopRenewals
 from .options import MiddlewareOptions, Options
 from .records import StoredResponse
-from .renewal import LoopRenewals
 from .rules import IdempotencyRule
 from .stores.base import AsyncStore
 

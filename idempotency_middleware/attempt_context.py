@@ -23,6 +23,7 @@ class Writes(Sized, Protocol):
     @property
     def items(self) -> tuple[dict[str, Any], ...]: ...
 
+
 __all__ = ["CURRENT", "CurrentAttempt", "current_attempt", "streams_now"]
 
 

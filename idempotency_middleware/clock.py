@@ -13,6 +13,10 @@ import asyncio
 import time
 from typing import Protocol, runtime_checkable
 
+# How far apart two hosts' clocks may be: a stale in-progress claim is taken over only once
+# its lock expired at least this long ago by the claimer's clock.
+DEFAULT_CLOCK_SKEW_SECONDS = 1.0
+
 
 @runtime_checkable
 class Clock(Protocol):

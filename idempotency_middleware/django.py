@@ -26,10 +26,10 @@ from .attempt_context import streams_now
 from .engine import flow
 from .engine.drivers import Suspended, SyncDriver
 from .engine.effects import Ran, StreamEnd
+from .engine.renewal import ThreadRenewals
 from .options import MiddlewareOptions, Options
 from .problems import Problem
 from .records import Headers, StoredResponse
-from .renewal import ThreadRenewals
 from .stores.base import SyncStore
 
 __all__ = ["SETTING", "IdempotencyDjangoMiddleware", "problem_response", "replay_response"]

@@ -20,6 +20,7 @@ from .core import CALL_METHOD
 from .engine import flow
 from .engine.drivers import AsyncDriver, SyncDriver
 from .engine.effects import Ran
+from .engine.renewal import LoopRenewals, ThreadRenewals
 from .errors import InvalidKeyError
 from .events import EventHook
 from .options import (
@@ -30,7 +31,6 @@ from .options import (
 )
 from .payloads import fingerprint_arguments, fingerprint_payload
 from .records import StoredResponse
-from .renewal import LoopRenewals, ThreadRenewals
 from .results import ResultCodec, Serializer
 from .stores.base import AsyncStore, SyncStore
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, TypedDict
 from urllib.parse import urlsplit
 
+from .clock import DEFAULT_CLOCK_SKEW_SECONDS as DEFAULT_CLOCK_SKEW_SECONDS
 from .clock import SYSTEM_CLOCK, Clock
 from .events import EventHook
 from .rules import (
@@ -29,9 +30,6 @@ DEFAULT_METHODS = ("POST", "PATCH")
 DEFAULT_TTL_SECONDS = 86400
 DEFAULT_LOCK_TIMEOUT_SECONDS = 60
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
-# How far apart two hosts' clocks may be: a stale in-progress claim is taken over only once
-# its lock expired at least this long ago by the claimer's clock.
-DEFAULT_CLOCK_SKEW_SECONDS = 1.0
 
 # A claim is renewed this many times per lock timeout, so one slow or failed renewal still
 # leaves time for the next before the lock runs out.

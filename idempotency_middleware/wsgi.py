@@ -15,9 +15,9 @@ from . import wsgi_environ as wsgi_io
 from .engine import flow
 from .engine.drivers import Suspended, SyncDriver
 from .engine.effects import Ran, StreamEnd
+from .engine.renewal import ThreadRenewals
 from .options import MiddlewareOptions, Options
 from .records import StoredResponse
-from .renewal import ThreadRenewals
 from .stores.base import SyncStore
 from .wsgi_environ import Environ, StartResponse, WSGIApp
 

@@ -23,10 +23,10 @@ from idempotency_middleware.engine.effects import (
     Sleep,
     StreamEnd,
 )
+from idempotency_middleware.engine.renewal import Leases, LoopRenewals, ThreadRenewals
 from idempotency_middleware.events import IdempotencyEvent
 from idempotency_middleware.options import DEFAULT_CLOCK_SKEW_SECONDS, Options
 from idempotency_middleware.records import Record, Status, StoredResponse
-from idempotency_middleware.renewal import Leases, LoopRenewals, ThreadRenewals
 from idempotency_middleware.stores.base import (
     CLAIMED,
     TAKEN_OVER,

@@ -21,9 +21,9 @@ from idempotency_middleware import (
 )
 from idempotency_middleware.core import Attempt
 from idempotency_middleware.engine.effects import Run
+from idempotency_middleware.engine.renewal import LoopRenewals
 from idempotency_middleware.events import Reporter
 from idempotency_middleware.options import Options
-from idempotency_middleware.renewal import LoopRenewals
 from idempotency_middleware.stores.base import ClaimRequest, ClaimResult, Completion
 from idempotency_middleware.testing import FakeClock
 

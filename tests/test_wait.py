@@ -51,9 +51,9 @@ from idempotency_middleware.clock import SYSTEM_CLOCK, Clock
 from idempotency_middleware.engine import flow
 from idempotency_middleware.engine.drivers import SyncDriver
 from idempotency_middleware.engine.effects import Effect, Ran, Run, Wait
+from idempotency_middleware.engine.renewal import ThreadRenewals
 from idempotency_middleware.options import DEFAULT_CLOCK_SKEW_SECONDS, Options
 from idempotency_middleware.records import Status, StoredResponse
-from idempotency_middleware.renewal import ThreadRenewals
 from idempotency_middleware.stores.base import CLAIMED, AsyncStore, ClaimRequest
 from idempotency_middleware.testing import FakeClock
 from tests.attempts import BOOKKEEPING, order_attempt

@@ -18,7 +18,6 @@ from typing import Any, TypeVar
 from ..attempt_context import CURRENT, CurrentAttempt
 from ..clock import Clock
 from ..records import Record
-from ..renewal import LoopRenewals, ThreadRenewals
 from ..stores.base import AsyncStore, ClaimRequest, Completion, SyncStore
 from .effects import (
     AwaitStreamEnd,
@@ -36,6 +35,7 @@ from .effects import (
     Wait,
     emit,
 )
+from .renewal import LoopRenewals, ThreadRenewals
 
 T = TypeVar("T")
 SyncRun = Callable[[], "Ran | None"]

@@ -11,8 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD
-from ...clock import SYSTEM_CLOCK, Clock
-from ...options import DEFAULT_CLOCK_SKEW_SECONDS
+from ...clock import DEFAULT_CLOCK_SKEW_SECONDS, SYSTEM_CLOCK, Clock
 from ..kit import KitStore, require_modules
 from .ops import PostgresOps, Statements
 from .transport import PostgresConfig, PostgresTransport

@@ -7,8 +7,7 @@ import re
 import sqlite3
 
 from ...breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD
-from ...clock import SYSTEM_CLOCK, Clock
-from ...options import DEFAULT_CLOCK_SKEW_SECONDS
+from ...clock import DEFAULT_CLOCK_SKEW_SECONDS, SYSTEM_CLOCK, Clock
 from ..kit import KitStore
 from .ops import SQLiteOps, Statements
 from .transport import Settings, SQLiteTransport

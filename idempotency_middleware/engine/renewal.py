@@ -22,10 +22,10 @@ import asyncio
 import threading
 import weakref
 
-from .clock import Clock
-from .engine.effects import Run
-from .events import Reporter
-from .stores.base import AsyncStore, StoreUnavailable, SyncStore
+from ..clock import Clock
+from ..events import Reporter
+from ..stores.protocol import AsyncStore, StoreUnavailable, SyncStore
+from .effects import Run
 
 
 class Leases:
