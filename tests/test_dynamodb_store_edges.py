@@ -23,7 +23,7 @@ from idempotency_middleware.stores.base import (
     Held,
     StoreUnavailable,
 )
-from idempotency_middleware.stores.dynamodb import held_item
+from idempotency_middleware.stores.dynamodb.errors import held_item
 from idempotency_middleware.testing import FakeClock
 from tests.faultproxy import FaultProxy
 from tests.test_store_kit import AnswerRewritingProxy

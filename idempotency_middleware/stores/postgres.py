@@ -22,7 +22,7 @@ from ..records import Record
 from . import postgres_sql as flows
 from .base import ClaimRequest, ClaimResult, Completion, StoreUnavailable
 from .closing import ClosingStore
-from .dynamodb import require_modules
+from .kit import require_modules
 from .postgres_aio import CREATE_RACES, AsyncMethods
 from .postgres_async import AsyncPools
 from .postgres_sql import Flow, Statements

@@ -17,7 +17,7 @@ from ..clock import SYSTEM_CLOCK, Clock
 from ..records import Record, Status
 from . import redis_scripts as lua
 from .base import ClaimRequest, ClaimResult, Completion
-from .dynamodb import require_modules
+from .kit import require_modules
 from .redis_clients import RedisClients
 
 

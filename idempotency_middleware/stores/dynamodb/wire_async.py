@@ -16,10 +16,10 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
-from . import dynamodb_wire as wire
-from .dynamodb_wire_config import WireConfig
-from .dynamodb_wire_events import ClientMeta, OperationName, SentRequest
-from .dynamodb_wire_retry import RetryPolicy
+from . import wire
+from .config import WireConfig
+from .wire_events import ClientMeta, OperationName, SentRequest
+from .wire_retry import RetryPolicy
 
 _Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 

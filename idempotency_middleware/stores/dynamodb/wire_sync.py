@@ -17,10 +17,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from . import dynamodb_wire as wire
-from .dynamodb_wire_config import WireConfig
-from .dynamodb_wire_events import ClientMeta, OperationName, SentRequest
-from .dynamodb_wire_retry import RetryPolicy
+from . import wire
+from .config import WireConfig
+from .wire_events import ClientMeta, OperationName, SentRequest
+from .wire_retry import RetryPolicy
 
 # What a dropped connection raises while sending or reading (botocore: ConnectionClosedError).
 _CLOSED = (ConnectionError, EOFError, ssl.SSLEOFError, ssl.SSLZeroReturnError)
