@@ -35,7 +35,7 @@ from typing import Any
 from ..stores.dynamodb import AsyncDynamoDBStore, DynamoDBStore
 from ..stores.dynamodb import requests as ddb
 from ..stores.dynamodb.errors import ConditionFailed, Item
-from ..stores.dynamodb.ops import DYNAMODB, Call
+from ..stores.dynamodb.ops import DYNAMODB
 from ..stores.kit import Flow
 from .model import ActionRecord
 from .steps import Cancel, Insert, Read, SpendAttempt, Step, Written
@@ -192,7 +192,7 @@ def step_flow(layout: ddb.TableLayout, step: Step) -> Flow[Written]:
     which carries the item as it was) means."""
     operation, request = request_for(layout, step)
     try:
-        response = yield Call(DYNAMODB, operation, request)
+        response = yield (DYNAMODB, operation, request)
     except ConditionFailed as failed:
         return Written(False, from_item(layout, failed.item))
     return written(layout, step, response)

@@ -1,6 +1,6 @@
 """The DynamoDB store's operations, written once as flows (see ``kit.Flow``).
 
-Each flow yields :class:`Call` (one DynamoDB or S3 request, as boto3's method name and
+Each flow yields a ``Call`` (one DynamoDB or S3 request, as boto3's method name and
 keyword arguments) or :class:`Sleep` (``create_table()``'s wait), and receives the answer,
 or has the failure thrown in at its ``yield`` (``ConditionFailed``, ``TransactionCancelled``,
 ``StoreUnavailable``, from ``errors.translate_error``). Requests are built and answers read
@@ -34,22 +34,15 @@ DYNAMODB = "dynamodb"
 S3 = "s3"
 
 
-class Call(NamedTuple):
-    """One request: boto3's method ``operation`` of the ``service`` client, with ``params``."""
-
-    service: str
-    operation: str
-    params: dict[str, Any]
+# One request: boto3's method ``operation`` of the ``service`` client, with ``params``, as
+# ``(service, operation, params)`` (a plain tuple: the request path makes one per call).
+Call = tuple[str, str, dict[str, Any]]
 
 
 class Sleep(NamedTuple):
     """Wait ``seconds`` by the store's clock (``sleep`` or ``asleep``)."""
 
     seconds: float
-
-
-def _call(operation: str, params: dict[str, Any]) -> Call:
-    return Call(DYNAMODB, operation, params)
 
 
 class DynamoDBOps:
@@ -66,7 +59,7 @@ class DynamoDBOps:
 
     def _conditional(self, operation: str, params: dict[str, Any]) -> Flow[bool]:
         try:
-            yield _call(operation, params)
+            yield (DYNAMODB, operation, params)
         except ConditionFailed:
             return False
         return True
@@ -77,7 +70,7 @@ class DynamoDBOps:
             return ddb.item_to_record(self.layout, item)
         blob: bytes | None
         try:
-            response = yield Call(S3, "get_object", {"Bucket": self.overflow.bucket, "Key": ref})
+            response = yield (S3, "get_object", {"Bucket": self.overflow.bucket, "Key": ref})
             blob = response["Blob"]
         except StoreUnavailable as error:
             if error.code not in ("NoSuchKey", "404"):
@@ -91,7 +84,7 @@ class DynamoDBOps:
         """One conditional PutItem; on failure the holder comes back in the same call."""
         for _ in range(ddb.CLAIM_ATTEMPTS):
             try:
-                response = yield _call("put_item", ddb.claim_request(self.layout, request))
+                response = yield (DYNAMODB, "put_item", ddb.claim_request(self.layout, request))
             except ConditionFailed as failed:
                 if failed.item is not None:
                     if ddb.claimed_by(failed.item, request.owner):
@@ -114,7 +107,7 @@ class DynamoDBOps:
         plan = ddb.plan_completion(self.layout, completion, self.overflow)
         yield from self._put_overflow(plan)
         try:
-            yield _call("update_item", plan.request)
+            yield (DYNAMODB, "update_item", plan.request)
             stored = True
         except ConditionFailed as failed:
             stored = completion.deferred and ddb.finished_by(failed.item, completion.owner)
@@ -138,7 +131,7 @@ class DynamoDBOps:
                 raise ddb.too_large(size)
         yield from self._put_overflow(plan)
         try:
-            yield _call("transact_write_items", request)
+            yield (DYNAMODB, "transact_write_items", request)
             return True
         except TransactionCancelled as cancelled:
             try:
@@ -164,7 +157,7 @@ class DynamoDBOps:
                 "Key": plan.overflow_key,
                 "Body": plan.overflow_body,
             }
-            yield Call(S3, "put_object", params)
+            yield (S3, "put_object", params)
 
     def _drop_overflow(self, plan: ddb.CompletionPlan) -> Flow[None]:
         """The object belongs to no record (fenced out, nothing committed). Best effort; a
@@ -172,7 +165,7 @@ class DynamoDBOps:
         if plan.overflow_key is not None and self.overflow is not None:
             params = {"Bucket": self.overflow.bucket, "Key": plan.overflow_key}
             with contextlib.suppress(StoreUnavailable):
-                yield Call(S3, "delete_object", params)
+                yield (S3, "delete_object", params)
 
     def release(self, key_hash: str, owner: str) -> Flow[bool]:
         """Delete the claim; ``False`` when it is no longer ``owner``'s."""
@@ -208,13 +201,13 @@ class DynamoDBOps:
 
     def get(self, key_hash: str) -> Flow[Record | None]:
         """The record under ``key_hash`` as stored (expired or not), for operators and tests."""
-        response = yield _call("get_item", ddb.get_request(self.layout, key_hash))
+        response = yield (DYNAMODB, "get_item", ddb.get_request(self.layout, key_hash))
         item = response.get("Item")
         return (yield from self._record(item)) if item else None
 
     def delete(self, key_hash: str) -> Flow[bool]:
         """Remove a record whoever owns it; ``True`` when there was one."""
-        response = yield _call("delete_item", ddb.delete_request(self.layout, key_hash))
+        response = yield (DYNAMODB, "delete_item", ddb.delete_request(self.layout, key_hash))
         return ddb.deleted_something(response)
 
     def create_table(self, wait_seconds: float = 60.0) -> Flow[None]:
@@ -224,23 +217,23 @@ class DynamoDBOps:
         """
         layout = self.layout
         try:
-            yield _call("create_table", ddb.create_table_request(layout))
+            yield (DYNAMODB, "create_table", ddb.create_table_request(layout))
         except StoreUnavailable as error:
             if error.code != "ResourceInUseException":
                 raise
         deadline = self._clock.now() + wait_seconds
-        while not ddb.table_active((yield _call("describe_table", ddb.table_request(layout)))):
+        while not ddb.table_active((yield (DYNAMODB, "describe_table", ddb.table_request(layout)))):
             if self._clock.now() > deadline:
                 raise StoreUnavailable(f"table {layout.table_name} did not become ACTIVE")
             yield Sleep(ddb.TABLE_POLL_SECONDS)
-        described = yield _call("describe_time_to_live", ddb.table_request(layout))
+        described = yield (DYNAMODB, "describe_time_to_live", ddb.table_request(layout))
         if not ddb.ttl_enabled(described, layout):
             try:
-                yield _call("update_time_to_live", ddb.enable_ttl_request(layout))
+                yield (DYNAMODB, "update_time_to_live", ddb.enable_ttl_request(layout))
             except StoreUnavailable as error:
                 # Another replica enabled TTL between our describe and update: done.
                 if error.code != "ValidationException":
                     raise
-                described = yield _call("describe_time_to_live", ddb.table_request(layout))
+                described = yield (DYNAMODB, "describe_time_to_live", ddb.table_request(layout))
                 if not ddb.ttl_enabled(described, layout):
                     raise

@@ -1,5 +1,5 @@
-"""The DynamoDB transports: send the flows' :class:`~.ops.Call` s, sync (boto3) and async
-(aioboto3), and do their :class:`~.ops.Sleep` s by the store's clock.
+"""The DynamoDB transports: send the flows' requests (``ops.Call``), sync (boto3) and async
+(aioboto3), and do their waits (``ops.Sleep``) by the store's clock.
 
 The request path's client (``wire.OPERATIONS``) is the lean transport's (``wire_sync``,
 ``wire_async``) unless the configuration says otherwise; table administration has an SDK
@@ -26,7 +26,7 @@ from .config import DynamoDBConfig, WireConfig, resolve
 from .errors import store_errors, translate_error
 from .ops import S3, Call, Sleep
 from .wire import OPERATIONS
-from .wire_events import events_of, forward_sdk_events
+from .wire_client import events_of, forward_sdk_events
 
 T = TypeVar("T")
 
@@ -53,10 +53,10 @@ class _Transport:
                 self._lean = False
         return self._wire
 
-    def _failed(self, request: Call, error: BaseException) -> Exception:
-        if request.service == S3:
-            return translate_error(f"S3 {request.operation}", error)
-        return translate_error(request.operation, error, self._config.table_name)
+    def _failed(self, service: str, operation: str, error: BaseException) -> Exception:
+        if service == S3:
+            return translate_error(f"S3 {operation}", error)
+        return translate_error(operation, error, self._config.table_name)
 
     def _sdk_arguments(self) -> dict[str, Any]:
         return self._config.settings.client_arguments(self._config.client_kwargs)
@@ -97,7 +97,7 @@ class SyncTransport(_Transport):
             client = self.client if operation in OPERATIONS else self.admin()
             return getattr(client or self.dynamodb(), operation)(**params)
         except self._errors as error:
-            raise self._failed(request, error) from error
+            raise self._failed(service, operation, error) from error
 
     def dynamodb(self) -> Any:
         """The request path's client, made once."""
@@ -205,7 +205,7 @@ class AsyncTransport(_Transport):
                 return await getattr(clients.dynamodb, operation)(**params)
             return await getattr(await self._admin(clients), operation)(**params)
         except self._errors as error:
-            raise self._failed(request, error) from error
+            raise self._failed(service, operation, error) from error
 
     async def client(self) -> Any:
         """The running loop's request-path client."""

@@ -1,7 +1,7 @@
 """The lean DynamoDB transport's pure parts: what a request carries on the wire and how its
-answer reads (when to try again: ``dynamodb_wire_retry``; the clients' ``meta`` and events:
-``dynamodb_wire_events``). No I/O here (h11's idea): ``dynamodb_wire_sync.py`` (sockets)
-and ``dynamodb_wire_async.py`` (asyncio streams) only send what this builds.
+answer reads (when to try again: ``wire_retry``; what both clients share: ``wire_client``).
+No I/O here (h11's idea): ``wire_sync.py`` (sockets) and ``wire_async.py`` (asyncio streams)
+only send what this builds.
 
 Why it exists: on the request path a botocore or aiobotocore call costs about 1 ms of CPU
 (User-Agent assembly, parameter validation, the event system, urllib3 or aiohttp), several
