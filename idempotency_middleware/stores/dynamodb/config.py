@@ -77,22 +77,17 @@ class ClientSettings:
             max_pool_connections=self.max_pool_connections,
         )
 
-    def s3_client_arguments(self, overflow: OverflowSettings) -> dict[str, Any]:
+    def client_arguments(
+        self, extra: dict[str, Any], s3: OverflowSettings | None = None
+    ) -> dict[str, Any]:
+        """An SDK client's arguments: the DynamoDB client's, or the ``s3`` bucket's client's."""
+        endpoint_url = self.endpoint_url if s3 is None else s3.endpoint_url
         arguments: dict[str, Any] = {"config": self.botocore_config()}
-        if overflow.endpoint_url is not None:
-            arguments["endpoint_url"] = overflow.endpoint_url
+        if endpoint_url is not None:
+            arguments["endpoint_url"] = endpoint_url
         if self.region_name is not None:
             arguments["region_name"] = self.region_name
-        return arguments
-
-    def client_arguments(self, extra: dict[str, Any]) -> dict[str, Any]:
-        arguments: dict[str, Any] = {"config": self.botocore_config()}
-        if self.endpoint_url is not None:
-            arguments["endpoint_url"] = self.endpoint_url
-        if self.region_name is not None:
-            arguments["region_name"] = self.region_name
-        arguments.update(extra)
-        return arguments
+        return {**arguments, **extra}
 
 
 # What carries a store's request-path calls (see ``DynamoDBStoreBase``).

@@ -34,11 +34,7 @@ def refused_outright(error: StoreUnavailable) -> bool:
 def rejected(error: StoreUnavailable) -> TransactionRejectedError:
     """The error of a commit :func:`refused_outright`, with DynamoDB's own message (the
     store's reason would name the idempotency table, not the business one)."""
-    cause = error.__cause__
-    response = getattr(cause, "response", None)
-    message = ""
-    if isinstance(response, dict):
-        message = str(response.get("Error", {}).get("Message", ""))
+    message = str(_response(error.__cause__).get("Error", {}).get("Message", ""))
     return TransactionRejectedError(
         f"DynamoDB rejected the transaction ({error.code}: {message or error}); "
         "nothing was written",
@@ -46,20 +42,20 @@ def rejected(error: StoreUnavailable) -> TransactionRejectedError:
     )
 
 
+def _response(error: BaseException | None) -> dict[str, Any]:
+    """The parsed answer a botocore ``ClientError`` carries (empty for anything else)."""
+    response = getattr(error, "response", None)
+    return response if isinstance(response, dict) else {}
+
+
 def error_code(error: BaseException) -> str:
     """The DynamoDB error code of a botocore ``ClientError`` (empty for anything else)."""
-    response = getattr(error, "response", None)
-    if not isinstance(response, dict):
-        return ""
-    return str(response.get("Error", {}).get("Code", ""))
+    return str(_response(error).get("Error", {}).get("Code", ""))
 
 
 def held_item(error: BaseException) -> Item | None:
     """The ALL_OLD item carried by a failed conditional claim."""
-    response = getattr(error, "response", None)
-    if not isinstance(response, dict):
-        return None
-    item = response.get("Item")
+    item = _response(error).get("Item")
     return item if isinstance(item, dict) and item else None
 
 

@@ -107,6 +107,10 @@ def _names(layout: TableLayout, *used: str) -> dict[str, str]:
     return {alias: names[alias] for alias in used}
 
 
+def _keyed(layout: TableLayout, key_hash: str) -> dict[str, Any]:
+    return {"TableName": layout.table_name, "Key": {layout.key_attribute: {"S": key_hash}}}
+
+
 def claim_request(layout: TableLayout, request: ClaimRequest) -> dict[str, Any]:
     """One conditional PutItem: succeed when absent, expired, or an in-progress claim whose
     lock expired at least the claim's clock-skew margin ago.
@@ -213,8 +217,7 @@ def plan_completion(
         update += ", #txn = :txn"
         names.append("#txn")
     request = {
-        "TableName": layout.table_name,
-        "Key": {layout.key_attribute: {"S": completion.key_hash}},
+        **_keyed(layout, completion.key_hash),
         "UpdateExpression": update,
         "ConditionExpression": condition,
         "ExpressionAttributeNames": _names(layout, *names),
@@ -222,9 +225,7 @@ def plan_completion(
     }
     if completion.deferred:
         request["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
-    if overflow_key is None:
-        return CompletionPlan(request)
-    return CompletionPlan(request, overflow_key, encoded)
+    return CompletionPlan(request, overflow_key, encoded if overflow_key is not None else b"")
 
 
 def claimed_by(item: Item, owner: str) -> bool:
@@ -401,35 +402,31 @@ def plan_final_completion(
         "SET #status = :completed, #exp = :exp, #ttl = :exp, #size = :size, #too_large = :too_large"
     )
     names = ["#status", "#exp", "#ttl", "#owner", "#size", "#too_large", "#response_json"]
+    removed = ["#response_json", "#response", "#response_ref"]  # a writer's other forms
     if fits:
         values[":response"] = {"B": encoded}
-        update += ", #response = :response REMOVE #response_json, #response_ref"
-        names += ["#response", "#response_ref"]
+        update += ", #response = :response"
+        removed.remove("#response")
     elif overflow_key is not None:
         values[":response_ref"] = {"S": overflow_key}
-        update += ", #response_ref = :response_ref REMOVE #response_json, #response"
-        names += ["#response_ref", "#response"]
-    else:
-        update += " REMOVE #response_json, #response, #response_ref"
-        names += ["#response", "#response_ref"]
+        update += ", #response_ref = :response_ref"
+        removed.remove("#response_ref")
+    update += " REMOVE " + ", ".join(removed)
+    names += ["#response", "#response_ref"]
     request = {
-        "TableName": layout.table_name,
-        "Key": {layout.key_attribute: {"S": token.key_hash}},
+        **_keyed(layout, token.key_hash),
         "UpdateExpression": update,
         "ConditionExpression": "#owner = :owner AND #status <> :completed",
         "ExpressionAttributeNames": _names(layout, *names),
         "ExpressionAttributeValues": values,
     }
-    if overflow_key is None:
-        return CompletionPlan(request)
-    return CompletionPlan(request, overflow_key, encoded)
+    return CompletionPlan(request, overflow_key, encoded if overflow_key is not None else b"")
 
 
 def release_deferred_request(layout: TableLayout, token: DeferredToken) -> dict[str, Any]:
     """DeleteItem of a deferred (or still in-progress) key, fenced by the token's owner."""
     return {
-        "TableName": layout.table_name,
-        "Key": {layout.key_attribute: {"S": token.key_hash}},
+        **_keyed(layout, token.key_hash),
         "ConditionExpression": "#owner = :owner AND #status <> :completed",
         "ExpressionAttributeNames": _names(layout, "#owner", "#status"),
         "ExpressionAttributeValues": {
@@ -448,8 +445,7 @@ def release_request(layout: TableLayout, key_hash: str, owner: str) -> dict[str,
     """DeleteItem conditional on the owner token, of a claim still in progress (never a
     final response a deferral's worker stored while the handler was still running)."""
     return {
-        "TableName": layout.table_name,
-        "Key": {layout.key_attribute: {"S": key_hash}},
+        **_keyed(layout, key_hash),
         "ConditionExpression": "#owner = :owner AND #status = :in_progress",
         "ExpressionAttributeNames": _names(layout, "#owner", "#status"),
         "ExpressionAttributeValues": {
@@ -464,8 +460,7 @@ def renew_request(
 ) -> dict[str, Any]:
     """UpdateItem moving an in-progress claim's lock, conditional on the owner token."""
     return {
-        "TableName": layout.table_name,
-        "Key": {layout.key_attribute: {"S": key_hash}},
+        **_keyed(layout, key_hash),
         "UpdateExpression": "SET #lock = :lock, #exp = :lock, #ttl = :ttl",
         "ConditionExpression": "#owner = :owner AND #status = :in_progress",
         "ExpressionAttributeNames": _names(layout, "#lock", "#exp", "#ttl", "#owner", "#status"),
@@ -480,21 +475,13 @@ def renew_request(
 
 def get_request(layout: TableLayout, key_hash: str) -> dict[str, Any]:
     """A strongly consistent GetItem (a claim's fallback read must see the latest write)."""
-    return {
-        "TableName": layout.table_name,
-        "Key": {layout.key_attribute: {"S": key_hash}},
-        "ConsistentRead": True,
-    }
+    return {**_keyed(layout, key_hash), "ConsistentRead": True}
 
 
 def delete_request(layout: TableLayout, key_hash: str) -> dict[str, Any]:
     """An unconditional DeleteItem returning the deleted item, so the caller knows whether
     there was one (in the same call)."""
-    return {
-        "TableName": layout.table_name,
-        "Key": {layout.key_attribute: {"S": key_hash}},
-        "ReturnValues": "ALL_OLD",
-    }
+    return {**_keyed(layout, key_hash), "ReturnValues": "ALL_OLD"}
 
 
 def deleted_something(response: dict[str, Any]) -> bool:
@@ -509,40 +496,33 @@ def item_to_record(layout: TableLayout, item: Item, overflow_blob: bytes | None 
     """
     key_hash = item[layout.key_attribute]["S"]
     document = item.get("response_json", {}).get("S")
+    response: StoredResponse | None = None
     if document is not None:
         # A final response written by a Step Functions state (or any other writer).
         try:
-            response: StoredResponse | None = decode_response_document(document)
+            response = decode_response_document(document)
         except ValueError as error:
             logger.error("idempotency record %s: unreadable response_json: %s", key_hash, error)
-            response = None
-        return Record(
-            key_hash,
-            Status(item["status"]["S"]),
-            item["fingerprint"]["S"],
-            item["owner"]["S"],
-            float(item["lock_expires_at"]["N"]),
-            float(item["expires_at"]["N"]),
-            response,
-            response is None,
-            len(response.body) if response is not None else len(document),
+        missing = response is None
+        size = len(response.body) if response is not None else len(document)
+    else:
+        blob = item.get("response", {}).get("B", overflow_blob)
+        if blob is not None:
+            response = decode_response(bytes(blob))
+        missing = bool(item.get("too_large", {}).get("BOOL", False)) or (
+            blob is None and overflow_reference(item) is not None
         )
-    blob = item.get("response", {}).get("B")
-    if blob is None:
-        blob = overflow_blob
-    too_large = bool(item.get("too_large", {}).get("BOOL", False)) or (
-        blob is None and overflow_reference(item) is not None
-    )
+        size = int(item.get("response_size", {}).get("N", "0"))
     return Record(
-        key_hash=key_hash,
-        status=Status(item["status"]["S"]),
-        fingerprint=item["fingerprint"]["S"],
-        owner=item["owner"]["S"],
-        lock_expires_at=float(item["lock_expires_at"]["N"]),
-        expires_at=float(item["expires_at"]["N"]),
-        response=decode_response(bytes(blob)) if blob is not None else None,
-        response_not_stored=too_large,
-        response_size=int(item.get("response_size", {}).get("N", "0")),
+        key_hash,
+        Status(item["status"]["S"]),
+        item["fingerprint"]["S"],
+        item["owner"]["S"],
+        float(item["lock_expires_at"]["N"]),
+        float(item["expires_at"]["N"]),
+        response,
+        missing,
+        size,
     )
 
 

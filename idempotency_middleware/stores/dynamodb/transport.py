@@ -29,6 +29,7 @@ from .wire import OPERATIONS
 from .wire_client import events_of, forward_sdk_events
 
 T = TypeVar("T")
+ADMIN = "admin"  # the SDK's DynamoDB client beside a lean one, for table administration
 
 
 class _Transport:
@@ -58,12 +59,12 @@ class _Transport:
             return translate_error(f"S3 {operation}", error)
         return translate_error(operation, error, self._config.table_name)
 
-    def _sdk_arguments(self) -> dict[str, Any]:
-        return self._config.settings.client_arguments(self._config.client_kwargs)
-
-    def _s3_arguments(self) -> dict[str, Any]:
-        assert self._config.overflow is not None
-        return self._config.settings.s3_client_arguments(self._config.overflow)
+    def _sdk(self, session: Any, name: str) -> Any:
+        """A new SDK client: the request path's DynamoDB one, ``ADMIN`` or ``S3``."""
+        settings = self._config.settings
+        if name == S3:
+            return session.client(S3, **settings.client_arguments({}, self._config.overflow))
+        return session.client("dynamodb", **settings.client_arguments(self._config.client_kwargs))
 
 
 class SyncTransport(_Transport):
@@ -74,8 +75,7 @@ class SyncTransport(_Transport):
     def __init__(self, config: DynamoDBConfig) -> None:
         super().__init__(config)
         self.client: Any = None  # the request path's
-        self._admin: Any = None
-        self._s3: Any = None
+        self._others: dict[str, Any] = {}  # ADMIN, S3
 
     def run(self, operation: str, flow: Flow[T]) -> T:
         return drive(flow, self.send)
@@ -90,7 +90,7 @@ class SyncTransport(_Transport):
         service, operation, params = request
         try:
             if service == S3:
-                result: dict[str, Any] = getattr(self._s3_client(), operation)(**params)
+                result: dict[str, Any] = getattr(self._other(S3), operation)(**params)
                 if operation == "get_object":
                     result["Blob"] = result["Body"].read()
                 return result
@@ -117,40 +117,36 @@ class SyncTransport(_Transport):
 
                 credentials = botocore.session.Session().get_credentials()
                 return SyncWireClient(config, credentials, self.admin)
-        return self._new_sdk("dynamodb", self._sdk_arguments())
+        return self._sdk(self._session(), "dynamodb")
 
-    def _new_sdk(self, service: str, arguments: dict[str, Any]) -> Any:
+    def _session(self) -> Any:
         import boto3
 
-        session = self._config.session or boto3.session.Session()
-        return session.client(service, **arguments)
+        return self._config.session or boto3.session.Session()
 
     def admin(self) -> Any:
         """The boto3 client for what the lean transport does not carry (table
         administration); the request path's when that is boto3's."""
-        if not self._lean:
-            return self.dynamodb()
-        if self._admin is None:
-            with self._lock:
-                if self._admin is None:
-                    admin = self._new_sdk("dynamodb", self._sdk_arguments())
-                    forward_sdk_events(admin, lambda: events_of(self.client))
-                    self._admin = admin
-        return self._admin
+        return self._other(ADMIN) if self._lean else self.dynamodb()
 
-    def _s3_client(self) -> Any:
-        if self._s3 is None:
+    def _other(self, name: str) -> Any:
+        client = self._others.get(name)
+        if client is None:
             with self._lock:
-                if self._s3 is None:
-                    self._s3 = self._new_sdk("s3", self._s3_arguments())
-        return self._s3
+                client = self._others.get(name)
+                if client is None:
+                    client = self._others[name] = self._sdk(self._session(), name)
+                    if name == ADMIN:
+                        forward_sdk_events(client, lambda: events_of(self.client))
+        return client
 
     def close(self) -> None:
         with self._lock:
-            for client in (self.client, self._admin, self._s3):
+            for client in (self.client, *self._others.values()):
                 if client is not None:
                     client.close()
-            self.client = self._admin = self._s3 = None
+            self.client = None
+            self._others.clear()
 
     async def aclose(self) -> None:
         self.close()
@@ -160,14 +156,13 @@ class _LoopClients:
     """The clients of one event loop, and what guards them: aiohttp sessions, and an
     ``asyncio.Lock``, each belong to the loop they were made on."""
 
-    __slots__ = ("admin", "dynamodb", "lock", "s3", "stack")
+    __slots__ = ("dynamodb", "lock", "others", "stack")
 
     def __init__(self) -> None:
         self.lock = asyncio.Lock()
         self.stack = contextlib.AsyncExitStack()
         self.dynamodb: Any = None  # the request path's client (lean or SDK)
-        self.admin: Any = None  # the SDK client for table administration, beside a lean one
-        self.s3: Any = None
+        self.others: dict[str, Any] = {}  # ADMIN, S3
 
 
 class AsyncTransport(_Transport):
@@ -195,8 +190,9 @@ class AsyncTransport(_Transport):
         try:
             clients = await self.clients.get()
             if service == S3:
-                client = clients.s3 or await self._s3(clients)
-                result: dict[str, Any] = await getattr(client, operation)(**params)
+                result: dict[str, Any] = await getattr(await self._other(clients, S3), operation)(
+                    **params
+                )
                 if operation == "get_object":
                     async with result["Body"] as stream:
                         result["Blob"] = await stream.read()
@@ -242,26 +238,21 @@ class AsyncTransport(_Transport):
 
                 credentials = await AioSession().get_credentials()
                 return AsyncWireClient(config, credentials, lambda: self._admin(clients))
-        return self._session().client("dynamodb", **self._sdk_arguments())
+        return self._sdk(self._session(), "dynamodb")
 
     async def _admin(self, clients: _LoopClients) -> Any:
         """The aioboto3 client of ``clients``' loop for what the lean transport does not
         carry (table administration); the request path's when that is the SDK's."""
-        if not self._lean:
-            return clients.dynamodb
-        async with clients.lock:
-            if clients.admin is None:
-                sdk = self._session().client("dynamodb", **self._sdk_arguments())
-                clients.admin = await clients.stack.enter_async_context(sdk)
-                forward_sdk_events(clients.admin, lambda: events_of(clients.dynamodb))
-        return clients.admin
+        return await self._other(clients, ADMIN) if self._lean else clients.dynamodb
 
-    async def _s3(self, clients: _LoopClients) -> Any:
+    async def _other(self, clients: _LoopClients, name: str) -> Any:
         async with clients.lock:
-            if clients.s3 is None:
-                sdk = self._session().client("s3", **self._s3_arguments())
-                clients.s3 = await clients.stack.enter_async_context(sdk)
-        return clients.s3
+            if name not in clients.others:
+                made = self._sdk(self._session(), name)  # an async context manager
+                client = clients.others[name] = await clients.stack.enter_async_context(made)
+                if name == ADMIN:
+                    forward_sdk_events(client, lambda: events_of(clients.dynamodb))
+        return clients.others[name]
 
     def close(self) -> None:
         self.clients.release_closed_loops()
