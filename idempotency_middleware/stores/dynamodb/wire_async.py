@@ -116,7 +116,6 @@ class AsyncWireClient(WireClient):
         target, body = self._start(operation, params)
         attempt, cost = 1, 0
         while True:
-            self._no_credentials()
             frozen = await self._credentials.get_frozen_credentials()
             headers = self._sign(operation, target, body, frozen)
             try:

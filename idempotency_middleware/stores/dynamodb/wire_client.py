@@ -132,23 +132,22 @@ class WireClient:
 
     # -- the steps of one call ----------------------------------------------------------
 
-    def _no_credentials(self) -> None:
+    def _start(self, operation: str, params: dict[str, Any]) -> tuple[str, bytes]:
+        """The call's ``X-Amz-Target`` and body; its ``before-call`` event. Raises
+        botocore's ``NoCredentialsError`` when the chain found none."""
+        if self.meta.events:
+            model = OperationName(operation)
+            self.meta.events.emit(f"before-call.dynamodb.{operation}", model=model, params=params)
         if self._credentials is None:
             from botocore.exceptions import NoCredentialsError
 
             raise NoCredentialsError()
-
-    def _start(self, operation: str, params: dict[str, Any]) -> tuple[str, bytes]:
-        """The call's ``X-Amz-Target`` and body; its ``before-call`` event."""
-        if self.meta.events:
-            model = OperationName(operation)
-            self.meta.events.emit(f"before-call.dynamodb.{operation}", model=model, params=params)
         return wire.TARGET_PREFIX + operation, wire.encode(params)
 
     def _sign(self, operation: str, target: str, body: bytes, frozen: Any) -> dict[str, str]:
-        """One attempt's headers (credentials as read now); its ``before-send`` event."""
-        credentials = wire.Frozen(frozen.access_key, frozen.secret_key, frozen.token)
-        headers = self._signer.headers(target, body, credentials)
+        """One attempt's headers, signed with ``frozen`` (botocore's ``ReadOnlyCredentials``,
+        the shape of ``wire.Frozen``, as read now); its ``before-send`` event."""
+        headers = self._signer.headers(target, body, frozen)
         if self.meta.events:
             request = SentRequest(self._config.endpoint_url, "POST", headers, body)
             self.meta.events.emit(f"before-send.dynamodb.{operation}", request=request)

@@ -124,7 +124,6 @@ class SyncWireClient(WireClient):
         target, body = self._start(operation, params)
         attempt, cost = 1, 0
         while True:
-            self._no_credentials()
             # Cheap for static credentials; refreshes refreshable ones when they near expiry.
             frozen = self._credentials.get_frozen_credentials()
             headers = self._sign(operation, target, body, frozen)
