@@ -100,8 +100,8 @@ class DynamoDBOps:
         raise StoreUnavailable("DynamoDB claim kept racing with other writers")
 
     def complete(self, completion: Completion) -> Flow[bool]:
-        """Store the response; ``False`` when the claim is no longer ``owner``'s. With
-        business writes, commit them and the completion in one transaction."""
+        """One conditional UpdateItem (S3 first for a large response); with business
+        writes, one transaction."""
         if completion.writes:
             return (yield from self._commit(completion))
         plan = ddb.plan_completion(self.layout, completion, self.overflow)
@@ -168,14 +168,12 @@ class DynamoDBOps:
                 yield (S3, "delete_object", params)
 
     def release(self, key_hash: str, owner: str) -> Flow[bool]:
-        """Delete the claim; ``False`` when it is no longer ``owner``'s."""
         # (A DeleteItem that botocore re-sent after its first attempt landed finds nothing
         # and answers False too: an absent item cannot be told from one never written, and
         # the background release of a lost claim must keep trying until its claim lands.)
         return self._conditional("delete_item", ddb.release_request(self.layout, key_hash, owner))
 
     def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> Flow[bool]:
-        """Extend an in-progress claim; ``False`` when it is no longer ``owner``'s."""
         request = ddb.renew_request(self.layout, key_hash, owner, lock_expires_at)
         return self._conditional("update_item", request)
 
@@ -184,7 +182,6 @@ class DynamoDBOps:
     def complete_final(
         self, token: DeferredToken, response: StoredResponse, now: float
     ) -> Flow[bool]:
-        """Store a deferred key's final response; from then on retries get it replayed."""
         plan = ddb.plan_final_completion(self.layout, token, response, self.overflow)
         yield from self._put_overflow(plan)
         stored = yield from self._conditional("update_item", plan.request)
@@ -193,28 +190,21 @@ class DynamoDBOps:
         return stored
 
     def release_unfinished(self, token: DeferredToken) -> Flow[bool]:
-        """The deferred work did not happen: forget the key, so a retry runs the handler
-        again."""
         return self._conditional("delete_item", ddb.release_deferred_request(self.layout, token))
 
     # -- operators --------------------------------------------------------------------
 
     def get(self, key_hash: str) -> Flow[Record | None]:
-        """The record under ``key_hash`` as stored (expired or not), for operators and tests."""
         response = yield (DYNAMODB, "get_item", ddb.get_request(self.layout, key_hash))
         item = response.get("Item")
         return (yield from self._record(item)) if item else None
 
     def delete(self, key_hash: str) -> Flow[bool]:
-        """Remove a record whoever owns it; ``True`` when there was one."""
         response = yield (DYNAMODB, "delete_item", ddb.delete_request(self.layout, key_hash))
         return ddb.deleted_something(response)
 
     def create_table(self, wait_seconds: float = 60.0) -> Flow[None]:
-        """Create the table (on-demand) with TTL on its expiry attribute; safe to repeat.
-
-        Waits up to ``wait_seconds`` (by the store's clock) for a new table to become ACTIVE.
-        """
+        """CreateTable (on-demand), a wait by the clock for ACTIVE, TTL enabled."""
         layout = self.layout
         try:
             yield (DYNAMODB, "create_table", ddb.create_table_request(layout))

@@ -155,8 +155,7 @@ class AsyncDynamoDBStore(DynamoDBStoreBase):
         await self._transport.client()
 
     async def acreate_table(self, *, wait_seconds: float = 60.0) -> None:
-        """Create the table (on-demand) with TTL on its expiry attribute; safe to repeat.
-        Waits up to ``wait_seconds`` (by the store's clock) for a new table to become ACTIVE."""
+        """:meth:`DynamoDBStore.create_table`, awaited."""
         await self._arun("create_table", self._ops.create_table(wait_seconds))
 
     async def create_table(self, *, wait_seconds: float = 60.0) -> None:  # type: ignore[override]

@@ -111,18 +111,16 @@ class Signer:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
         day = stamp[:8]
         token = credentials.token
-        if token:
-            canonical_headers = (
-                f"content-type:{CONTENT_TYPE}\nhost:{self._host}\nx-amz-date:{stamp}\n"
-                f"x-amz-security-token:{token}\nx-amz-target:{target}\n"
-            )
-            signed = "content-type;host;x-amz-date;x-amz-security-token;x-amz-target"
-        else:
-            canonical_headers = (
-                f"content-type:{CONTENT_TYPE}\nhost:{self._host}\nx-amz-date:{stamp}\n"
-                f"x-amz-target:{target}\n"
-            )
-            signed = "content-type;host;x-amz-date;x-amz-target"
+        security = f"x-amz-security-token:{token}\n" if token else ""
+        canonical_headers = (
+            f"content-type:{CONTENT_TYPE}\nhost:{self._host}\nx-amz-date:{stamp}\n"
+            f"{security}x-amz-target:{target}\n"
+        )
+        signed = (
+            "content-type;host;x-amz-date;x-amz-security-token;x-amz-target"
+            if token
+            else "content-type;host;x-amz-date;x-amz-target"
+        )
         canonical = (
             f"POST\n{self._path}\n\n{canonical_headers}\n{signed}\n"
             f"{hashlib.sha256(body).hexdigest()}"
