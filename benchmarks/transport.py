@@ -38,7 +38,8 @@ from benchmarks._common import REGION, heading, machine_summary, median, moto_in
 from idempotency_middleware import AsyncDynamoDBStore, DynamoDBStore
 from idempotency_middleware.records import StoredResponse
 from idempotency_middleware.stores import ClaimRequest, Completion
-from idempotency_middleware.stores import dynamodb as ddb
+from idempotency_middleware.stores.dynamodb import requests as ddb
+from idempotency_middleware.stores.dynamodb.config import ClientSettings
 
 ENDPOINT_VARIABLE = "IDEMPOTENCY_DYNAMODB_LOCAL_URL"
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -108,7 +109,7 @@ async def _batch(
 async def _clients(endpoint: str, table_name: str) -> Any:
     import aioboto3
 
-    settings = ddb.ClientSettings(endpoint, REGION)
+    settings = ClientSettings(endpoint, REGION)
     with contextlib.ExitStack() as stack:
         boto3_store = stack.enter_context(
             DynamoDBStore(table_name, endpoint_url=endpoint, region_name=REGION, transport="sdk")

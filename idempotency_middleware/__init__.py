@@ -42,8 +42,7 @@ from .request_view import HeaderView, RequestView
 from .rules import IdempotencyRule
 from .scopes import scope_by_header, scope_by_tenant_header
 from .stores.base import AsyncStore, StoreUnavailable, SyncStore
-from .stores.dynamodb_async import AsyncDynamoDBStore
-from .stores.dynamodb_sync import DynamoDBStore
+from .stores.dynamodb import AsyncDynamoDBStore, DynamoDBStore
 from .stores.memory import MemoryStore
 from .stores.postgres import PostgresStore
 from .stores.redis import RedisStore

@@ -23,7 +23,7 @@ from . import __version__
 from .keys import InvalidKey, parse_idempotency_key, storage_key
 from .records import Record
 from .stores.base import StoreUnavailable, SyncOperations
-from .stores.dynamodb_sync import DynamoDBStore
+from .stores.dynamodb import DynamoDBStore
 
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1

@@ -745,7 +745,7 @@ def test_dynamodb_contention_and_refusals_do_not_count_as_outages(
 ) -> None:
     from botocore.exceptions import ClientError
 
-    from idempotency_middleware.stores.dynamodb import translate_error
+    from idempotency_middleware.stores.dynamodb.errors import translate_error
 
     answer: Any = {
         "Error": {"Code": code, "Message": "from the test"},

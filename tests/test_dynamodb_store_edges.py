@@ -23,7 +23,7 @@ from idempotency_middleware.stores.base import (
     Held,
     StoreUnavailable,
 )
-from idempotency_middleware.stores.dynamodb import held_item
+from idempotency_middleware.stores.dynamodb.errors import held_item
 from idempotency_middleware.testing import FakeClock
 from tests.faultproxy import FaultProxy
 from tests.test_store_kit import AnswerRewritingProxy
@@ -271,3 +271,19 @@ def test_create_table_reports_a_ttl_update_that_fails_outright(
         _create_table(flavour, fault_proxy.url, f"edges-{uuid.uuid4().hex[:8]}")
     assert raised.value.code == "InternalServerError"
     assert fault_proxy.operations()[-1] == "UpdateTimeToLive"  # no second describe
+
+
+def test_each_dynamodb_store_runs_its_flows_in_its_own_flavour_only() -> None:
+    # The other flavour's methods are absent (the middlewares refuse the store by that), and
+    # a flow handed to the other flavour's runner is refused before anything is sent.
+    sync_store = DynamoDBStore("t", region_name=REGION)
+    assert sync_store.aclaim is None and sync_store.aget is None
+    with pytest.raises(TypeError, match="DynamoDBStore is sync: call its get"):
+        asyncio.run(sync_store._arun("get", sync_store._ops.get("k")))
+    async_store = AsyncDynamoDBStore("t", region_name=REGION)
+    assert async_store.claim is None and async_store.get is None
+    with pytest.raises(TypeError, match="AsyncDynamoDBStore is async: await its aget"):
+        async_store._run("get", async_store._ops.get("k"))
+    # Closing either way is safe (the async store's sync close releases closed loops' clients).
+    asyncio.run(sync_store.aclose())
+    async_store.close()

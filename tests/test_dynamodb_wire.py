@@ -1,4 +1,4 @@
-"""The lean DynamoDB transport (stores/dynamodb_wire*.py) against botocore itself: the same
+"""The lean DynamoDB transport (stores/dynamodb/wire*.py) against botocore itself: the same
 signature, the same requests on the wire, the same answers and the same failures, retries,
 refreshed credentials and kept-alive connections; on moto, through the fault proxy.
 
@@ -42,13 +42,18 @@ from botocore.exceptions import (
 from idempotency_middleware import AsyncDynamoDBStore, DynamoDBStore
 from idempotency_middleware.records import StoredResponse
 from idempotency_middleware.stores import ClaimRequest, Completion, StoreUnavailable
-from idempotency_middleware.stores import dynamodb as ddb
-from idempotency_middleware.stores import dynamodb_wire as wire
-from idempotency_middleware.stores.dynamodb import ClientSettings, TableLayout, Transport
-from idempotency_middleware.stores.dynamodb_wire_async import AsyncWireClient
-from idempotency_middleware.stores.dynamodb_wire_config import WireConfig, resolve
-from idempotency_middleware.stores.dynamodb_wire_retry import RetryPolicy
-from idempotency_middleware.stores.dynamodb_wire_sync import SyncWireClient
+from idempotency_middleware.stores.dynamodb import requests as ddb
+from idempotency_middleware.stores.dynamodb import wire
+from idempotency_middleware.stores.dynamodb.config import (
+    ClientSettings,
+    Transport,
+    WireConfig,
+    resolve,
+)
+from idempotency_middleware.stores.dynamodb.requests import TableLayout
+from idempotency_middleware.stores.dynamodb.wire_async import AsyncWireClient
+from idempotency_middleware.stores.dynamodb.wire_retry import RetryPolicy
+from idempotency_middleware.stores.dynamodb.wire_sync import SyncWireClient
 from tests.conftest import REGION
 from tests.faultproxy import REPLICATED_WRITE_CONFLICT, FaultProxy
 from tests.servers import free_port

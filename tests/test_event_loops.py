@@ -28,7 +28,7 @@ import pytest
 from idempotency_middleware import AsyncDynamoDBStore, IdempotencyMiddleware
 from idempotency_middleware.records import StoredResponse
 from idempotency_middleware.stores.base import Claimed, ClaimRequest, Completion
-from idempotency_middleware.stores.dynamodb_clients import _finish_without_loop
+from idempotency_middleware.stores.kit import finish_without_loop as _finish_without_loop
 from tests.faultproxy import Workload
 from tests.servers import serve_asgi
 
@@ -100,11 +100,11 @@ def test_loops_in_sequence_each_get_a_client_and_async_with_closes_the_last(
         async with store:
             client = await claim_and_complete(store, "loop-3")
             assert await store.client() is client  # one client per loop, reused
-        return client, store._client
+        return client, store._transport.clients.values()
 
     third, after_exit = asyncio.run(with_block())
     assert third is not second
-    assert after_exit is None  # closed by the async with
+    assert after_exit == []  # closed by the async with
 
 
 def test_a_loop_closed_without_shutdown_does_not_strand_the_store(
@@ -153,7 +153,7 @@ def test_aclose_on_a_new_loop_releases_the_clients_of_closed_ones(
     loop.run_until_complete(claim_and_complete(store, "aclose-1"))
     loop.close()
     asyncio.run(store.aclose())
-    assert store._client is None
+    assert store._transport.clients.values() == []
 
 
 class Pending:

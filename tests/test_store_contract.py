@@ -43,7 +43,7 @@ from idempotency_middleware.stores import (
     SyncOperations,
     SyncStore,
 )
-from idempotency_middleware.stores.dynamodb import (
+from idempotency_middleware.stores.dynamodb.requests import (
     IN_PROGRESS_TTL_GRACE_SECONDS,
     MAX_ITEM_RESPONSE_BYTES,
 )

@@ -39,7 +39,7 @@ from idempotency_middleware import (
 )
 from idempotency_middleware.errors import CAUSES
 from idempotency_middleware.keys import storage_key
-from idempotency_middleware.stores import dynamodb as ddb
+from idempotency_middleware.stores.dynamodb import errors as ddb
 from idempotency_middleware.stores.sqlite.errors import unavailable as sqlite_unavailable
 from tests.diag_aws import RejectingEndpoint, aws_environment, use_environment
 from tests.faultproxy import Adapter, FaultProxy, Served, serve_workload
@@ -183,12 +183,18 @@ class LoopPinnedStore(AsyncDynamoDBStore):
     """The store as it was before it followed the running loop: the first loop's client,
     for good (as a wrapper caching ``await store.client()`` would keep it)."""
 
-    pinned: Any = None
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        clients = self._transport.clients
+        made = clients.get
+        pinned: list[Any] = []
 
-    async def _dynamodb(self) -> Any:
-        if self.pinned is None:
-            self.pinned = await super()._dynamodb()
-        return self.pinned
+        async def first_loops() -> Any:
+            if not pinned:
+                pinned.append(await made())
+            return pinned[0]
+
+        clients.get = first_loops  # type: ignore[method-assign]
 
 
 def test_a_client_bound_to_a_closed_event_loop_is_named(

@@ -17,7 +17,11 @@ from idempotency_middleware import (
     core,
     refusals,
 )
-from idempotency_middleware.stores.dynamodb import commit_outcome, commit_token, transaction_size
+from idempotency_middleware.stores.dynamodb.requests import (
+    commit_outcome,
+    commit_token,
+    transaction_size,
+)
 
 OWNER = "0123456789abcdef01234567-1f"
 FINE = {"Code": "None"}

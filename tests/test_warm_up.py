@@ -32,10 +32,10 @@ def test_the_asgi_middleware_creates_the_dynamodb_client_at_lifespan_start_up(
     moto_endpoint: str, dynamodb_table: str
 ) -> None:
     store = AsyncDynamoDBStore(dynamodb_table, endpoint_url=moto_endpoint, region_name=REGION)
-    assert store._client is None
+    assert store._transport.clients.values() == []
     with serve_asgi(app_with(store), on_shutdown=store.aclose, lifespan=True) as url:
         # Started, and no request has been made yet.
-        assert store._client is not None
+        assert store._transport.clients.values() != []
         with httpx.Client(base_url=url, trust_env=False) as client:
             response = client.post("/orders", json={}, headers={"Idempotency-Key": "w-1"})
         assert response.status_code == 201
@@ -72,6 +72,6 @@ def test_a_store_that_cannot_warm_up_is_logged_and_the_app_still_starts(
 
 def test_the_sync_store_warms_up_on_request(moto_endpoint: str, dynamodb_table: str) -> None:
     with DynamoDBStore(dynamodb_table, endpoint_url=moto_endpoint, region_name=REGION) as store:
-        assert store._client is None
+        assert store._transport.client is None
         store.warm_up()
-        assert store._client is not None
+        assert store._transport.client is not None

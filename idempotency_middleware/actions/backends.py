@@ -14,8 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Protocol
 
-from ..stores.dynamodb_async import AsyncDynamoDBStore
-from ..stores.dynamodb_sync import DynamoDBStore
+from ..stores.dynamodb import AsyncDynamoDBStore, DynamoDBStore
 from ..stores.memory import MemoryStore
 from ..stores.postgres import PostgresStore
 from ..stores.redis import RedisStore

@@ -5,8 +5,8 @@ Every step is one request: a conditional ``PutItem`` or ``UpdateItem`` that retu
 item when it succeeds (``ReturnValues=ALL_NEW``) and the item as it was when its condition
 fails (``ReturnValuesOnConditionCheckFailure=ALL_OLD``), so why a consume failed comes from
 that same call, never from a second read. Requests are built and answers parsed here, once
-for both stores; each store's own ``_call`` sends them (errors become ``StoreUnavailable``
-as for the store's records, and count on its circuit breaker).
+for both stores, as a store flow (``step_flow``) the store runs (errors become
+``StoreUnavailable`` as for the store's records, and count on its circuit breaker).
 
 Item layout (times are epoch seconds, to the microsecond)::
 
@@ -32,9 +32,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..stores import dynamodb as ddb
-from ..stores.dynamodb_async import AsyncDynamoDBStore
-from ..stores.dynamodb_sync import DynamoDBStore
+from ..stores.dynamodb import AsyncDynamoDBStore, DynamoDBStore
+from ..stores.dynamodb import requests as ddb
+from ..stores.dynamodb.errors import ConditionFailed, Item
+from ..stores.dynamodb.ops import DYNAMODB
+from ..stores.kit import Flow
 from .model import ActionRecord
 from .steps import Cancel, Insert, Read, SpendAttempt, Step, Written
 
@@ -59,8 +61,8 @@ def action_key(layout: ddb.TableLayout, action_id: str) -> dict[str, dict[str, s
     return {layout.key_attribute: {"S": KEY_PREFIX + action_id}}
 
 
-def to_item(layout: ddb.TableLayout, record: ActionRecord) -> ddb.Item:
-    item: ddb.Item = {
+def to_item(layout: ddb.TableLayout, record: ActionRecord) -> Item:
+    item: Item = {
         **action_key(layout, record.action_id),
         "kind": {"S": KIND},
         layout.ttl_attribute: {"N": str(math.ceil(record.purge_at))},
@@ -78,7 +80,7 @@ def to_item(layout: ddb.TableLayout, record: ActionRecord) -> ddb.Item:
     return item
 
 
-def from_item(layout: ddb.TableLayout, item: ddb.Item | None) -> ActionRecord | None:
+def from_item(layout: ddb.TableLayout, item: Item | None) -> ActionRecord | None:
     if not item:
         return None
 
@@ -185,6 +187,17 @@ def written(layout: ddb.TableLayout, step: Step, response: dict[str, Any]) -> Wr
     return Written(True, from_item(layout, response.get("Attributes")))
 
 
+def step_flow(layout: ddb.TableLayout, step: Step) -> Flow[Written]:
+    """One step as a store flow: its request, and what the answer (or a lost condition,
+    which carries the item as it was) means."""
+    operation, request = request_for(layout, step)
+    try:
+        response = yield (DYNAMODB, operation, request)
+    except ConditionFailed as failed:
+        return Written(False, from_item(layout, failed.item))
+    return written(layout, step, response)
+
+
 class DynamoDBActions:
     """Steps on a ``DynamoDBStore``'s table, one request each."""
 
@@ -193,12 +206,7 @@ class DynamoDBActions:
         self._layout = store.layout
 
     def write(self, step: Step) -> Written:
-        operation, request = request_for(self._layout, step)
-        try:
-            response = self._store._call(operation, request)
-        except ddb.ConditionFailed as failed:
-            return Written(False, from_item(self._layout, failed.item))
-        return written(self._layout, step, response)
+        return self._store._run("action", step_flow(self._layout, step))
 
 
 class AsyncDynamoDBActions:
@@ -209,9 +217,4 @@ class AsyncDynamoDBActions:
         self._layout = store.layout
 
     async def awrite(self, step: Step) -> Written:
-        operation, request = request_for(self._layout, step)
-        try:
-            response = await self._store._call(operation, request)
-        except ddb.ConditionFailed as failed:
-            return Written(False, from_item(self._layout, failed.item))
-        return written(self._layout, step, response)
+        return await self._store._arun("action", step_flow(self._layout, step))

@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .dynamodb_wire import Answer, error_response
+from .wire import Answer, error_response
 
 # botocore's standard retry mode (botocore/retries/standard.py): what another try may clear.
 _TRANSIENT_CODES = frozenset(

@@ -2,7 +2,8 @@
 
 ``await client.put_item(**params)`` takes and returns what aiobotocore's does and raises what
 it raises, for the five calls of the request path; the request and answer handling is in
-``dynamodb_wire``. HTTP/1.1 is spoken here directly (one request at a time per connection,
+``wire`` and
+``wire_client``. HTTP/1.1 is spoken here directly (one request at a time per connection,
 bodies by ``Content-Length`` or chunked): DynamoDB needs nothing more, and aiohttp's
 per-request machinery costs more CPU than the whole call should.
 """
@@ -11,15 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ssl
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
-from . import dynamodb_wire as wire
-from .dynamodb_wire_config import WireConfig
-from .dynamodb_wire_events import ClientMeta, OperationName, SentRequest
-from .dynamodb_wire_retry import RetryPolicy
+from . import wire
+from .config import WireConfig
+from .wire_client import WireClient
 
 _Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
@@ -58,10 +57,10 @@ async def _read_answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str
     return status, headers, await reader.read()
 
 
-class AsyncWireClient:
-    """aiobotocore's DynamoDB ``put_item``, ``update_item``, ``delete_item``, ``get_item``
-    and ``transact_write_items``, sent directly, on the event loop that made it: each call
-    takes a connection of its own (at most ``max_pool_connections`` kept idle).
+class AsyncWireClient(WireClient):
+    """aiobotocore's DynamoDB five calls of the request path, sent directly, on the event
+    loop that made it: each call takes a connection of its own (at most
+    ``max_pool_connections`` kept idle).
 
     Any other method (``describe_table`` ...) is called on the aiobotocore client ``sdk``
     returns, so the client stands in for aiobotocore's wherever code calls one."""
@@ -72,15 +71,8 @@ class AsyncWireClient:
         credentials: Any,
         sdk: Callable[[], Awaitable[Any]] | None = None,
     ) -> None:
-        self._sdk = sdk
-        self._config = config
-        self._credentials = credentials  # aiobotocore credentials, or None: none found
-        self._signer = wire.Signer(config.endpoint, config.region)
-        self._retry = RetryPolicy(config.max_attempts)
+        super().__init__(config, credentials, sdk)
         self._idle: list[_Stream] = []
-        self.meta = ClientMeta(config.endpoint.url, config.region)
-        endpoint = config.endpoint
-        self._request_line = f"POST {endpoint.path} HTTP/1.1\r\n".encode()
         # Made in a coroutine: its connections belong to this loop, as an aiohttp session's.
         self._loop = asyncio.get_running_loop()
 
@@ -93,26 +85,6 @@ class AsyncWireClient:
             return await getattr(await sdk(), name)(*args, **kwargs)
 
         return call
-
-    async def put_item(self, **params: Any) -> dict[str, Any]:
-        """PutItem, as aiobotocore's ``put_item``."""
-        return await self._call("PutItem", params)
-
-    async def update_item(self, **params: Any) -> dict[str, Any]:
-        """UpdateItem, as aiobotocore's ``update_item``."""
-        return await self._call("UpdateItem", params)
-
-    async def delete_item(self, **params: Any) -> dict[str, Any]:
-        """DeleteItem, as aiobotocore's ``delete_item``."""
-        return await self._call("DeleteItem", params)
-
-    async def get_item(self, **params: Any) -> dict[str, Any]:
-        """GetItem, as aiobotocore's ``get_item``."""
-        return await self._call("GetItem", params)
-
-    async def transact_write_items(self, **params: Any) -> dict[str, Any]:
-        """TransactWriteItems, as aiobotocore's ``transact_write_items``."""
-        return await self._call("TransactWriteItems", params)
 
     async def __aenter__(self) -> AsyncWireClient:
         return self
@@ -131,16 +103,6 @@ class AsyncWireClient:
         for _, writer in idle:
             _abort(writer)
 
-    # -- one call: attempts, backoff --------------------------------------------------
-
-    async def _frozen(self) -> wire.Frozen:
-        if self._credentials is None:
-            from botocore.exceptions import NoCredentialsError
-
-            raise NoCredentialsError()
-        frozen = await self._credentials.get_frozen_credentials()
-        return wire.Frozen(frozen.access_key, frozen.secret_key, frozen.token)
-
     def _check_loop(self) -> None:
         # Used off its loop, pooled connections would wait on futures no loop resolves: fail
         # as aiohttp does, in words translate_error classifies as ``loop_closed``.
@@ -151,21 +113,11 @@ class AsyncWireClient:
 
     async def _call(self, operation: str, params: dict[str, Any]) -> dict[str, Any]:
         self._check_loop()
-        body = wire.encode(params)
-        target = wire.TARGET_PREFIX + operation
-        events = self.meta.events
-        if events:
-            events.emit(
-                f"before-call.dynamodb.{operation}",
-                model=OperationName(operation),
-                params=params,
-            )
+        target, body = self._start(operation, params)
         attempt, cost = 1, 0
         while True:
-            headers = self._signer.headers(target, body, await self._frozen())
-            if events:
-                request = SentRequest(self._config.endpoint_url, "POST", headers, body)
-                events.emit(f"before-send.dynamodb.{operation}", request=request)
+            frozen = await self._credentials.get_frozen_credentials()
+            headers = self._sign(operation, target, body, frozen)
             try:
                 answer = await self._exchange(headers, body)
             except Exception as error:
@@ -173,14 +125,9 @@ class AsyncWireClient:
                 if delay is None:
                     raise
             else:
-                delay, retry_cost = self._retry.after_answer(attempt, answer)
+                delay, cost = self._judge(operation, attempt, cost, answer)
                 if delay is None:
-                    if answer.status < 300:
-                        self._retry.succeeded(cost)
-                        return wire.parse_success(answer, attempt)
-                    exhausted = retry_cost > 0
-                    raise wire.client_error(answer, operation, attempt, exhausted)
-                cost = retry_cost
+                    return wire.parse_success(answer, attempt)
             await asyncio.sleep(delay)
             attempt += 1
 
@@ -197,8 +144,6 @@ class AsyncWireClient:
         return await self._connect()
 
     async def _connect(self) -> _Stream:
-        from botocore import exceptions as boto
-
         config = self._config
         endpoint = config.endpoint
         opening = asyncio.open_connection(
@@ -212,16 +157,11 @@ class AsyncWireClient:
             # wait_for: a task per connection, but connections are rare (pooled) and its
             # cancellation cannot leak into the caller's task.
             return await _connect_within(config.connect_timeout, opening)
-        except TimeoutError as error:
-            raise boto.ConnectTimeoutError(
-                endpoint_url=endpoint.request_url, error=error
-            ) from error
-        except ssl.SSLError as error:
-            raise boto.SSLError(endpoint_url=endpoint.request_url, error=error) from error
-        except OSError as error:
-            raise boto.EndpointConnectionError(
-                endpoint_url=endpoint.request_url, error=error
-            ) from error
+        except Exception as error:
+            failure = self._connect_failure(error)
+            if failure is None:
+                raise
+            raise failure from error
 
     async def _read_within(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -248,33 +188,20 @@ class AsyncWireClient:
             timer.cancel()
 
     async def _exchange(self, headers: dict[str, str], body: bytes) -> wire.Answer:
-        from botocore import exceptions as boto
-
         reader, writer = await self._connection()
-        head = wire.request_head(self._request_line, headers)
-        url = self._config.endpoint_url
         try:
-            writer.write(head + body)
+            writer.write(wire.request_head(self._request_line, headers) + body)
             status, answer_headers, data = await self._read_within(reader, writer)
-        except TimeoutError as error:
+        except BaseException as error:  # cancelled mid-answer: the state is unknown
             _abort(writer)
-            raise boto.ReadTimeoutError(endpoint_url=url, error=error) from error
-        except _CLOSED as error:
-            _abort(writer)
-            raise boto.ConnectionClosedError(endpoint_url=url, error=error) from error
-        except (OSError, ValueError) as error:
-            _abort(writer)
-            raise boto.HTTPClientError(error=error) from error
-        except BaseException:  # cancelled mid-answer: the connection's state is unknown
-            _abort(writer)
-            raise
-        if (
-            not wire.keeps_alive(answer_headers)
-            or len(self._idle) >= self._config.max_pool_connections
-        ):
-            _abort(writer)
-        else:
+            failure = self._exchange_failure(error, _CLOSED)
+            if failure is None:
+                raise
+            raise failure from error
+        if self._keep(answer_headers, len(self._idle)):
             self._idle.append((reader, writer))
+        else:
+            _abort(writer)
         return wire.Answer(status, answer_headers, data)
 
 

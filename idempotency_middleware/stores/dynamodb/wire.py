@@ -1,7 +1,7 @@
 """The lean DynamoDB transport's pure parts: what a request carries on the wire and how its
-answer reads (when to try again: ``dynamodb_wire_retry``; the clients' ``meta`` and events:
-``dynamodb_wire_events``). No I/O here (h11's idea): ``dynamodb_wire_sync.py`` (sockets)
-and ``dynamodb_wire_async.py`` (asyncio streams) only send what this builds.
+answer reads (when to try again: ``wire_retry``; what both clients share: ``wire_client``).
+No I/O here (h11's idea): ``wire_sync.py`` (sockets) and ``wire_async.py`` (asyncio streams)
+only send what this builds.
 
 Why it exists: on the request path a botocore or aiobotocore call costs about 1 ms of CPU
 (User-Agent assembly, parameter validation, the event system, urllib3 or aiohttp), several
@@ -111,18 +111,16 @@ class Signer:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
         day = stamp[:8]
         token = credentials.token
-        if token:
-            canonical_headers = (
-                f"content-type:{CONTENT_TYPE}\nhost:{self._host}\nx-amz-date:{stamp}\n"
-                f"x-amz-security-token:{token}\nx-amz-target:{target}\n"
-            )
-            signed = "content-type;host;x-amz-date;x-amz-security-token;x-amz-target"
-        else:
-            canonical_headers = (
-                f"content-type:{CONTENT_TYPE}\nhost:{self._host}\nx-amz-date:{stamp}\n"
-                f"x-amz-target:{target}\n"
-            )
-            signed = "content-type;host;x-amz-date;x-amz-target"
+        security = f"x-amz-security-token:{token}\n" if token else ""
+        canonical_headers = (
+            f"content-type:{CONTENT_TYPE}\nhost:{self._host}\nx-amz-date:{stamp}\n"
+            f"{security}x-amz-target:{target}\n"
+        )
+        signed = (
+            "content-type;host;x-amz-date;x-amz-security-token;x-amz-target"
+            if token
+            else "content-type;host;x-amz-date;x-amz-target"
+        )
         canonical = (
             f"POST\n{self._path}\n\n{canonical_headers}\n{signed}\n"
             f"{hashlib.sha256(body).hexdigest()}"

@@ -1,0 +1,229 @@
+"""The DynamoDB store's operations, written once as flows (see ``kit.Flow``).
+
+Each flow yields a ``Call`` (one DynamoDB or S3 request, as boto3's method name and
+keyword arguments) or :class:`Sleep` (``create_table()``'s wait), and receives the answer,
+or has the failure thrown in at its ``yield`` (``ConditionFailed``, ``TransactionCancelled``,
+``StoreUnavailable``, from ``errors.translate_error``). Requests are built and answers read
+by ``requests.py``; the transports (``transport.py``) only send.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, NamedTuple
+
+from ...clock import Clock
+from ...errors import TransactionConflictError, TransactionRejectedError
+from ...records import Record, StoredResponse
+from ..kit import Flow
+from ..protocol import (
+    CLAIMED,
+    Claimed,
+    ClaimRequest,
+    ClaimResult,
+    Completion,
+    DeferredToken,
+    Held,
+    StoreUnavailable,
+)
+from . import requests as ddb
+from .config import OverflowSettings
+from .errors import ConditionFailed, Item, TransactionCancelled, refused_outright, rejected
+
+DYNAMODB = "dynamodb"
+S3 = "s3"
+
+
+# One request: boto3's method ``operation`` of the ``service`` client, with ``params``, as
+# ``(service, operation, params)`` (a plain tuple: the request path makes one per call).
+Call = tuple[str, str, dict[str, Any]]
+
+
+class Sleep(NamedTuple):
+    """Wait ``seconds`` by the store's clock (``sleep`` or ``asleep``)."""
+
+    seconds: float
+
+
+class DynamoDBOps:
+    """The flows of one table layout, S3 overflow, and clock (``create_table()``'s wait)."""
+
+    supports_deferral = True
+
+    def __init__(
+        self, layout: ddb.TableLayout, overflow: OverflowSettings | None, clock: Clock
+    ) -> None:
+        self.layout = layout
+        self.overflow = overflow
+        self._clock = clock
+
+    def _conditional(self, operation: str, params: dict[str, Any]) -> Flow[bool]:
+        try:
+            yield (DYNAMODB, operation, params)
+        except ConditionFailed:
+            return False
+        return True
+
+    def _record(self, item: Item) -> Flow[Record]:
+        ref = ddb.overflow_reference(item)
+        if ref is None or self.overflow is None:
+            return ddb.item_to_record(self.layout, item)
+        blob: bytes | None
+        try:
+            response = yield (S3, "get_object", {"Bucket": self.overflow.bucket, "Key": ref})
+            blob = response["Blob"]
+        except StoreUnavailable as error:
+            if error.code not in ("NoSuchKey", "404"):
+                raise
+            blob = None
+        return ddb.item_to_record(self.layout, item, blob)
+
+    # -- the store protocol -----------------------------------------------------------
+
+    def claim(self, request: ClaimRequest) -> Flow[ClaimResult]:
+        """One conditional PutItem; on failure the holder comes back in the same call."""
+        for _ in range(ddb.CLAIM_ATTEMPTS):
+            try:
+                response = yield (DYNAMODB, "put_item", ddb.claim_request(self.layout, request))
+            except ConditionFailed as failed:
+                if failed.item is not None:
+                    if ddb.claimed_by(failed.item, request.owner):
+                        return CLAIMED
+                    return Held((yield from self._record(failed.item)))
+                # A backend without ALL_OLD on failure: read the holder instead.
+                record = yield from self.get(request.key_hash)
+                skew = request.clock_skew_seconds
+                if record is not None and not record.is_claimable(request.now, skew):
+                    return Held(record)
+                continue
+            return Claimed(taken_over=ddb.claim_took_over(response))
+        raise StoreUnavailable("DynamoDB claim kept racing with other writers")
+
+    def complete(self, completion: Completion) -> Flow[bool]:
+        """One conditional UpdateItem (S3 first for a large response); with business
+        writes, one transaction."""
+        if completion.writes:
+            return (yield from self._commit(completion))
+        plan = ddb.plan_completion(self.layout, completion, self.overflow)
+        yield from self._put_overflow(plan)
+        try:
+            yield (DYNAMODB, "update_item", plan.request)
+            stored = True
+        except ConditionFailed as failed:
+            stored = completion.deferred and ddb.finished_by(failed.item, completion.owner)
+        if not stored:
+            yield from self._drop_overflow(plan)
+        return stored
+
+    def _commit(self, completion: Completion) -> Flow[bool]:
+        """The business writes and the completion in one TransactWriteItems."""
+        overflow = self.overflow
+        plan = ddb.plan_completion(self.layout, completion, overflow)
+        request = ddb.transaction_request(plan, completion.writes, completion.owner)
+        size = ddb.transaction_size(request)
+        if size > ddb.MAX_TRANSACTION_BYTES:
+            if overflow is None or plan.overflow_key is not None or completion.streamed:
+                raise ddb.too_large(size)
+            plan = ddb.plan_completion(self.layout, completion, overflow, force_overflow=True)
+            request = ddb.transaction_request(plan, completion.writes, completion.owner)
+            size = ddb.transaction_size(request)
+            if size > ddb.MAX_TRANSACTION_BYTES:
+                raise ddb.too_large(size)
+        yield from self._put_overflow(plan)
+        try:
+            yield (DYNAMODB, "transact_write_items", request)
+            return True
+        except TransactionCancelled as cancelled:
+            try:
+                stored = ddb.commit_outcome(
+                    cancelled.reasons, len(completion.writes), completion.owner
+                )
+            except (TransactionConflictError, TransactionRejectedError):
+                yield from self._drop_overflow(plan)
+                raise
+        except StoreUnavailable as error:
+            if not refused_outright(error):
+                raise  # unknown outcome: the object may belong to a landed commit
+            yield from self._drop_overflow(plan)
+            raise rejected(error) from error
+        if not stored:
+            yield from self._drop_overflow(plan)
+        return stored
+
+    def _put_overflow(self, plan: ddb.CompletionPlan) -> Flow[None]:
+        if plan.overflow_key is not None and self.overflow is not None:
+            params = {
+                "Bucket": self.overflow.bucket,
+                "Key": plan.overflow_key,
+                "Body": plan.overflow_body,
+            }
+            yield (S3, "put_object", params)
+
+    def _drop_overflow(self, plan: ddb.CompletionPlan) -> Flow[None]:
+        """The object belongs to no record (fenced out, nothing committed). Best effort; a
+        lifecycle rule on the prefix catches what this misses."""
+        if plan.overflow_key is not None and self.overflow is not None:
+            params = {"Bucket": self.overflow.bucket, "Key": plan.overflow_key}
+            with contextlib.suppress(StoreUnavailable):
+                yield (S3, "delete_object", params)
+
+    def release(self, key_hash: str, owner: str) -> Flow[bool]:
+        # (A DeleteItem that botocore re-sent after its first attempt landed finds nothing
+        # and answers False too: an absent item cannot be told from one never written, and
+        # the background release of a lost claim must keep trying until its claim lands.)
+        return self._conditional("delete_item", ddb.release_request(self.layout, key_hash, owner))
+
+    def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> Flow[bool]:
+        request = ddb.renew_request(self.layout, key_hash, owner, lock_expires_at)
+        return self._conditional("update_item", request)
+
+    # -- deferred keys ------------------------------------------------------------------
+
+    def complete_final(
+        self, token: DeferredToken, response: StoredResponse, now: float
+    ) -> Flow[bool]:
+        plan = ddb.plan_final_completion(self.layout, token, response, self.overflow)
+        yield from self._put_overflow(plan)
+        stored = yield from self._conditional("update_item", plan.request)
+        if not stored:
+            yield from self._drop_overflow(plan)
+        return stored
+
+    def release_unfinished(self, token: DeferredToken) -> Flow[bool]:
+        return self._conditional("delete_item", ddb.release_deferred_request(self.layout, token))
+
+    # -- operators --------------------------------------------------------------------
+
+    def get(self, key_hash: str) -> Flow[Record | None]:
+        response = yield (DYNAMODB, "get_item", ddb.get_request(self.layout, key_hash))
+        item = response.get("Item")
+        return (yield from self._record(item)) if item else None
+
+    def delete(self, key_hash: str) -> Flow[bool]:
+        response = yield (DYNAMODB, "delete_item", ddb.delete_request(self.layout, key_hash))
+        return ddb.deleted_something(response)
+
+    def create_table(self, wait_seconds: float = 60.0) -> Flow[None]:
+        """CreateTable (on-demand), a wait by the clock for ACTIVE, TTL enabled."""
+        layout = self.layout
+        try:
+            yield (DYNAMODB, "create_table", ddb.create_table_request(layout))
+        except StoreUnavailable as error:
+            if error.code != "ResourceInUseException":
+                raise
+        deadline = self._clock.now() + wait_seconds
+        while not ddb.table_active((yield (DYNAMODB, "describe_table", ddb.table_request(layout)))):
+            if self._clock.now() > deadline:
+                raise StoreUnavailable(f"table {layout.table_name} did not become ACTIVE")
+            yield Sleep(ddb.TABLE_POLL_SECONDS)
+        described = yield (DYNAMODB, "describe_time_to_live", ddb.table_request(layout))
+        if not ddb.ttl_enabled(described, layout):
+            try:
+                yield (DYNAMODB, "update_time_to_live", ddb.enable_ttl_request(layout))
+            except StoreUnavailable as error:
+                # Another replica enabled TTL between our describe and update: done.
+                if error.code != "ValidationException":
+                    raise
+                described = yield (DYNAMODB, "describe_time_to_live", ddb.table_request(layout))
+                if not ddb.ttl_enabled(described, layout):
+                    raise

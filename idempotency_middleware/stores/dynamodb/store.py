@@ -1,0 +1,163 @@
+"""``DynamoDBStore`` (boto3, for the WSGI middleware) and ``AsyncDynamoDBStore`` (aioboto3,
+for the ASGI middleware): the kit's store over the flows of ``ops.py`` and a transport."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD
+from ...clock import SYSTEM_CLOCK, Clock
+from ..kit import KitStore, require_modules
+from .config import ClientSettings, DynamoDBConfig, OverflowSettings, Transport, lean_transport
+from .ops import DynamoDBOps
+from .requests import TableLayout
+from .transport import AsyncTransport, SyncTransport
+
+
+class DynamoDBStoreBase(KitStore):
+    """What both DynamoDB stores share: table layout, connection settings, S3 overflow, the
+    clock, the circuit breaker (the httpx ``Client``/``AsyncClient`` idea: everything but the
+    transport).
+
+    ``clock`` times ``create_table()``'s wait for the table to become ACTIVE and the
+    breaker's cool-down; claims and completions carry their own ``now``.
+
+    ``transport`` chooses what carries the calls of the request path (PutItem, UpdateItem,
+    DeleteItem, GetItem, TransactWriteItems): ``"lean"``, the package's own client (SigV4
+    signed, botocore's credential chain, standard-mode retries, the same requests and errors,
+    a tenth to a sixth of the SDK's CPU per call), or ``"sdk"``, boto3 / aioboto3.
+    ``"auto"`` (the default) is ``"lean"`` unless the store is given a ``session`` or
+    ``client_kwargs``, which only the SDK can honour, or a proxy applies to the endpoint.
+    Table administration and S3 always use the SDK.
+    """
+
+    # The client libraries a flavour needs, the extra that installs them, its transport.
+    _libraries: tuple[str, ...] = ()
+    _extra = ""
+    _transport_class: type[SyncTransport] | type[AsyncTransport]
+    _ops: DynamoDBOps
+
+    def __init__(
+        self,
+        table_name: str,
+        *,
+        endpoint_url: str | None = None,
+        region_name: str | None = None,
+        connect_timeout: float = 1.0,
+        read_timeout: float = 2.0,
+        max_attempts: int = 2,
+        max_pool_connections: int = 50,
+        key_attribute: str = "pk",
+        ttl_attribute: str = "ttl",
+        session: Any = None,
+        client_kwargs: dict[str, Any] | None = None,
+        s3_bucket: str | None = None,
+        s3_prefix: str = "idempotency/",
+        s3_endpoint_url: str | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        breaker_threshold: int = DEFAULT_THRESHOLD,
+        breaker_cooldown_seconds: float = DEFAULT_COOLDOWN_SECONDS,
+        transport: Transport = "auto",
+    ) -> None:
+        require_modules(type(self).__name__, self._libraries, self._extra)
+        settings = ClientSettings(
+            endpoint_url,
+            region_name,
+            connect_timeout,
+            read_timeout,
+            max_attempts,
+            max_pool_connections,
+        )
+        overflow = OverflowSettings(s3_bucket, s3_prefix, s3_endpoint_url) if s3_bucket else None
+        config = DynamoDBConfig(
+            table_name,
+            settings,
+            overflow,
+            clock,
+            lean_transport(transport, session, client_kwargs),
+            session,
+            dict(client_kwargs or {}),
+        )
+        self.layout = TableLayout(table_name, key_attribute, ttl_attribute)
+        super().__init__(
+            DynamoDBOps(self.layout, overflow, clock),
+            self._transport_class(config),
+            clock=clock,
+            breaker_threshold=breaker_threshold,
+            breaker_cooldown_seconds=breaker_cooldown_seconds,
+        )
+
+
+class DynamoDBStore(DynamoDBStoreBase):
+    """DynamoDB store on boto3, for the WSGI middleware (the request path on the lean
+    transport by default: see ``transport``).
+
+    ``store.close()`` or ``with store:`` releases its connections.
+    The operator interface: ``store.create_table()``, ``get``, ``delete``.
+    """
+
+    _libraries = ("boto3", "botocore")
+    _extra = "boto3"
+    _transport_class = SyncTransport
+    _transport: SyncTransport
+    # Sync only, as boto3 is: the ASGI middleware (and the async protocols) refuse it.
+    aclaim = acomplete = arelease = arenew = None  # type: ignore[assignment]
+    acomplete_deferred = arelease_deferred = None  # type: ignore[assignment]
+    aget = adelete = acreate_table = None  # type: ignore[assignment]
+
+    @property
+    def client(self) -> Any:
+        """The request path's DynamoDB client (the lean transport's, or boto3's), created
+        once; both take ``put_item``, ``update_item``, ``delete_item``, ``get_item`` and
+        ``transact_write_items`` as boto3 does."""
+        return self._transport.dynamodb()
+
+    def warm_up(self) -> None:
+        """Create the client now, so the first claim does not pay for it out of its lease.
+        Call it in each worker process after it starts (post-fork), not before forking."""
+        self._transport.dynamodb()
+
+    def create_table(self, *, wait_seconds: float = 60.0) -> None:
+        """Create the table (on-demand) with TTL on its expiry attribute; safe to repeat.
+        Waits up to ``wait_seconds`` (by the store's clock) for a new table to become ACTIVE."""
+        self._run("create_table", self._ops.create_table(wait_seconds))
+
+
+class AsyncDynamoDBStore(DynamoDBStoreBase):
+    """DynamoDB store on aioboto3, for the ASGI middleware (the request path on the lean
+    transport by default: see ``transport``).
+
+    An aiobotocore client only works on the event loop it was made on: the store keeps one
+    set of clients per loop that uses it, closed when ``asyncio.run`` ends the loop.
+    ``await store.aclose()`` or ``async with store:`` releases the running loop's.
+    The operator interface: ``await store.acreate_table()``, ``aget``, ``adelete``.
+    """
+
+    _libraries = ("aioboto3", "aiobotocore")
+    _extra = "dynamodb"
+    _transport_class = AsyncTransport
+    _transport: AsyncTransport
+    # Async only, as aioboto3 is: the WSGI middleware (and the sync protocols) refuse it.
+    claim = complete = release = renew = None  # type: ignore[assignment]
+    complete_deferred = release_deferred = get = delete = None  # type: ignore[assignment]
+
+    async def client(self) -> Any:
+        """The request path's DynamoDB client of the running event loop (the lean
+        transport's, or aioboto3's), made on first use; both take ``put_item``,
+        ``update_item``, ``delete_item``, ``get_item`` and ``transact_write_items`` as
+        aioboto3's does (a lean client passes other calls to an aioboto3 client)."""
+        return await self._transport.client()
+
+    async def awarm_up(self) -> None:
+        """Create the client now (it takes a second or more on a loaded machine), so the
+        first claim does not pay for it out of its lease. ``IdempotencyMiddleware`` calls
+        this at ASGI lifespan start-up, on the loop that serves requests."""
+        await self._transport.client()
+
+    async def acreate_table(self, *, wait_seconds: float = 60.0) -> None:
+        """:meth:`DynamoDBStore.create_table`, awaited."""
+        await self._arun("create_table", self._ops.create_table(wait_seconds))
+
+    async def create_table(self, *, wait_seconds: float = 60.0) -> None:  # type: ignore[override]
+        """:meth:`acreate_table`, under the name ``await store.create_table()`` has always had."""
+        await self.acreate_table(wait_seconds=wait_seconds)

@@ -1,0 +1,198 @@
+"""What the two lean DynamoDB clients (``wire_sync``, ``wire_async``) share: the five calls,
+signing, the retry decisions, failures mapped to botocore's exceptions, and ``meta`` (the
+endpoint, the region, and the subset of botocore's event system they emit: ``before-call``,
+``before-send``, so instrumentation and tests registering on ``client.meta.events`` see every
+call and attempt as on boto3). The clients only do the I/O."""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from . import wire
+from .config import WireConfig
+from .wire_retry import RetryPolicy
+
+
+class OperationName(NamedTuple):
+    """What an event's ``model`` argument offers: the operation's ``name``."""
+
+    name: str
+
+
+class Events:
+    """The subset of botocore's event system the lean clients emit: ``before-call`` (with
+    ``model`` and ``params``) and ``before-send`` (with ``request``, whose ``headers`` and
+    ``body`` are what goes out), so instrumentation and tests registering on
+    ``client.meta.events`` see every call and every attempt as with botocore."""
+
+    def __init__(self) -> None:
+        self._handlers: list[tuple[str, Callable[..., Any]]] = []
+
+    def register(self, event_name: str, handler: Callable[..., Any], **_: Any) -> None:
+        """Call ``handler`` for events named ``event_name`` or under it."""
+        self._handlers.append((event_name, handler))
+
+    def unregister(
+        self, event_name: str, handler: Callable[..., Any] | None = None, **_: Any
+    ) -> None:
+        """Stop calling ``handler`` (every handler, when ``None``) for ``event_name``."""
+        self._handlers = [
+            (name, known)
+            for name, known in self._handlers
+            if name != event_name or (handler is not None and known != handler)
+        ]
+
+    def __bool__(self) -> bool:
+        return bool(self._handlers)
+
+    def emit(self, event_name: str, **kwargs: Any) -> None:
+        """Call every handler registered on ``event_name`` or a prefix of it."""
+        for name, handler in list(self._handlers):
+            if event_name == name or event_name.startswith(name + "."):
+                handler(event_name=event_name, **kwargs)
+
+
+def events_of(client: Any) -> Events | None:
+    """A lean client's events (``None`` for an SDK client, or none)."""
+    events = getattr(getattr(client, "meta", None), "events", None)
+    return events if isinstance(events, Events) else None
+
+
+def forward_sdk_events(sdk: Any, lean_events: Callable[[], Events | None]) -> None:
+    """Let handlers registered on a lean client's ``meta.events`` hear the calls its store
+    makes on the SDK client beside it (table administration), as they would on one boto3
+    client."""
+
+    def forward(event_name: str, **kwargs: Any) -> None:
+        events = lean_events()
+        if events:
+            events.emit(event_name, **kwargs)
+
+    for name in ("before-call.dynamodb", "before-send.dynamodb"):
+        sdk.meta.events.register(name, forward)
+
+
+class SentRequest(NamedTuple):
+    """The ``request`` of a ``before-send`` event."""
+
+    url: str
+    method: str
+    headers: dict[str, str]
+    body: bytes
+
+
+class ClientMeta:
+    """``client.meta`` of a lean client: the endpoint, the region and the events."""
+
+    def __init__(self, endpoint_url: str, region_name: str) -> None:
+        self.endpoint_url = endpoint_url
+        self.region_name = region_name
+        self.service_model = OperationName("dynamodb")
+        self.events = Events()
+
+
+class WireClient:
+    """The SDK client's ``put_item``, ``update_item``, ``delete_item``, ``get_item`` and
+    ``transact_write_items``, sent directly: a subclass sends one attempt (``_exchange``)
+    and strings the attempts together (``_call``), sync or async."""
+
+    def __init__(self, config: WireConfig, credentials: Any, sdk: Any = None) -> None:
+        self._sdk = sdk  # the SDK client's maker, for any other call
+        self._config = config
+        self._credentials = credentials  # botocore's (or aiobotocore's), or None: none found
+        self._signer = wire.Signer(config.endpoint, config.region)
+        self._retry = RetryPolicy(config.max_attempts)
+        self.meta = ClientMeta(config.endpoint.url, config.region)
+        self._request_line = f"POST {config.endpoint.path} HTTP/1.1\r\n".encode()
+
+    def _call(self, operation: str, params: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def put_item(self, **params: Any) -> Any:
+        """PutItem, as the SDK client's ``put_item``."""
+        return self._call("PutItem", params)
+
+    def update_item(self, **params: Any) -> Any:
+        """UpdateItem, as the SDK client's ``update_item``."""
+        return self._call("UpdateItem", params)
+
+    def delete_item(self, **params: Any) -> Any:
+        """DeleteItem, as the SDK client's ``delete_item``."""
+        return self._call("DeleteItem", params)
+
+    def get_item(self, **params: Any) -> Any:
+        """GetItem, as the SDK client's ``get_item``."""
+        return self._call("GetItem", params)
+
+    def transact_write_items(self, **params: Any) -> Any:
+        """TransactWriteItems, as the SDK client's ``transact_write_items``."""
+        return self._call("TransactWriteItems", params)
+
+    # -- the steps of one call ----------------------------------------------------------
+
+    def _start(self, operation: str, params: dict[str, Any]) -> tuple[str, bytes]:
+        """The call's ``X-Amz-Target`` and body; its ``before-call`` event. Raises
+        botocore's ``NoCredentialsError`` when the chain found none."""
+        if self.meta.events:
+            model = OperationName(operation)
+            self.meta.events.emit(f"before-call.dynamodb.{operation}", model=model, params=params)
+        if self._credentials is None:
+            from botocore.exceptions import NoCredentialsError
+
+            raise NoCredentialsError()
+        return wire.TARGET_PREFIX + operation, wire.encode(params)
+
+    def _sign(self, operation: str, target: str, body: bytes, frozen: Any) -> dict[str, str]:
+        """One attempt's headers, signed with ``frozen`` (botocore's ``ReadOnlyCredentials``,
+        the shape of ``wire.Frozen``, as read now); its ``before-send`` event."""
+        headers = self._signer.headers(target, body, frozen)
+        if self.meta.events:
+            request = SentRequest(self._config.endpoint_url, "POST", headers, body)
+            self.meta.events.emit(f"before-send.dynamodb.{operation}", request=request)
+        return headers
+
+    def _judge(
+        self, operation: str, attempt: int, cost: int, answer: wire.Answer
+    ) -> tuple[float | None, int]:
+        """Seconds to wait before the next attempt (``None``: a success, taken as it is) and
+        the quota that retry took; raises the failure a non-retried error answer means."""
+        delay, retry_cost = self._retry.after_answer(attempt, answer)
+        if delay is None:
+            if answer.status >= 300:
+                raise wire.client_error(answer, operation, attempt, retry_cost > 0)
+            self._retry.succeeded(cost)
+        return delay, retry_cost
+
+    def _connect_failure(self, error: BaseException) -> Any:
+        """botocore's exception for a connection that could not be made (``None``: as is)."""
+        from botocore import exceptions as boto
+
+        url = self._config.endpoint.request_url
+        if isinstance(error, TimeoutError):
+            return boto.ConnectTimeoutError(endpoint_url=url, error=error)
+        if isinstance(error, ssl.SSLError):
+            return boto.SSLError(endpoint_url=url, error=error)
+        if isinstance(error, OSError):
+            return boto.EndpointConnectionError(endpoint_url=url, error=error)
+        return None
+
+    def _exchange_failure(
+        self, error: BaseException, closed: tuple[type[BaseException], ...]
+    ) -> Any:
+        """botocore's exception for an attempt that failed mid-way (``None``: as is)."""
+        from botocore import exceptions as boto
+
+        url = self._config.endpoint_url
+        if isinstance(error, TimeoutError):
+            return boto.ReadTimeoutError(endpoint_url=url, error=error)
+        if isinstance(error, closed):
+            return boto.ConnectionClosedError(endpoint_url=url, error=error)
+        if isinstance(error, (OSError, ValueError)):
+            return boto.HTTPClientError(error=error)
+        return None
+
+    def _keep(self, headers: dict[str, str], idle: int) -> bool:
+        """Whether the connection goes back to the pool after this answer."""
+        return wire.keeps_alive(headers) and idle < self._config.max_pool_connections
