@@ -41,10 +41,10 @@ from .functions import idempotent
 from .request_view import HeaderView, RequestView
 from .rules import IdempotencyRule
 from .scopes import scope_by_header, scope_by_tenant_header
-from .stores.base import AsyncStore, StoreUnavailable, SyncStore
 from .stores.dynamodb import AsyncDynamoDBStore, DynamoDBStore
 from .stores.memory import MemoryStore
 from .stores.postgres import PostgresStore
+from .stores.protocol import AsyncStore, StoreUnavailable, SyncStore
 from .stores.redis import RedisStore
 from .stores.sqlite import SQLiteStore
 from .transactions import Transaction, completion_transaction

@@ -19,7 +19,7 @@ from .engine.renewal import LoopRenewals
 from .options import MiddlewareOptions, Options
 from .records import StoredResponse
 from .rules import IdempotencyRule
-from .stores.base import AsyncStore
+from .stores.protocol import AsyncStore
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

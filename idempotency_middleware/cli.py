@@ -22,8 +22,8 @@ import orjson
 from . import __version__
 from .keys import InvalidKey, parse_idempotency_key, storage_key
 from .records import Record
-from .stores.base import StoreUnavailable, SyncOperations
 from .stores.dynamodb import DynamoDBStore
+from .stores.protocol import StoreUnavailable, SyncOperations
 
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1

@@ -38,7 +38,7 @@ from .refusals import (
     RefusalReason,
 )
 from .request_view import RequestView
-from .stores.base import ClaimRequest, Completion
+from .stores.protocol import ClaimRequest, Completion
 
 # The refusals (``refusals.py``) are part of core's vocabulary: the engine decides them here.
 __all__ = [

@@ -30,7 +30,7 @@ from .engine.renewal import ThreadRenewals
 from .options import MiddlewareOptions, Options
 from .problems import Problem
 from .records import Headers, StoredResponse
-from .stores.base import SyncStore
+from .stores.protocol import SyncStore
 
 __all__ = ["SETTING", "IdempotencyDjangoMiddleware", "problem_response", "replay_response"]
 

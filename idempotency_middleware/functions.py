@@ -32,7 +32,7 @@ from .options import (
 from .payloads import fingerprint_arguments, fingerprint_payload
 from .records import StoredResponse
 from .results import ResultCodec, Serializer
-from .stores.base import AsyncStore, SyncStore
+from .stores.protocol import AsyncStore, SyncStore
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -18,7 +18,7 @@ from .engine.effects import Ran, StreamEnd
 from .engine.renewal import ThreadRenewals
 from .options import MiddlewareOptions, Options
 from .records import StoredResponse
-from .stores.base import SyncStore
+from .stores.protocol import SyncStore
 from .wsgi_environ import Environ, StartResponse, WSGIApp
 
 if TYPE_CHECKING:

@@ -63,7 +63,7 @@ from idempotency_middleware import (
     IdempotencyWSGIMiddleware,
 )
 from idempotency_middleware.events import IdempotencyEvent
-from idempotency_middleware.stores.base import AsyncStore, SyncStore
+from idempotency_middleware.stores.protocol import AsyncStore, SyncStore
 from tests.servers import HOST, serve_asgi, serve_wsgi
 
 REGION = "us-east-1"

@@ -50,8 +50,8 @@ from idempotency_middleware import (
 )
 from idempotency_middleware.errors import StoreUnavailable
 from idempotency_middleware.records import Record
-from idempotency_middleware.stores.base import ClaimRequest, ClaimResult, Completion
 from idempotency_middleware.stores.dynamodb import MAX_ITEM_RESPONSE_BYTES
+from idempotency_middleware.stores.protocol import ClaimRequest, ClaimResult, Completion
 from idempotency_middleware.testing import FakeClock
 from tests.conftest import REGION
 from tests.db_stores import DB_KINDS, is_db_kind, location, new_store, raw_record, unreachable_store

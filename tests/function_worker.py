@@ -40,7 +40,7 @@ from idempotency_middleware import (
     idempotent,
 )
 from idempotency_middleware.clock import SYSTEM_CLOCK, Clock
-from idempotency_middleware.stores.base import ClaimRequest, ClaimResult, Completion, Held
+from idempotency_middleware.stores.protocol import ClaimRequest, ClaimResult, Completion, Held
 
 NAME = "tests.function_worker.work"  # the same in every process (whatever __name__ is)
 REGION = "us-east-1"

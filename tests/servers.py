@@ -45,7 +45,7 @@ from idempotency_middleware import (
     StoreUnavailable,
 )
 from idempotency_middleware.asgi import ASGIApp
-from idempotency_middleware.stores.base import (
+from idempotency_middleware.stores.protocol import (
     AsyncStore,
     ClaimRequest,
     ClaimResult,

@@ -30,7 +30,7 @@ from starlette.routing import Route
 
 from idempotency_middleware import IdempotencyMiddleware
 from idempotency_middleware.asgi import ASGIApp, Receive, Scope, Send
-from idempotency_middleware.stores.base import Claimed, ClaimRequest
+from idempotency_middleware.stores.protocol import Claimed, ClaimRequest
 from idempotency_middleware.stores.sqlite import SQLiteStore
 
 HANDLER_SECONDS = 0.2

@@ -36,7 +36,7 @@ from idempotency_middleware import (
     IdempotencyWSGIMiddleware,
     MemoryStore,
 )
-from idempotency_middleware.stores.base import ClaimRequest, ClaimResult, Completion
+from idempotency_middleware.stores.protocol import ClaimRequest, ClaimResult, Completion
 from idempotency_middleware.testing import FakeClock
 from tests.apps import (
     EVENT_STREAM,

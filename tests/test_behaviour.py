@@ -23,7 +23,7 @@ from idempotency_middleware import (
     scope_by_tenant_header,
 )
 from idempotency_middleware.records import Record
-from idempotency_middleware.stores.base import ClaimRequest, ClaimResult, Completion
+from idempotency_middleware.stores.protocol import ClaimRequest, ClaimResult, Completion
 from tests.apps import (
     FLASK_ERRORHANDLER_BODY,
     GET_ORDERS,

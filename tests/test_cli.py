@@ -24,7 +24,7 @@ from idempotency_middleware.cli import (
 )
 from idempotency_middleware.keys import storage_key
 from idempotency_middleware.records import StoredResponse
-from idempotency_middleware.stores.base import ClaimRequest, Completion
+from idempotency_middleware.stores.protocol import ClaimRequest, Completion
 from tests.servers import free_port
 
 from .conftest import REGION

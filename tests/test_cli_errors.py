@@ -29,7 +29,7 @@ from idempotency_middleware.cli import (
 )
 from idempotency_middleware.keys import storage_key
 from idempotency_middleware.records import StoredResponse
-from idempotency_middleware.stores.base import Claimed, ClaimRequest, Completion
+from idempotency_middleware.stores.protocol import Claimed, ClaimRequest, Completion
 from idempotency_middleware.testing import FakeClock
 from tests.diag_aws import RejectingEndpoint, aws_environment
 from tests.faultproxy import FaultProxy

@@ -49,7 +49,13 @@ from idempotency_middleware import (
 from idempotency_middleware.asgi_messages import Receive, Scope, Send
 from idempotency_middleware.options import DEFAULT_CLOCK_SKEW_SECONDS
 from idempotency_middleware.records import Record, Status, StoredResponse
-from idempotency_middleware.stores.base import Claimed, ClaimRequest, ClaimResult, Completion, Held
+from idempotency_middleware.stores.protocol import (
+    Claimed,
+    ClaimRequest,
+    ClaimResult,
+    Completion,
+    Held,
+)
 from idempotency_middleware.testing import FakeClock
 from idempotency_middleware.wsgi_environ import Environ, StartResponse
 from tests.apps import POST_SLOW, AppState

@@ -65,7 +65,8 @@ from idempotency_middleware.records import (
     StoredResponse,
     decode_response_document,
 )
-from idempotency_middleware.stores.base import (
+from idempotency_middleware.stores.dynamodb import MAX_ITEM_RESPONSE_BYTES
+from idempotency_middleware.stores.protocol import (
     AsyncDeferrals,
     Claimed,
     ClaimRequest,
@@ -74,7 +75,6 @@ from idempotency_middleware.stores.base import (
     Held,
     SyncDeferrals,
 )
-from idempotency_middleware.stores.dynamodb import MAX_ITEM_RESPONSE_BYTES
 from idempotency_middleware.testing import FakeClock
 from tests.conftest import REGION
 from tests.db_stores import DB_KINDS, is_db_kind, open_db_store

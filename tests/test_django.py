@@ -37,7 +37,7 @@ from idempotency_middleware import (
     StoreUnavailable,
 )
 from idempotency_middleware.django import IdempotencyDjangoMiddleware
-from idempotency_middleware.stores.base import ClaimRequest, ClaimResult
+from idempotency_middleware.stores.protocol import ClaimRequest, ClaimResult
 from idempotency_middleware.testing import FakeClock
 from tests import django_project as project  # configures Django's settings once
 from tests.apps import STREAM_FIRST_CHUNK, STREAM_LAST_CHUNK, AppState

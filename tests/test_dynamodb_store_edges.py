@@ -15,7 +15,8 @@ import pytest
 
 from idempotency_middleware import AsyncDynamoDBStore, DynamoDBStore
 from idempotency_middleware.records import StoredResponse
-from idempotency_middleware.stores.base import (
+from idempotency_middleware.stores.dynamodb.errors import held_item
+from idempotency_middleware.stores.protocol import (
     Claimed,
     ClaimRequest,
     ClaimResult,
@@ -23,7 +24,6 @@ from idempotency_middleware.stores.base import (
     Held,
     StoreUnavailable,
 )
-from idempotency_middleware.stores.dynamodb.errors import held_item
 from idempotency_middleware.testing import FakeClock
 from tests.faultproxy import FaultProxy
 from tests.test_store_kit import AnswerRewritingProxy

@@ -27,7 +27,8 @@ from idempotency_middleware.engine.renewal import Leases, LoopRenewals, ThreadRe
 from idempotency_middleware.events import IdempotencyEvent
 from idempotency_middleware.options import DEFAULT_CLOCK_SKEW_SECONDS, Options
 from idempotency_middleware.records import Record, Status, StoredResponse
-from idempotency_middleware.stores.base import (
+from idempotency_middleware.stores.memory import MemoryStore
+from idempotency_middleware.stores.protocol import (
     CLAIMED,
     TAKEN_OVER,
     ClaimRequest,
@@ -35,7 +36,6 @@ from idempotency_middleware.stores.base import (
     Held,
     StoreUnavailable,
 )
-from idempotency_middleware.stores.memory import MemoryStore
 from idempotency_middleware.testing import FakeClock
 from tests.attempts import BOOKKEEPING, bookkeeping, order_attempt, without_bookkeeping
 

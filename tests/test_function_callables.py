@@ -24,7 +24,7 @@ from idempotency_middleware.engine.effects import Run
 from idempotency_middleware.engine.renewal import LoopRenewals
 from idempotency_middleware.events import Reporter
 from idempotency_middleware.options import Options
-from idempotency_middleware.stores.base import ClaimRequest, ClaimResult, Completion
+from idempotency_middleware.stores.protocol import ClaimRequest, ClaimResult, Completion
 from idempotency_middleware.testing import FakeClock
 
 

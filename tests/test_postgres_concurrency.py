@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from idempotency_middleware.stores.base import CLAIMED, Claimed, ClaimResult, Held
 from idempotency_middleware.stores.postgres import PostgresStore
+from idempotency_middleware.stores.protocol import CLAIMED, Claimed, ClaimResult, Held
 from tests.test_postgres_store import NOW, completion, key, request, table
 
 WORKER_SECONDS = 60.0

@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 from idempotency_middleware import PostgresStore
-from idempotency_middleware.stores.base import Claimed, ClaimRequest, StoreUnavailable
+from idempotency_middleware.stores.protocol import Claimed, ClaimRequest, StoreUnavailable
 
 OPTIONS = {
     "min_size": 1,

@@ -18,8 +18,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from idempotency_middleware.stores.base import CLAIMED, Held, StoreUnavailable
 from idempotency_middleware.stores.postgres import PostgresStore
+from idempotency_middleware.stores.protocol import CLAIMED, Held, StoreUnavailable
 from tests.db_servers import ServerUnavailable, require_or_skip
 from tests.pg_instance import SECRET_PASSWORD, SECRET_ROLE, PostgresInstance, postgres_instance
 from tests.test_postgres_store import completion, key, request, table

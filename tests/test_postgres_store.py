@@ -22,7 +22,8 @@ import pytest
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from idempotency_middleware.records import Status, StoredResponse
-from idempotency_middleware.stores.base import (
+from idempotency_middleware.stores.postgres import PostgresStore
+from idempotency_middleware.stores.protocol import (
     CLAIMED,
     TAKEN_OVER,
     ClaimRequest,
@@ -30,7 +31,6 @@ from idempotency_middleware.stores.base import (
     Held,
     StoreUnavailable,
 )
-from idempotency_middleware.stores.postgres import PostgresStore
 from idempotency_middleware.testing import FakeClock
 from tests.servers import free_port
 

@@ -11,7 +11,7 @@ import boto3
 
 from idempotency_middleware import AsyncDynamoDBStore, DynamoDBStore
 from idempotency_middleware.records import StoredResponse
-from idempotency_middleware.stores.base import Claimed, ClaimRequest, Completion, Held
+from idempotency_middleware.stores.protocol import Claimed, ClaimRequest, Completion, Held
 
 from .conftest import REGION
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from idempotency_middleware import SQLiteStore
-from idempotency_middleware.stores.base import Claimed, ClaimRequest, StoreUnavailable
+from idempotency_middleware.stores.protocol import Claimed, ClaimRequest, StoreUnavailable
 from idempotency_middleware.stores.sqlite.errors import is_busy
 from idempotency_middleware.stores.sqlite.transport import rolled_back
 from idempotency_middleware.testing import FakeClock

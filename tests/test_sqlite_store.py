@@ -21,7 +21,8 @@ import pytest
 
 from idempotency_middleware import IdempotencyWSGIMiddleware
 from idempotency_middleware.records import Status, StoredResponse
-from idempotency_middleware.stores.base import (
+from idempotency_middleware.stores.kit import Flow
+from idempotency_middleware.stores.protocol import (
     AsyncStore,
     Claimed,
     ClaimRequest,
@@ -30,7 +31,6 @@ from idempotency_middleware.stores.base import (
     StoreUnavailable,
     SyncStore,
 )
-from idempotency_middleware.stores.kit import Flow
 from idempotency_middleware.stores.sqlite import SQLiteStore
 from idempotency_middleware.testing import FakeClock
 from idempotency_middleware.wsgi import Environ, StartResponse, WSGIApp

@@ -36,7 +36,7 @@ from idempotency_middleware import AsyncDynamoDBStore, DynamoDBStore
 from idempotency_middleware.keys import storage_key
 from idempotency_middleware.options import DEFAULT_CLOCK_SKEW_SECONDS
 from idempotency_middleware.records import Status
-from idempotency_middleware.stores.base import ClaimRequest, StoreUnavailable
+from idempotency_middleware.stores.protocol import ClaimRequest, StoreUnavailable
 from tests.conftest import new_table
 from tests.faultproxy import (
     CLIENT_TIMEOUT_SECONDS,

@@ -49,8 +49,8 @@ from idempotency_middleware import (
 from idempotency_middleware.attempt_context import CURRENT, CurrentAttempt
 from idempotency_middleware.keys import storage_key
 from idempotency_middleware.records import Status
-from idempotency_middleware.stores.base import ClaimRequest
 from idempotency_middleware.stores.dynamodb.requests import commit_token
+from idempotency_middleware.stores.protocol import ClaimRequest
 from idempotency_middleware.transactions import MAX_WRITES
 from tests.conftest import REGION
 from tests.faultproxy import FaultProxy, Mode, SeenRequest

@@ -54,7 +54,7 @@ from idempotency_middleware.engine.effects import Effect, Ran, Run, Wait
 from idempotency_middleware.engine.renewal import ThreadRenewals
 from idempotency_middleware.options import DEFAULT_CLOCK_SKEW_SECONDS, Options
 from idempotency_middleware.records import Status, StoredResponse
-from idempotency_middleware.stores.base import CLAIMED, AsyncStore, ClaimRequest
+from idempotency_middleware.stores.protocol import CLAIMED, AsyncStore, ClaimRequest
 from idempotency_middleware.testing import FakeClock
 from tests.attempts import BOOKKEEPING, order_attempt
 from tests.conftest import REGION

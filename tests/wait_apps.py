@@ -21,7 +21,7 @@ import orjson
 
 from idempotency_middleware.asgi import ASGIApp, Receive, Scope, Send
 from idempotency_middleware.clock import Clock
-from idempotency_middleware.stores.base import (
+from idempotency_middleware.stores.protocol import (
     AsyncStore,
     ClaimRequest,
     ClaimResult,

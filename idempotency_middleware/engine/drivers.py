@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from ..attempt_context import CURRENT, CurrentAttempt
 from ..clock import Clock
 from ..records import Record
-from ..stores.base import AsyncStore, ClaimRequest, Completion, SyncStore
+from ..stores.protocol import AsyncStore, ClaimRequest, Completion, SyncStore
 from .effects import (
     AwaitStreamEnd,
     Effect,

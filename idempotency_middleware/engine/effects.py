@@ -18,7 +18,7 @@ from ..cache import ReplayCache
 from ..core import Attempt
 from ..events import EventKind, Reporter
 from ..records import Record
-from ..stores.base import ClaimRequest, Completion
+from ..stores.protocol import ClaimRequest, Completion
 
 # A ``ClaimRequest`` is itself the claim effect: ``store.claim(request)`` -> ``Claimed | Held``;
 # a ``Completion`` the completion effect: ``store.complete(completion)`` -> ``bool``

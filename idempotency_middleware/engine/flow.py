@@ -32,7 +32,7 @@ from ..errors import TransactionConflictError, TransactionRejectedError
 from ..events import EventKind, Reporter
 from ..options import Options
 from ..records import StoredResponse
-from ..stores.base import Completion, Held, StoreUnavailable
+from ..stores.protocol import Completion, Held, StoreUnavailable
 from .effects import (
     AWAIT_STREAM_END,
     Effect,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..records import Record, Status, StoredResponse
-from .base import (
+from .protocol import (
     CLAIMED,
     TAKEN_OVER,
     AsyncOperations,
