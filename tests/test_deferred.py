@@ -77,8 +77,9 @@ from idempotency_middleware.stores.base import (
 from idempotency_middleware.stores.dynamodb import MAX_ITEM_RESPONSE_BYTES
 from idempotency_middleware.testing import FakeClock
 from tests.conftest import REGION
-from tests.db_stores import DB_KINDS, is_db_kind, open_db_store
+from tests.db_stores import open_db_store
 from tests.servers import CLIENT_TIMEOUT_SECONDS, serve_asgi, serve_wsgi
+from tests.store_kinds import STORE_KINDS, is_db_kind
 
 T = TypeVar("T")
 
@@ -191,19 +192,6 @@ class AsyncDriver:
 
     def release_deferred(self, token: Any) -> bool:
         return answer(self._run(self.store.arelease_deferred(token)))
-
-
-LOCAL_KINDS = ("dynamodb-local", "dynamodb-local-async")
-STORE_KINDS = (
-    "memory",
-    "memory-async",
-    "sqlite",
-    "sqlite-async",
-    "dynamodb",
-    "dynamodb-async",
-    *LOCAL_KINDS,
-    *DB_KINDS,
-)
 
 
 @pytest.fixture(scope="module")

@@ -47,8 +47,16 @@ from idempotency_middleware.stores.dynamodb import (
     MAX_ITEM_RESPONSE_BYTES,
 )
 from tests.conftest import REGION
-from tests.db_stores import DB_KINDS, is_db_kind, open_db_store
+from tests.db_stores import open_db_store
 from tests.servers import free_port
+from tests.store_kinds import (
+    DYNAMODB_KINDS,
+    LOCAL_KINDS,
+    SDK_KINDS,
+    STORE_KINDS,
+    is_async,
+    is_db_kind,
+)
 
 T = TypeVar("T")
 
@@ -155,16 +163,6 @@ class AsyncDriver:
 
 # Every kind is always generated: the DynamoDB Local ones skip (with the reason) when its URL
 # is not set, through the dynamodb_local_endpoint fixture.
-LOCAL_KINDS = ["dynamodb-local", "dynamodb-local-async"]
-DYNAMODB_KINDS = ["dynamodb", "dynamodb-async", *LOCAL_KINDS]
-# The DynamoDB kinds above run on the stores' default, the lean transport; these keep the SDK
-# path (a store given a session) under the DynamoDB-specific tests, not the whole contract.
-SDK_KINDS = ["dynamodb-sdk", "dynamodb-sdk-async"]
-STORE_KINDS = ["memory", "memory-async", "sqlite", "sqlite-async", *DYNAMODB_KINDS, *DB_KINDS]
-
-
-def is_async(kind: str) -> bool:
-    return kind.endswith("-async")
 
 
 @pytest.fixture(scope="module")
