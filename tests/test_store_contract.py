@@ -17,6 +17,7 @@ operator interface (``get``, ``delete``, ``create_table`` and their ``a``-prefix
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 import os
 import time
@@ -29,6 +30,8 @@ import boto3
 import pytest
 
 from idempotency_middleware import AsyncDynamoDBStore, DynamoDBStore, MemoryStore, SQLiteStore
+from idempotency_middleware.core import new_owner
+from idempotency_middleware.deferred import new_token, parse_token
 from idempotency_middleware.records import Record, Status, StoredResponse
 from idempotency_middleware.stores import (
     AsyncOperations,
@@ -42,10 +45,12 @@ from idempotency_middleware.stores import (
     SyncOperations,
     SyncStore,
 )
+from idempotency_middleware.stores.base import AsyncDeferrals, SyncDeferrals
 from idempotency_middleware.stores.dynamodb import (
     IN_PROGRESS_TTL_GRACE_SECONDS,
     MAX_ITEM_RESPONSE_BYTES,
 )
+from idempotency_middleware.testing import FakeClock
 from tests.conftest import REGION
 from tests.db_stores import open_db_store
 from tests.servers import free_port
@@ -92,13 +97,19 @@ class Driver(Protocol):
 
     def create_table(self) -> None: ...
 
+    def complete_deferred(
+        self, token: Any, status: Any, headers: Any = (), body: Any = b""
+    ) -> bool: ...
 
-class ContractSyncStore(SyncStore, SyncOperations, Protocol):
-    """A sync store: the store protocol and the operator interface."""
+    def release_deferred(self, token: Any) -> bool: ...
 
 
-class ContractAsyncStore(AsyncStore, AsyncOperations, Protocol):
-    """An async store: the store protocol and the operator interface."""
+class ContractSyncStore(SyncStore, SyncOperations, SyncDeferrals, Protocol):
+    """A sync store: the store protocol, the operator interface and deferred completion."""
+
+
+class ContractAsyncStore(AsyncStore, AsyncOperations, AsyncDeferrals, Protocol):
+    """An async store: the store protocol, the operator interface and deferred completion."""
 
 
 class SyncDriver:
@@ -127,6 +138,14 @@ class SyncDriver:
 
     def create_table(self) -> None:
         return self.store.create_table()
+
+    def complete_deferred(
+        self, token: Any, status: Any, headers: Any = (), body: Any = b""
+    ) -> bool:
+        return self.store.complete_deferred(token, status, headers, body)
+
+    def release_deferred(self, token: Any) -> bool:
+        return self.store.release_deferred(token)
 
 
 class AsyncDriver:
@@ -159,6 +178,14 @@ class AsyncDriver:
 
     def create_table(self) -> None:
         return self.run(self.store.acreate_table())
+
+    def complete_deferred(
+        self, token: Any, status: Any, headers: Any = (), body: Any = b""
+    ) -> bool:
+        return self.run(self.store.acomplete_deferred(token, status, headers, body))
+
+    def release_deferred(self, token: Any) -> bool:
+        return self.run(self.store.arelease_deferred(token))
 
 
 # Every kind is always generated: the DynamoDB Local ones skip (with the reason) when its URL
@@ -226,9 +253,11 @@ def drive_async(store: ContractAsyncStore) -> Iterator[AsyncDriver]:
 
 
 def open_driver(request: pytest.FixtureRequest, kind: str) -> Iterator[Driver]:
+    """A driver of a store of ``kind`` on the test's ``clock``."""
+    clock: FakeClock = request.getfixturevalue("clock")
     if kind in ("memory", "memory-async"):
         # Mimics DynamoDB's item limit, so "too large" means the same thing everywhere.
-        memory = MemoryStore(max_response_bytes=MAX_ITEM_RESPONSE_BYTES)
+        memory = MemoryStore(max_response_bytes=MAX_ITEM_RESPONSE_BYTES, clock=clock)
         if is_async(kind):
             yield from drive_async(memory)
         else:
@@ -238,7 +267,10 @@ def open_driver(request: pytest.FixtureRequest, kind: str) -> Iterator[Driver]:
         # Redis and PostgreSQL on their real servers, keeping responses up to DynamoDB's
         # item limit like the memory and SQLite kinds.
         db_store = open_db_store(
-            request, kind.removesuffix("-async"), max_response_bytes=MAX_ITEM_RESPONSE_BYTES
+            request,
+            kind.removesuffix("-async"),
+            max_response_bytes=MAX_ITEM_RESPONSE_BYTES,
+            clock=clock,
         )
         if is_async(kind):
             yield from drive_async(db_store)
@@ -249,7 +281,7 @@ def open_driver(request: pytest.FixtureRequest, kind: str) -> Iterator[Driver]:
     if kind in ("sqlite", "sqlite-async"):
         tmp_path: Path = request.getfixturevalue("tmp_path")
         sqlite = SQLiteStore(
-            tmp_path / "contract.sqlite3", max_response_bytes=MAX_ITEM_RESPONSE_BYTES
+            tmp_path / "contract.sqlite3", max_response_bytes=MAX_ITEM_RESPONSE_BYTES, clock=clock
         )
         if is_async(kind):
             yield from drive_async(sqlite)
@@ -264,10 +296,12 @@ def open_driver(request: pytest.FixtureRequest, kind: str) -> Iterator[Driver]:
         sdk = {"session": async_session if is_async(kind) else sync_session}
     if is_async(kind):
         yield from drive_async(
-            AsyncDynamoDBStore(table, endpoint_url=endpoint, region_name=REGION, **sdk)
+            AsyncDynamoDBStore(table, endpoint_url=endpoint, region_name=REGION, clock=clock, **sdk)
         )
         return
-    with DynamoDBStore(table, endpoint_url=endpoint, region_name=REGION, **sdk) as store:
+    with DynamoDBStore(
+        table, endpoint_url=endpoint, region_name=REGION, clock=clock, **sdk
+    ) as store:
         yield SyncDriver(store)
 
 
@@ -294,8 +328,16 @@ def dynamodb_store(request: pytest.FixtureRequest, dynamodb_kind: str) -> Iterat
 
 
 @pytest.fixture
-def now() -> float:
-    return time.time()
+def clock() -> FakeClock:
+    """The stores' clock (what a deferral token expires by). Started at the real time, so a
+    DynamoDB endpoint's TTL sweeper never takes these items for expired."""
+    return FakeClock(start=time.time())
+
+
+@pytest.fixture
+def now(clock: FakeClock) -> float:
+    """The time the test's requests carry, the stores' clock's start."""
+    return clock.now()
 
 
 @pytest.fixture
@@ -887,3 +929,344 @@ def test_memory_store_drops_expired_records_so_memory_stays_bounded() -> None:
     assert store.get("old") is None
     assert store.get("live") is not None
     assert len(store) == 2
+
+
+# --- deferred completion: complete_deferred / release_deferred and their async twins ----
+# A key claimed and completed as deferred holds its interim response until a worker finishes
+# it by token. The DynamoDB stores run these on their SDK path too (a store given a session):
+# its deferred writes are its own code. A token expires by advancing the stores' FakeClock.
+
+DEFERRING_KINDS = [*STORE_KINDS, *SDK_KINDS]
+DEFERRING = pytest.mark.parametrize("store_kind", DEFERRING_KINDS, indirect=True)
+DEFERRAL_LOCK = 30.0
+DEFERRAL_TTL = 3600.0
+INTERIM = StoredResponse(
+    202, [(b"content-type", b"application/json"), (b"location", b"/jobs/1")], b'{"job":1}'
+)
+# Sent by the worker: names in any case, hop-by-hop and Set-Cookie headers among them.
+FINAL_HEADERS_SENT = [
+    (b"Content-Type", b"application/json"),
+    (b"Set-Cookie", b"session=abc; Path=/"),
+    (b"Connection", b"close"),
+    (b"X-Trace", b"trace-\xe9"),
+    (b"transfer-encoding", b"chunked"),
+]
+# ... and what is kept of them: lower-cased names, in order, without the dropped ones.
+FINAL_HEADERS_STORED = [(b"content-type", b"application/json"), (b"x-trace", b"trace-\xe9")]
+FINAL_BODY = b'{"done":true,"total":12.5}'
+
+
+def new_key_hash() -> str:
+    """A key hash as the middleware stores it: 64 hex characters."""
+    return hashlib.sha256(uuid.uuid4().bytes).hexdigest()
+
+
+def claim_for(now: float, key_hash: str | None = None, owner: str | None = None) -> ClaimRequest:
+    return ClaimRequest(
+        key_hash or new_key_hash(), "fp-deferred", owner or new_owner(), now, DEFERRAL_LOCK
+    )
+
+
+def interim_completion(claim: ClaimRequest, now: float) -> Completion:
+    """What the engine stores when the handler deferred (``core.completion_for(...,
+    deferred=True)``): the handler's response as the interim one."""
+    return Completion(claim.key_hash, claim.owner, now, DEFERRAL_TTL, INTERIM, deferred=True)
+
+
+def token_for(claim: ClaimRequest) -> str:
+    """The token ``defer_completion()`` hands out for ``claim``: expiring with its DEFERRAL_TTL."""
+    return new_token(claim.key_hash, claim.owner, claim.now + DEFERRAL_TTL)
+
+
+def deferred_key(store: Driver, clock: FakeClock) -> tuple[ClaimRequest, str]:
+    """A key claimed and completed as deferred; its claim and its token."""
+    claim = claim_for(clock.now())
+    assert store.claim(claim) == Claimed(taken_over=False)
+    assert store.complete(interim_completion(claim, clock.now() + 0.25)) is True
+    return claim, token_for(claim)
+
+
+def retry_of(claim: ClaimRequest, now: float) -> ClaimRequest:
+    """The same request again (same key and fingerprint), from another attempt."""
+    return claim._replace(owner=new_owner(), now=now)
+
+
+@DEFERRING
+def test_a_deferred_key_holds_the_interim_response_until_its_token_completes_it(
+    store: Driver, clock: FakeClock
+) -> None:
+    claim, token = deferred_key(store, clock)
+    record = store.get(claim.key_hash)
+    assert record is not None
+    assert record.status is Status.DEFERRED
+    assert record.response == INTERIM
+    assert record.owner == claim.owner
+    # A retry meanwhile is answered from the interim response, past the claim's lock too.
+    clock.advance(DEFERRAL_LOCK + 1)
+    waiting = held_record(store.claim(retry_of(claim, clock.now())))
+    assert (waiting.status, waiting.response) == (Status.DEFERRED, INTERIM)
+
+    assert store.complete_deferred(token, 200, FINAL_HEADERS_SENT, FINAL_BODY) is True
+
+    final = store.get(claim.key_hash)
+    assert final is not None
+    assert final.status is Status.COMPLETED
+    assert final.response == StoredResponse(200, FINAL_HEADERS_STORED, FINAL_BODY)
+    assert final.response_not_stored is False
+    assert final.owner == claim.owner
+    assert final.fingerprint == claim.fingerprint
+    assert final.expires_at == parse_token(token).expires_at == math.ceil(claim.now + DEFERRAL_TTL)
+    assert held_record(store.claim(retry_of(claim, clock.now()))).response == final.response
+
+
+@DEFERRING
+@pytest.mark.parametrize("status", [503, 500, 404, 204, 100])
+def test_any_final_status_is_stored_5xx_included(
+    store: Driver, clock: FakeClock, status: int
+) -> None:
+    claim, token = deferred_key(store, clock)
+    assert store.complete_deferred(token, status, [(b"x-status", str(status).encode())]) is True
+    record = store.get(claim.key_hash)
+    assert record is not None
+    assert record.status is Status.COMPLETED
+    assert record.response == StoredResponse(status, [(b"x-status", str(status).encode())], b"")
+
+
+@DEFERRING
+def test_a_body_of_any_bytes_like_type_is_stored_as_bytes(store: Driver, clock: FakeClock) -> None:
+    claim, token = deferred_key(store, clock)
+    assert store.complete_deferred(token, 200, (), memoryview(b"\x00\xffraw")) is True
+    record = store.get(claim.key_hash)
+    assert record is not None and record.response is not None
+    assert record.response.body == b"\x00\xffraw"
+    assert type(record.response.body) is bytes
+
+
+@DEFERRING
+def test_a_token_completes_its_key_once(store: Driver, clock: FakeClock) -> None:
+    claim, token = deferred_key(store, clock)
+    assert store.complete_deferred(token, 200, (), b"first") is True
+    first = store.get(claim.key_hash)
+
+    assert store.complete_deferred(token, 201, (), b"second") is False
+    assert store.release_deferred(token) is False  # completed: the key is not forgotten
+
+    assert store.get(claim.key_hash) == first
+
+
+@DEFERRING
+def test_release_deferred_forgets_the_key_so_a_retry_runs_again(
+    store: Driver, clock: FakeClock
+) -> None:
+    claim, token = deferred_key(store, clock)
+    assert store.release_deferred(token) is True
+    assert store.get(claim.key_hash) is None
+    # The token no longer applies to anything.
+    assert store.release_deferred(token) is False
+    assert store.complete_deferred(token, 200, (), b"late") is False
+    assert store.get(claim.key_hash) is None
+    assert store.claim(retry_of(claim, clock.now())) == Claimed(taken_over=False)
+
+
+@DEFERRING
+def test_a_token_of_another_owner_finishes_nothing(store: Driver, clock: FakeClock) -> None:
+    claim, _ = deferred_key(store, clock)
+    before = store.get(claim.key_hash)
+    stranger = new_token(claim.key_hash, new_owner(), claim.now + DEFERRAL_TTL)
+
+    assert store.complete_deferred(stranger, 200, (), b"not yours") is False
+    assert store.release_deferred(stranger) is False
+
+    assert store.get(claim.key_hash) == before
+
+
+@DEFERRING
+def test_a_token_of_an_owner_that_was_taken_over_finishes_nothing(
+    store: Driver, clock: FakeClock
+) -> None:
+    # The first attempt stalled past its lock (it never stored its interim response); a
+    # retry took the key over and is running now.
+    claim = claim_for(clock.now())
+    store.claim(claim)
+    stale_token = token_for(claim)
+    clock.advance(DEFERRAL_LOCK + 1)
+    successor = retry_of(claim, clock.now())
+    assert store.claim(successor) == Claimed(taken_over=True)
+
+    assert store.complete_deferred(stale_token, 200, (), b"stale") is False
+    assert store.release_deferred(stale_token) is False
+
+    record = store.get(claim.key_hash)
+    assert record is not None
+    assert (record.status, record.owner) == (Status.IN_PROGRESS, successor.owner)
+
+
+@DEFERRING
+def test_an_expired_token_completes_nothing(store: Driver, clock: FakeClock) -> None:
+    claim, token = deferred_key(store, clock)
+    before = store.get(claim.key_hash)
+    clock.advance(parse_token(token).expires_at - clock.now())  # exactly at its expiry
+
+    assert store.complete_deferred(token, 200, (), b"too late") is False
+
+    assert store.get(claim.key_hash) == before
+
+
+MALFORMED_TOKENS: list[object] = [
+    "",
+    "abc",
+    "a" * 64,
+    "a" * 64 + "." + "0" * 24 + "-1",  # two parts
+    "a" * 64 + "." + "0" * 24 + "-1.1700000000.9",  # four parts
+    "g" * 64 + "." + "0" * 24 + "-1.1700000000",  # key hash not hex
+    "A" * 64 + "." + "0" * 24 + "-1.1700000000",  # hex, but not as written
+    "a" * 63 + "." + "0" * 24 + "-1.1700000000",  # key hash too short
+    "a" * 64 + "." + "0" * 24 + ".1700000000",  # owner without its counter
+    "a" * 64 + "." + "0" * 24 + "-1.17e9",  # expiry not an integer
+    "a" * 64 + "." + "0" * 24 + "-1.-1",
+    " " + "a" * 64 + "." + "0" * 24 + "-1.1700000000",
+    "a" * 64 + "." + "0" * 24 + "-1.1700000000\n",
+    ("a" * 64 + "." + "0" * 24 + "-1.1700000000").encode(),  # bytes, not str
+    None,
+    1700000000,
+]
+
+
+@DEFERRING
+@pytest.mark.parametrize("token", MALFORMED_TOKENS, ids=lambda token: repr(token)[:24])
+def test_a_malformed_token_is_a_value_error(store: Driver, clock: FakeClock, token: object) -> None:
+    claim, _ = deferred_key(store, clock)
+    before = store.get(claim.key_hash)
+    with pytest.raises(ValueError, match="token"):
+        store.complete_deferred(token, 200, (), b"x")
+    with pytest.raises(ValueError, match="token"):
+        store.release_deferred(token)
+    assert store.get(claim.key_hash) == before
+
+
+class BadFinal(NamedTuple):
+    status: object
+    headers: object
+    body: object
+    error: type[Exception]
+
+
+BAD_FINALS = [
+    BadFinal(99, (), b"", ValueError),
+    BadFinal(600, (), b"", ValueError),
+    BadFinal(True, (), b"", ValueError),
+    BadFinal("200", (), b"", ValueError),
+    BadFinal(200.0, (), b"", ValueError),
+    BadFinal(None, (), b"", ValueError),
+    BadFinal(200, [("content-type", "text/plain")], b"", TypeError),
+    BadFinal(200, [(b"content-type",)], b"", TypeError),
+    BadFinal(200, [(b"a", b"b", b"c")], b"", TypeError),
+    BadFinal(200, [[b"content-type", b"text/plain"]], b"", TypeError),
+    BadFinal(200, [b"content-type: text/plain"], b"", TypeError),
+    BadFinal(200, (), "text", TypeError),
+    BadFinal(200, (), None, TypeError),
+    BadFinal(200, (), {"done": True}, TypeError),
+]
+
+
+@DEFERRING
+@pytest.mark.parametrize("bad", BAD_FINALS, ids=lambda bad: f"{bad.error.__name__}-{bad[:3]!r}")
+def test_a_bad_final_response_is_refused_and_changes_nothing(
+    store: Driver, clock: FakeClock, bad: BadFinal
+) -> None:
+    claim, token = deferred_key(store, clock)
+    before = store.get(claim.key_hash)
+    with pytest.raises(bad.error):
+        store.complete_deferred(token, bad.status, bad.headers, bad.body)
+    assert store.get(claim.key_hash) == before
+    # The token still applies: nothing was used up by the refused call.
+    assert store.complete_deferred(token, 200, (), b"ok") is True
+
+
+@DEFERRING
+def test_the_work_may_finish_before_the_interim_response_is_stored(
+    store: Driver, clock: FakeClock
+) -> None:
+    """The race: a fast worker completes the key while its request still runs (the record
+    is in progress, same owner). The interim completion that follows reports success and
+    leaves the final response in place."""
+    claim = claim_for(clock.now())
+    store.claim(claim)
+    token = token_for(claim)
+
+    assert store.complete_deferred(token, 200, FINAL_HEADERS_SENT, FINAL_BODY) is True
+    final = store.get(claim.key_hash)
+    assert final is not None
+    assert final.status is Status.COMPLETED
+
+    assert store.complete(interim_completion(claim, clock.now() + 0.5)) is True
+    # ... and again, as a finishing retry would send it.
+    assert store.complete(interim_completion(claim, clock.now() + 0.6)) is True
+
+    record = store.get(claim.key_hash)
+    assert record == final
+    assert record is not None
+    assert record.response == StoredResponse(200, FINAL_HEADERS_STORED, FINAL_BODY)
+    assert held_record(store.claim(retry_of(claim, clock.now() + 1))).response == record.response
+
+
+@DEFERRING
+def test_the_interim_completion_of_another_owner_stores_nothing(
+    store: Driver, clock: FakeClock
+) -> None:
+    claim, _ = deferred_key(store, clock)
+    before = store.get(claim.key_hash)
+    other = claim._replace(owner=new_owner())
+    assert store.complete(interim_completion(other, clock.now())) is False
+    assert store.get(claim.key_hash) == before
+
+
+@DEFERRING
+def test_a_final_response_too_large_to_keep_still_completes_the_key(
+    store: Driver, clock: FakeClock
+) -> None:
+    # Random bytes do not compress: over the item limit however they are encoded.
+    body = os.urandom(MAX_ITEM_RESPONSE_BYTES + 1024)
+    claim, token = deferred_key(store, clock)
+    assert store.complete_deferred(token, 200, FINAL_HEADERS_SENT, body) is True
+    record = store.get(claim.key_hash)
+    assert record is not None
+    assert (record.status, record.response) == (Status.COMPLETED, None)
+    assert (record.response_not_stored, record.response_size) == (True, len(body))
+    assert record.expires_at == parse_token(token).expires_at
+    assert store.complete_deferred(token, 200, (), b"small") is False
+
+
+@DEFERRING
+def test_the_engine_release_keeps_a_key_the_work_completed(store: Driver, clock: FakeClock) -> None:
+    """What the engine does when the handler fails after a fast worker finished: release
+    its claim, fenced by its owner. The key is completed already (the work happened): the
+    release must find nothing of its own to delete."""
+    claim = claim_for(clock.now())
+    store.claim(claim)
+    assert store.complete_deferred(token_for(claim), 200, (), FINAL_BODY) is True
+    final = store.get(claim.key_hash)
+
+    released = store.release(claim.key_hash, claim.owner)
+
+    assert store.get(claim.key_hash) == final
+    assert released is False
+
+
+@DEFERRING
+def test_a_release_while_the_request_still_runs_forgets_the_key(
+    store: Driver, clock: FakeClock
+) -> None:
+    """The worker gave up before the interim response was stored: the key is gone, the
+    interim completion then stores nothing (its claim is no longer there), and a retry
+    claims the key afresh."""
+    claim = claim_for(clock.now())
+    store.claim(claim)
+    token = token_for(claim)
+
+    assert store.release_deferred(token) is True
+    assert store.get(claim.key_hash) is None
+    assert store.complete(interim_completion(claim, clock.now() + 0.5)) is False
+
+    assert store.get(claim.key_hash) is None
+    assert store.claim(retry_of(claim, clock.now() + 1)) == Claimed(taken_over=False)
