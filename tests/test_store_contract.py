@@ -19,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
+import multiprocessing
 import os
+import threading
 import time
 import uuid
 from collections.abc import Coroutine, Iterator
@@ -52,9 +54,11 @@ from idempotency_middleware.stores.dynamodb import (
 )
 from idempotency_middleware.testing import FakeClock
 from tests.conftest import REGION
-from tests.db_stores import open_db_store
+from tests.db_stores import location, open_db_store
+from tests.race_worker import claim_in_a_process
 from tests.servers import free_port
 from tests.store_kinds import (
+    ATOMIC_KINDS,
     DYNAMODB_KINDS,
     LOCAL_KINDS,
     SDK_KINDS,
@@ -252,60 +256,67 @@ def drive_async(store: ContractAsyncStore) -> Iterator[AsyncDriver]:
         loop.close()
 
 
-def open_driver(request: pytest.FixtureRequest, kind: str) -> Iterator[Driver]:
-    """A driver of a store of ``kind`` on the test's ``clock``."""
+class Made(NamedTuple):
+    """A store of a kind, and what another process needs to open the same one."""
+
+    store: Any
+    spec: tuple[str, ...]
+
+
+def make_store(request: pytest.FixtureRequest, kind: str) -> Made:
+    """A new store of ``kind`` on the test's ``clock``, in a namespace of its own (a Redis
+    prefix, a PostgreSQL table, a SQLite file; random keys in the module's DynamoDB table).
+    Memory, SQLite, Redis and PostgreSQL keep responses up to DynamoDB's item limit, so "too
+    large" means the same thing everywhere."""
     clock: FakeClock = request.getfixturevalue("clock")
-    if kind in ("memory", "memory-async"):
-        # Mimics DynamoDB's item limit, so "too large" means the same thing everywhere.
-        memory = MemoryStore(max_response_bytes=MAX_ITEM_RESPONSE_BYTES, clock=clock)
-        if is_async(kind):
-            yield from drive_async(memory)
-        else:
-            yield SyncDriver(memory)
-        return
+    base = kind.removesuffix("-async")
+    if base == "memory":
+        return Made(MemoryStore(max_response_bytes=MAX_ITEM_RESPONSE_BYTES, clock=clock), ())
     if is_db_kind(kind):
-        # Redis and PostgreSQL on their real servers, keeping responses up to DynamoDB's
-        # item limit like the memory and SQLite kinds.
         db_store = open_db_store(
-            request,
-            kind.removesuffix("-async"),
-            max_response_bytes=MAX_ITEM_RESPONSE_BYTES,
-            clock=clock,
+            request, base, max_response_bytes=MAX_ITEM_RESPONSE_BYTES, clock=clock
         )
-        if is_async(kind):
-            yield from drive_async(db_store)
-        else:
-            with db_store:
-                yield SyncDriver(db_store)
-        return
-    if kind in ("sqlite", "sqlite-async"):
+        where = location(request, base)
+        namespace = db_store.prefix if base == "redis" else db_store.table
+        return Made(db_store, (base, where, namespace))
+    if base in ("sqlite", SQLITE_CHANGES):
         tmp_path: Path = request.getfixturevalue("tmp_path")
-        sqlite = SQLiteStore(
-            tmp_path / "contract.sqlite3", max_response_bytes=MAX_ITEM_RESPONSE_BYTES, clock=clock
-        )
-        if is_async(kind):
-            yield from drive_async(sqlite)
-        else:
-            with sqlite:
-                yield SyncDriver(sqlite)
-        return
+        path = tmp_path / "contract.sqlite3"
+        sqlite = SQLiteStore(path, max_response_bytes=MAX_ITEM_RESPONSE_BYTES, clock=clock)
+        if base == SQLITE_CHANGES:
+            sqlite._use_returning = False
+        return Made(sqlite, ("sqlite", str(path)))
     endpoint, table = target_of(request, kind)
     sdk: dict[str, Any] = {}
     if kind in SDK_KINDS:
         sync_session, async_session = request.getfixturevalue("sessions")
         sdk = {"session": async_session if is_async(kind) else sync_session}
+    store_class: Any = AsyncDynamoDBStore if is_async(kind) else DynamoDBStore
+    made = store_class(table, endpoint_url=endpoint, region_name=REGION, clock=clock, **sdk)
+    return Made(made, ("dynamodb", endpoint, table))
+
+
+def open_driver(request: pytest.FixtureRequest, kind: str) -> Iterator[Driver]:
+    """A driver of a new store of ``kind``, closed after."""
+    store = make_store(request, kind).store
     if is_async(kind):
-        yield from drive_async(
-            AsyncDynamoDBStore(table, endpoint_url=endpoint, region_name=REGION, clock=clock, **sdk)
-        )
+        yield from drive_async(store)
         return
-    with DynamoDBStore(
-        table, endpoint_url=endpoint, region_name=REGION, clock=clock, **sdk
-    ) as store:
+    try:
         yield SyncDriver(store)
+    finally:
+        close = getattr(store, "close", None)
+        if close is not None:
+            close()
 
 
-@pytest.fixture(params=STORE_KINDS)
+# SQLite before 3.35 has no RETURNING: there SQLiteStore tells a won claim by changes(), a
+# path of its own that the contract holds to the same rules (forced on a newer SQLite).
+SQLITE_CHANGES = "sqlite-changes"
+CONTRACT_KINDS = [*STORE_KINDS, SQLITE_CHANGES]
+
+
+@pytest.fixture(params=CONTRACT_KINDS)
 def store_kind(request: pytest.FixtureRequest) -> str:
     kind: str = request.param
     return kind
@@ -527,6 +538,13 @@ def test_wrong_owner_cannot_release(store: Driver, key: str, now: float) -> None
 
 def test_release_of_an_absent_key_fails(store: Driver, key: str) -> None:
     assert store.release(key, "nobody") is False
+
+
+def test_renew_of_an_absent_key_fails_and_creates_nothing(
+    store: Driver, key: str, now: float
+) -> None:
+    assert store.renew(key, "nobody", now + LOCK) is False
+    assert store.get(key) is None
 
 
 # --- renew ------------------------------------------------------------------------------
@@ -1270,3 +1288,180 @@ def test_a_release_while_the_request_still_runs_forgets_the_key(
 
     assert store.get(claim.key_hash) is None
     assert store.claim(retry_of(claim, clock.now() + 1)) == Claimed(taken_over=False)
+
+
+# --- the one-winner race ---------------------------------------------------------------
+# Many claims of one new key at the same moment: exactly one is told it claimed it, and
+# every other one is held by that winner's record, whatever the interleaving. Proven on the
+# stores whose conditional writes are atomic (ATOMIC_KINDS): not on moto, whose threaded
+# server can run two conditional writes on one item at once (tests/test_moto_atomicity.py
+# shows it), so a race there would prove nothing about the store. DynamoDB's race runs on
+# DynamoDB Local.
+
+CONTENDERS = 50
+PROCESSES = 4
+ROUNDS = 10  # keys, each raced for by every process at once
+PROCESS_SECONDS = 60.0
+# Another process opens the same store from its spec: every atomic kind but memory (which
+# lives in one process), through its sync methods.
+PROCESS_KINDS = [kind for kind in ATOMIC_KINDS if not is_async(kind) and kind != "memory"]
+
+
+@pytest.fixture(params=ATOMIC_KINDS)
+def racing_store(request: pytest.FixtureRequest) -> Iterator[Driver]:
+    yield from open_driver(request, request.param)
+
+
+def claim_all_at_once(driver: Driver, requests: list[ClaimRequest]) -> list[ClaimResult]:
+    """Every claim at the same moment: threads released by one barrier (sync stores), or
+    tasks gathered on the driver's loop (async stores)."""
+    if isinstance(driver, AsyncDriver):
+        store = driver.store
+
+        async def claim_all() -> list[ClaimResult]:
+            return list(await asyncio.gather(*(store.aclaim(request) for request in requests)))
+
+        return driver.run(claim_all())
+    results: list[ClaimResult | None] = [None] * len(requests)
+    start = threading.Barrier(len(requests), timeout=PROCESS_SECONDS)
+
+    def claim(number: int) -> None:
+        start.wait()
+        results[number] = driver.claim(requests[number])
+
+    threads = [threading.Thread(target=claim, args=(n,)) for n in range(len(requests))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(PROCESS_SECONDS)
+    assert all(result is not None for result in results), results
+    return [result for result in results if result is not None]
+
+
+def test_one_of_many_simultaneous_claims_wins_and_the_others_are_held_by_it(
+    racing_store: Driver, key: str, now: float
+) -> None:
+    requests = [claim_request(key, now, owner=f"c{n}-{key[:6]}") for n in range(CONTENDERS)]
+
+    results = claim_all_at_once(racing_store, requests)
+
+    winners = [req.owner for req, res in zip(requests, results, strict=True) if res == Claimed()]
+    assert len(winners) == 1, results
+    holders = {held_record(result).owner for result in results if result != Claimed()}
+    assert holders == set(winners)
+
+
+@pytest.mark.parametrize("store_kind", PROCESS_KINDS, indirect=True)
+def test_one_of_many_processes_claiming_at_once_wins_and_the_others_are_held_by_it(
+    request: pytest.FixtureRequest, store_kind: str, now: float
+) -> None:
+    made = make_store(request, store_kind)
+    made.store.close()  # made (and its table created); the processes open their own
+    keys = [uuid.uuid4().hex for _ in range(ROUNDS)]
+    context = multiprocessing.get_context("spawn")
+    # Every wait bounded: a worker that fails before a start line breaks the barrier for
+    # the others, and each reports what happened; one that never reports fails the test.
+    start = context.Barrier(PROCESSES, timeout=PROCESS_SECONDS)
+    results = context.Queue()
+    workers = [
+        context.Process(
+            target=claim_in_a_process,
+            args=(
+                made.spec,
+                [claim_request(key, now, owner=f"p{n}-{key[:6]}") for key in keys],
+                start,
+                results,
+            ),
+        )
+        for n in range(PROCESSES)
+    ]
+    for worker in workers:
+        worker.start()
+    try:
+        batches = [results.get(timeout=2 * PROCESS_SECONDS) for _ in workers]
+    finally:
+        for worker in workers:
+            worker.join(10)
+            if worker.is_alive():
+                worker.kill()
+                worker.join()
+
+    outcomes = [outcome.split() for batch in batches for outcome in batch]
+    assert all(len(outcome) == 3 for outcome in outcomes), outcomes  # no "error: ..."
+    for key in keys:
+        round_outcomes = [(verb, owner) for each, verb, owner in outcomes if each == key]
+        winners = [owner for verb, owner in round_outcomes if verb == "claimed"]
+        assert len(round_outcomes) == PROCESSES and len(winners) == 1, round_outcomes
+        assert round_outcomes.count(("held", winners[0])) == PROCESSES - 1, round_outcomes
+
+
+# --- event-loop lifecycles -------------------------------------------------------------
+# An async store is not tied to the loop it was first used on: each loop gets what it needs
+# (a client, a pool), closed with that loop by aclose, and a loop closed without it does not
+# strand the store. (That nothing is then reported unclosed is checked for DynamoDB in
+# tests/test_event_loops.py; RedisStore's redis.asyncio connection of such a loop is
+# reported unclosed, at a garbage collection no test can place.)
+
+ASYNC_KINDS = [kind for kind in STORE_KINDS if is_async(kind)]
+
+
+async def aclose(store: Any) -> None:
+    """Close what the store holds for the running loop (a store that holds nothing has no
+    ``aclose``: MemoryStore)."""
+    closing = getattr(store, "aclose", None)
+    if closing is not None:
+        await closing()
+
+
+async def claim_complete_and_read(store: Any, key: str, now: float) -> None:
+    """One claim, completion and read of ``key`` on the running loop."""
+    claim = claim_request(key, now)
+    assert await store.aclaim(claim) == Claimed()
+    assert await store.acomplete(completion(claim, now)) is True
+    record = await store.aget(key)
+    assert record is not None and record.response == RESPONSE
+
+
+@pytest.mark.parametrize("store_kind", ASYNC_KINDS, indirect=True)
+def test_an_async_store_serves_event_loops_in_turn_each_closing_it_on_its_way_out(
+    request: pytest.FixtureRequest, store_kind: str, now: float
+) -> None:
+    store = make_store(request, store_kind).store
+    keys = [uuid.uuid4().hex for _ in range(3)]
+
+    async def use_then_close(key: str) -> None:
+        await claim_complete_and_read(store, key, now)
+        await aclose(store)
+
+    for key in keys:
+        asyncio.run(use_then_close(key))  # asyncio.run closes its loop on its way out
+
+    async def read_all() -> list[Record | None]:
+        try:
+            return [await store.aget(key) for key in keys]
+        finally:
+            await aclose(store)
+
+    assert all(record is not None for record in asyncio.run(read_all()))
+
+
+def use_on_a_loop_closed_without_closing_it(store: Any, key: str, now: float) -> None:
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(claim_complete_and_read(store, key, now))
+    loop.close()  # no aclose, no shutdown_asyncgens: nothing closed what the loop used
+
+
+@pytest.mark.parametrize("store_kind", ASYNC_KINDS, indirect=True)
+def test_an_async_store_outlives_a_loop_closed_without_closing_it(
+    request: pytest.FixtureRequest, store_kind: str, key: str, now: float
+) -> None:
+    store = make_store(request, store_kind).store
+    use_on_a_loop_closed_without_closing_it(store, key, now)
+
+    async def use_then_close() -> None:
+        try:
+            await claim_complete_and_read(store, uuid.uuid4().hex, now)
+        finally:
+            await aclose(store)
+
+    asyncio.run(use_then_close())
