@@ -308,7 +308,21 @@ def _created(dsn: str, name: str) -> tuple[bool, bool]:
 
 def test_create_table_is_safe_twice_and_from_many_threads_at_once(postgres_dsn: str) -> None:
     name = table()
-    stores = [PostgresStore(postgres_dsn, table=name, max_size=1) for _ in range(8)]
+    # The eight create_table transactions queue on one advisory lock, and a statement's
+    # timeout counts its wait for that lock: the last one waits out seven others' round trips,
+    # and the eight pools connect at once. Under the default 5 s budgets that depends on the
+    # machine's load (a loaded full run failed it once); this test is about the race, so its
+    # budgets cover the queue.
+    stores = [
+        PostgresStore(
+            postgres_dsn,
+            table=name,
+            max_size=1,
+            statement_timeout_seconds=60.0,
+            pool_timeout_seconds=60.0,
+        )
+        for _ in range(8)
+    ]
     barrier = threading.Barrier(len(stores), timeout=60)
     failures: list[BaseException] = []
 
