@@ -197,23 +197,32 @@ ENDINGS = ["returns", "raises"]
 @pytest.mark.parametrize("ending", ENDINGS)
 @pytest.mark.parametrize("adapter", ["asgi", "wsgi"])
 def test_renewal_stops_when_the_handler_returns_or_raises(adapter: Adapter, ending: str) -> None:
-    """No lock extension after the handler ended; at most one renewal already in flight
-    when it ended may still arrive (and fails: the claim is no longer in progress)."""
+    """No renewal after the handler ended, however many fall due by the clock."""
     key = unique_key(ending)
-    lock = 0.3  # renewed every 0.1 s
-    path = "/sleep" if ending == "returns" else "/raise"
+    lock = FAKE_LOCK_SECONDS
+    path = "/gate" if ending == "returns" else "/gate-fail"
     store = CountingMemoryStore()
-    with serve_workload(adapter, store, lock_timeout_seconds=lock) as served:
-        response = served.post(f"{path}?seconds=0.5", key)
-        answered = time.time()
+    clock = FakeClock(time.time())
+    with (
+        serve_workload(adapter, store, lock_timeout_seconds=lock, clock=clock) as served,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        gate = served.workload.arm_gate()
+        pending = served.post_in_background(pool, path, key)
+        served.workload.wait_for_runs(path, 1)
+        for _ in range(2):  # the handler outlives two renewals
+            before = len(store.extensions())
+            clock.advance(lock / 3)
+            wait_for_more(lambda: len(store.extensions()), before, "renewal")
+        gate.set()
+        response = pending.result(timeout=CLIENT_TIMEOUT_SECONDS)
         assert response.status_code == (201 if ending == "returns" else 500)
-        extended = store.extensions()
-        assert len(extended) >= 2, "the handler outlived its first renewals"
-        assert all(at < answered for at in extended)
+        attempts = store.renewals()
 
-        time.sleep(4 * lock / 3)
-        assert store.extensions() == extended, "the lock was extended after the handler ended"
-        assert len([at for at in store.renewals() if at >= answered]) <= 1
+        # A whole lock of the clock falls due, and the renewer gets two of its real ticks.
+        clock.advance(lock)
+        time.sleep(2 * lock / 3)
+        assert store.renewals() == attempts, "renewed after the handler ended"
         hashed = storage_key("POST", path, None, key)
         record = store.get(hashed)
         if ending == "returns":
