@@ -270,29 +270,6 @@ def test_a_row_taken_over_after_the_claims_snapshot_is_returned_in_its_latest_ve
     assert trace.since_mark() == (2, 2)
 
 
-# -- fencing ----------------------------------------------------------------------------
-
-
-def test_finishing_and_renewing_are_fenced_by_the_owner(store: PostgresStore) -> None:
-    held = key()
-    assert store.claim(request(held)) == CLAIMED
-    assert not store.complete(completion(held, owner="x1-1"))
-    assert not store.release(held, "x1-1")
-    assert not store.renew(held, "x1-1", NOW + 60)
-    assert store.renew(held, "a1-1", NOW + 60)
-    taken = store.claim(request(held, owner="b1-1", now=NOW + 62))
-    assert taken == TAKEN_OVER
-    # The first owner, taken over, can touch nothing of the new claim.
-    assert not store.complete(completion(held))
-    assert not store.release(held, "a1-1")
-    assert not store.renew(held, "a1-1", NOW + 120)
-    record = store.get(held)
-    assert record is not None and record.owner == "b1-1"
-    assert store.complete(completion(held, owner="b1-1", now=NOW + 62))
-    assert not store.release(held, "b1-1")  # completed: no longer a claim to release
-    assert store.delete(held) and not store.delete(held)
-
-
 # -- create_table ------------------------------------------------------------------------
 
 

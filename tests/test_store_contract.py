@@ -540,6 +540,18 @@ def test_release_of_an_absent_key_fails(store: Driver, key: str) -> None:
     assert store.release(key, "nobody") is False
 
 
+def test_release_of_a_completed_record_fails_and_keeps_its_response(
+    store: Driver, key: str, now: float
+) -> None:
+    claim = claim_request(key, now)
+    store.claim(claim)
+    assert store.complete(completion(claim, now)) is True
+    assert store.release(key, claim.owner) is False  # no longer a claim to take back
+    record = store.get(key)
+    assert record is not None
+    assert (record.status, record.response) == (Status.COMPLETED, RESPONSE)
+
+
 def test_renew_of_an_absent_key_fails_and_creates_nothing(
     store: Driver, key: str, now: float
 ) -> None:
