@@ -1,17 +1,23 @@
 """The store contract: what every store guarantees, run against every store.
 
-Kinds: MemoryStore, SQLiteStore, RedisStore and PostgresStore (the last two on real servers,
-tests/db_servers.py), each through its sync and its async methods; DynamoDBStore (boto3) and
-AsyncDynamoDBStore (aioboto3) on moto's server over real HTTP; and both DynamoDB stores on
-Amazon's DynamoDB Local. The DynamoDB Local cases are always
-generated and reported as skipped unless ``IDEMPOTENCY_DYNAMODB_LOCAL_URL`` is set, which
-``scripts/dynamodb-local.sh`` does (it selects them with ``-k dynamodb-local``).
+Kinds (tests/store_kinds.py): MemoryStore, SQLiteStore, RedisStore and PostgresStore (the
+last two on real servers, tests/db_servers.py), each through its sync and its async methods,
+and SQLiteStore on its changes() path too; DynamoDBStore (boto3) and AsyncDynamoDBStore
+(aioboto3) on moto's server over real HTTP; and both DynamoDB stores on Amazon's DynamoDB
+Local. The DynamoDB Local cases are always generated and reported as skipped unless
+``IDEMPOTENCY_DYNAMODB_LOCAL_URL`` is set, which ``scripts/dynamodb-local.sh`` does (it
+selects them with ``-k dynamodb-local``).
 
-A store is done when it passes this module. Time is the ``now`` each request carries, so
-lock timeouts and TTLs are crossed by asking with a later ``now`` rather than by sleeping.
-Async stores are driven through an adapter that runs each call on one event loop kept for
-the test, so the same test bodies hold every store to the same contract, including the
-operator interface (``get``, ``delete``, ``create_table`` and their ``a``-prefixed forms).
+A store is done when it passes this module: claims, completions, releases, renewals,
+takeovers, expiry, responses too large to keep, the operator interface (``get``,
+``delete``, ``create_table`` and their ``a``-prefixed forms), deferred completion
+(``complete_deferred``, ``release_deferred`` and their async twins), the one-winner race
+(threads, tasks and processes, on the stores whose conditional writes are atomic) and
+event-loop lifecycles. Time is the ``now`` each request carries, and the stores' clock is
+a ``FakeClock``: lock timeouts, TTLs and token expiries are crossed by asking with a later
+``now`` or advancing the clock, never by sleeping. Async stores are driven through an
+adapter that runs each call on one event loop kept for the test, so the same test bodies
+hold every store to the same contract.
 """
 
 from __future__ import annotations
