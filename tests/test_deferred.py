@@ -1,10 +1,9 @@
 """Deferred completion: ``defer_completion()``, ``complete_deferred`` and ``release_deferred``.
 
-Three layers, each on every store that supports it:
+What a store guarantees (claim a key, store its interim response as deferred, then finish
+it by token) is part of the store contract, tests/test_store_contract.py, on every store
+kind. Here:
 
-- the store: claim a key, store its interim response as deferred, then finish it by token
-  (MemoryStore and SQLiteStore through their sync and async methods, DynamoDBStore and
-  AsyncDynamoDBStore on moto and on Amazon's DynamoDB Local);
 - the token: its alphabet, and that it carries neither the client's key nor the scope value;
 - HTTP: both middlewares on real servers (uvicorn, waitress), a handler that defers and
   hands its token to the test, which finishes the work as a worker would;
@@ -12,8 +11,7 @@ Three layers, each on every store that supports it:
   state, and what a retry gets when such a response cannot be read (410, never a 500).
 
 The DynamoDB Local cases (ids containing ``dynamodb-local``) are reported as skipped unless
-``scripts/dynamodb-local.sh`` runs them. Time at the store level is a ``FakeClock`` given to
-the store (``clock=``): a token expires by advancing it, never by sleeping.
+``scripts/dynamodb-local.sh`` runs them.
 """
 
 from __future__ import annotations
