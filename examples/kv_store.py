@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from idempotency_middleware.clock import SYSTEM_CLOCK, Clock
 from idempotency_middleware.records import Record, Status, StoredResponse
 from idempotency_middleware.stores import CLAIMED, TAKEN_OVER, ClaimRequest, Completion, Held
 from idempotency_middleware.stores.kit import Flow, KitStore, drive
@@ -127,5 +128,5 @@ class KeyValueOps:
 class KeyValueStore(KitStore):
     """The public class: configuration only."""
 
-    def __init__(self, *, max_response_bytes: int | None = None) -> None:
-        super().__init__(KeyValueOps(max_response_bytes), KeyValueTransport())
+    def __init__(self, *, max_response_bytes: int | None = None, clock: Clock = SYSTEM_CLOCK):
+        super().__init__(KeyValueOps(max_response_bytes), KeyValueTransport(), clock=clock)

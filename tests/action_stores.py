@@ -1,15 +1,16 @@
 """``OneTimeActions`` on every store kind, driven synchronously, with the calls that reach
 the wire counted on DynamoDB, Redis and PostgreSQL.
 
-``KINDS``: MemoryStore and SQLiteStore (each through its sync and its async methods),
-DynamoDBStore and AsyncDynamoDBStore on moto's server, and both on Amazon's DynamoDB Local
-(ids containing ``dynamodb-local``: skipped unless ``scripts/dynamodb-local.sh`` runs them),
-RedisStore and PostgresStore through their sync and async methods, on the session's real
-servers (tests/db_servers.py). ``calls()`` is what reached the wire since the last call:
-a DynamoDB kind's store talks to its server through a ``FaultProxy``, which records every
-request it forwards; on Redis, the server's own ``INFO commandstats`` counts (the commands
-a script runs left out); on PostgreSQL, libpq's protocol trace of the store's connection
-(a one-connection pool the test gives it), each ``Execute`` or simple ``Query`` a statement.
+The kinds (``tests.store_kinds.STORE_KINDS``): MemoryStore and SQLiteStore (each through its
+sync and its async methods), DynamoDBStore and AsyncDynamoDBStore on moto's server, and both on
+Amazon's DynamoDB Local (ids containing ``dynamodb-local``: skipped unless
+``scripts/dynamodb-local.sh`` runs them), RedisStore and PostgresStore through their sync and
+async methods, on the session's real servers (tests/db_servers.py). ``calls()`` is what reached
+the wire since the last call: a DynamoDB kind's store talks to its server through a
+``FaultProxy``, which records every request it forwards; on Redis, the server's own ``INFO
+commandstats`` counts (the commands a script runs left out); on PostgreSQL, libpq's protocol
+trace of the store's connection (a one-connection pool the test gives it), each ``Execute`` or
+simple ``Query`` a statement.
 
 Time is a ``FakeClock`` given to the store (started at the real time, so DynamoDB Local's TTL
 sweeper leaves the items alone): tests cross ``active_at`` and ``expires_at`` by advancing
@@ -52,15 +53,13 @@ from tests.conftest import REGION
 from tests.faultproxy import FaultProxy
 from tests.redis_helpers import calls_since, command_calls
 from tests.servers import free_port
+from tests.store_kinds import (
+    LOCAL_KINDS,
+    is_db_kind,
+)
 
 T = TypeVar("T")
 
-LOCAL_KINDS = ["dynamodb-local", "dynamodb-local-async"]
-DYNAMODB_KINDS = ["dynamodb", "dynamodb-async", *LOCAL_KINDS]
-REDIS_KINDS = db_stores.REDIS_KINDS
-POSTGRES_KINDS = db_stores.POSTGRES_KINDS
-DB_KINDS = [*REDIS_KINDS, *POSTGRES_KINDS]
-KINDS = ["memory", "memory-async", "sqlite", "sqlite-async", *DYNAMODB_KINDS, *DB_KINDS]
 
 # What one step costs on the wire, by backend: a script call; a statement.
 EVALSHA = "evalsha"
@@ -348,7 +347,7 @@ def _open_db_actions(
 def open_actions(
     request: pytest.FixtureRequest, kind: str, *, counted: bool = True
 ) -> Generator[ActionsUnderTest, None, None]:
-    """An ``ActionsUnderTest`` of ``kind`` (one of ``KINDS``), closed after the test.
+    """An ``ActionsUnderTest`` of ``kind`` (a store kind), closed after the test.
     ``counted=False``: a Redis or PostgreSQL store as an application makes it (its own
     pools), its calls not counted."""
     is_async = kind.endswith("-async")
@@ -363,7 +362,7 @@ def open_actions(
             store = SQLiteStore(path, clock=clock)
             stack.callback(store.close)
             under = ActionsUnderTest(kind, store, clock, loop=loop, path=path)
-        elif db_stores.is_db_kind(kind):
+        elif is_db_kind(kind):
             under = _open_db_actions(request, kind, clock, loop, stack, counted)
         else:
             endpoint = endpoint_for(request, kind)

@@ -7,6 +7,8 @@ environment variables:
 - ``CRASH_RUNS_FILE``: every handler run appends one line (``<run> <pid>``) to this file
   before doing anything else, so the test counts runs across processes;
 - ``CRASH_LOCK_SECONDS``: the middleware's ``lock_timeout_seconds``;
+- ``CRASH_CLOCK_FILE``: the middleware's clock is a ``FileClock`` on this file (the real time
+  plus the offset the test writes there), shared by the servers the test starts;
 - ``CRASH_HANG_SECONDS``: how long the *first* run sleeps (long enough to be killed in);
   later runs answer at once.
 
@@ -22,6 +24,8 @@ import orjson
 
 from idempotency_middleware import AsyncDynamoDBStore, IdempotencyMiddleware
 from idempotency_middleware.asgi import Receive, Scope, Send
+from idempotency_middleware.clock import SYSTEM_CLOCK
+from tests.file_clock import FileClock
 
 RUNS_FILE = os.environ.get("CRASH_RUNS_FILE", "")
 HANG_SECONDS = float(os.environ.get("CRASH_HANG_SECONDS", "60"))
@@ -70,4 +74,7 @@ app = IdempotencyMiddleware(
         region_name="us-east-1",
     ),
     lock_timeout_seconds=float(os.environ.get("CRASH_LOCK_SECONDS", "2")),
+    clock=FileClock(os.environ["CRASH_CLOCK_FILE"])
+    if os.environ.get("CRASH_CLOCK_FILE")
+    else SYSTEM_CLOCK,
 )

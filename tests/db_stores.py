@@ -17,16 +17,6 @@ import pytest
 
 from idempotency_middleware.clock import SYSTEM_CLOCK, Clock
 
-# The kinds a parametrized suite adds: each store through its sync and its async methods.
-REDIS_KINDS = ["redis", "redis-async"]
-POSTGRES_KINDS = ["postgres", "postgres-async"]
-DB_KINDS = [*REDIS_KINDS, *POSTGRES_KINDS]
-
-
-def is_db_kind(kind: str) -> bool:
-    """A Redis or PostgreSQL kind (``redis``, ``postgres-async`` ...)."""
-    return kind.removesuffix("-async") in ("redis", "postgres")
-
 
 def location(request: pytest.FixtureRequest, kind: str) -> str:
     """The session server's URL or DSN for ``kind`` (starting it on first use)."""

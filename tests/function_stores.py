@@ -1,13 +1,13 @@
 """Every store kind as the store of an ``idempotent`` function, sync and async.
 
-``KINDS``: ``MemoryStore`` and ``SQLiteStore`` (each once for a plain function and once for
-a coroutine function), ``RedisStore`` and ``PostgresStore`` likewise on real servers,
-``DynamoDBStore`` and ``AsyncDynamoDBStore`` on moto's server, and
+The kinds are ``tests.store_kinds.STORE_KINDS``: ``MemoryStore`` and ``SQLiteStore`` (each once
+for a plain function and once for a coroutine function), ``RedisStore`` and ``PostgresStore``
+likewise on real servers, ``DynamoDBStore`` and ``AsyncDynamoDBStore`` on moto's server, and
 both DynamoDB stores on Amazon's DynamoDB Local (ids containing ``dynamodb-local``: skipped
 unless ``scripts/dynamodb-local.sh`` runs them). A test module's fixture, parametrized over
 them, opens each with ``open_function_store``::
 
-    @pytest.fixture(params=KINDS)
+    @pytest.fixture(params=STORE_KINDS)
     def fstore(request: pytest.FixtureRequest) -> Iterator[FunctionStore]:
         yield from open_function_store(request, request.param)
 
@@ -54,13 +54,9 @@ from idempotency_middleware.stores.dynamodb import MAX_ITEM_RESPONSE_BYTES
 from idempotency_middleware.stores.protocol import ClaimRequest, ClaimResult, Completion
 from idempotency_middleware.testing import FakeClock
 from tests.conftest import REGION
-from tests.db_stores import DB_KINDS, is_db_kind, location, new_store, raw_record, unreachable_store
+from tests.db_stores import location, new_store, raw_record, unreachable_store
 from tests.servers import free_port
-
-LOCAL_KINDS = ["dynamodb-local", "dynamodb-local-async"]
-DYNAMODB_KINDS = ["dynamodb", "dynamodb-async", *LOCAL_KINDS]
-KINDS = ["memory", "memory-async", "sqlite", "sqlite-async", *DYNAMODB_KINDS, *DB_KINDS]
-MEMORY_KINDS = ["memory", "memory-async"]
+from tests.store_kinds import LOCAL_KINDS, is_db_kind
 
 # Real seconds a test waits at most for another thread or task (never for a deadline).
 TIMEOUT = 10.0
@@ -490,7 +486,7 @@ def _raw_sqlite(path: Path) -> Callable[[str], str]:
 
 
 def open_function_store(request: pytest.FixtureRequest, kind: str) -> Iterator[FunctionStore]:
-    """A ``FunctionStore`` of ``kind`` (one of ``KINDS``), closed after the test."""
+    """A ``FunctionStore`` of ``kind`` (a store kind), closed after the test."""
     is_async = kind.endswith("-async")
     clock = StepClock()
     loop = asyncio.new_event_loop() if is_async else None
@@ -601,10 +597,6 @@ def _close_loop(loop: asyncio.AbstractEventLoop, to_close: list[Any]) -> None:
 
 
 __all__ = [
-    "DYNAMODB_KINDS",
-    "KINDS",
-    "LOCAL_KINDS",
-    "MEMORY_KINDS",
     "TIMEOUT",
     "CountingStore",
     "DownStore",

@@ -350,6 +350,67 @@ class AsyncRenewalsCutOff:
         raise _renewal_cut_off()
 
 
+class Renewals:
+    """How many lease renewals got through to the store (a ``renew`` that answered True)."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._condition = threading.Condition()
+
+    def record(self, renewed: bool) -> bool:
+        if renewed:
+            with self._condition:
+                self._count += 1
+                self._condition.notify_all()
+        return renewed
+
+    def wait_for(self, count: int, timeout: float = START_TIMEOUT_SECONDS) -> bool:
+        """Whether ``count`` renewals got through within ``timeout`` real seconds (the
+        renewers tick on real time even under a fake clock)."""
+        with self._condition:
+            return self._condition.wait_for(lambda: self._count >= count, timeout)
+
+
+class SyncRenewalsCounted:
+    """A real sync store whose successful lease renewals are counted in ``renewals``."""
+
+    def __init__(self, store: SyncStore, renewals: Renewals) -> None:
+        self._store = store
+        self._renewals = renewals
+
+    def claim(self, request: ClaimRequest) -> ClaimResult:
+        return self._store.claim(request)
+
+    def complete(self, completion: Completion) -> bool:
+        return self._store.complete(completion)
+
+    def release(self, key: str, owner: str) -> bool:
+        return self._store.release(key, owner)
+
+    def renew(self, key: str, owner: str, lock_expires_at: float) -> bool:
+        return self._renewals.record(self._store.renew(key, owner, lock_expires_at))
+
+
+class AsyncRenewalsCounted:
+    """The async twin of :class:`SyncRenewalsCounted`."""
+
+    def __init__(self, store: AsyncStore, renewals: Renewals) -> None:
+        self._store = store
+        self._renewals = renewals
+
+    async def aclaim(self, request: ClaimRequest) -> ClaimResult:
+        return await self._store.aclaim(request)
+
+    async def acomplete(self, completion: Completion) -> bool:
+        return await self._store.acomplete(completion)
+
+    async def arelease(self, key: str, owner: str) -> bool:
+        return await self._store.arelease(key, owner)
+
+    async def arenew(self, key: str, owner: str, lock_expires_at: float) -> bool:
+        return self._renewals.record(await self._store.arenew(key, owner, lock_expires_at))
+
+
 class Harness:
     """One adapter/store combination: start servers with options, make clients, read counters.
 
@@ -386,6 +447,8 @@ class Harness:
         self._sqlite_store: SQLiteStore | None = None
         self._db_location = db_location
         self._db_store: Any = None
+        # Counted for servers started with ``count_renewals``.
+        self.renewals = Renewals()
 
     @property
     def adapter(self) -> Adapter:
@@ -438,6 +501,7 @@ class Harness:
         *,
         unreachable_store: bool = False,
         renewals_cut_off: bool = False,
+        count_renewals: bool = False,
         flask_propagate_exceptions: bool = True,
         **options: Any,
     ) -> str:
@@ -447,6 +511,7 @@ class Harness:
         127.0.0.1.
         ``renewals_cut_off`` makes this server an owner whose lease renewals never reach the
         store (see :class:`SyncRenewalsCutOff`).
+        ``count_renewals`` counts this server's renewals that got through in ``renewals``.
         ``flask_propagate_exceptions`` (WSGI only) lets unhandled exceptions leave Flask.
         """
         endpoint = self._dynamodb_endpoint
@@ -459,11 +524,17 @@ class Harness:
                 raise ValueError("only a DynamoDB, Redis or PostgreSQL store can be unreachable")
             endpoint = f"http://{HOST}:{free_port()}"
         if self.combo.adapter == "asgi":
-            return self._start_asgi(endpoint, renewals_cut_off, options)
-        return self._start_wsgi(endpoint, renewals_cut_off, flask_propagate_exceptions, options)
+            return self._start_asgi(endpoint, renewals_cut_off, count_renewals, options)
+        return self._start_wsgi(
+            endpoint, renewals_cut_off, count_renewals, flask_propagate_exceptions, options
+        )
 
     def _start_asgi(
-        self, endpoint: str | None, renewals_cut_off: bool, options: dict[str, Any]
+        self,
+        endpoint: str | None,
+        renewals_cut_off: bool,
+        count_renewals: bool,
+        options: dict[str, Any],
     ) -> str:
         app = build_asgi_app(self.state)
         on_shutdown: Callable[[], Awaitable[None]] | None = None
@@ -487,6 +558,8 @@ class Harness:
             on_shutdown = dynamodb.aclose  # the client belongs to the server's loop
         if renewals_cut_off:
             store = AsyncRenewalsCutOff(store)
+        if count_renewals:
+            store = AsyncRenewalsCounted(store, self.renewals)
         wrapped = IdempotencyMiddleware(app, store=store, **options)
         return self._stack.enter_context(serve_asgi(wrapped, on_shutdown=on_shutdown))
 
@@ -494,6 +567,7 @@ class Harness:
         self,
         endpoint: str | None,
         renewals_cut_off: bool,
+        count_renewals: bool,
         propagate_exceptions: bool,
         options: dict[str, Any],
     ) -> str:
@@ -517,6 +591,8 @@ class Harness:
             self._stack.callback(dynamodb.close)  # after the server stopped (LIFO)
         if renewals_cut_off:
             store = SyncRenewalsCutOff(store)
+        if count_renewals:
+            store = SyncRenewalsCounted(store, self.renewals)
         app.wsgi_app = IdempotencyWSGIMiddleware(  # type: ignore[method-assign]
             app.wsgi_app, store=store, **options
         )

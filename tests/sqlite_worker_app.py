@@ -8,8 +8,6 @@ environment variables (all paths):
 - ``IDEM_RUNS_FILE``: the handler appends one line per run (``pid run-id``);
 - ``IDEM_HITS_FILE``: every HTTP request appends the pid of the worker that received it;
 - ``IDEM_READY_DIR``: each worker creates a file named after its pid once started.
-
-``claim_one_key_in_rounds`` is the body of a ``multiprocessing`` worker.
 """
 
 from __future__ import annotations
@@ -17,11 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -30,11 +26,9 @@ from starlette.routing import Route
 
 from idempotency_middleware import IdempotencyMiddleware
 from idempotency_middleware.asgi import ASGIApp, Receive, Scope, Send
-from idempotency_middleware.stores.protocol import Claimed, ClaimRequest
 from idempotency_middleware.stores.sqlite import SQLiteStore
 
 HANDLER_SECONDS = 0.2
-CLAIM_ROUNDS = 40
 
 
 def _append(path: Path, line: str) -> None:
@@ -83,32 +77,3 @@ def create_app() -> ASGIApp:
         await protected(scope, receive, send)
 
     return count_hits
-
-
-def claim_one_key_in_rounds(path: str, worker: int, start: Any, claimed: Any, results: Any) -> None:
-    """One worker process: every round, all workers claim one key at the same instant (a
-    barrier); the winner releases it once everybody has tried, for the next round.
-
-    Puts ``(worker, [(round, "claimed" | "held", owner seen)], error or None)`` on
-    ``results``.
-    """
-    outcomes: list[tuple[int, str, str]] = []
-    try:
-        with SQLiteStore(path) as store:  # the first worker to get there creates the schema
-            for number in range(CLAIM_ROUNDS):
-                owner = f"worker-{worker}-round-{number}"
-                start.wait(30)
-                request = ClaimRequest("hot", "fp", owner, time.time(), 30.0)
-                result = store.claim(request)
-                claimed.wait(30)
-                if isinstance(result, Claimed):
-                    outcomes.append((number, "claimed", owner))
-                    if not store.release("hot", owner):
-                        raise AssertionError(f"{owner} could not release its own claim")
-                else:
-                    outcomes.append((number, "held", result.record.owner))
-        results.put((worker, outcomes, None))
-    except BaseException as error:
-        start.abort()  # the others fail fast instead of waiting for this worker
-        claimed.abort()
-        results.put((worker, outcomes, repr(error)))

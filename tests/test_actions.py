@@ -41,12 +41,11 @@ from idempotency_middleware.actions.model import DEFAULT_RETENTION_SECONDS
 from idempotency_middleware.actions.pins import hash_pin
 from idempotency_middleware.actions.steps import Consume, Insert, Step, Written
 from tests.action_stores import (
-    DYNAMODB_KINDS,
-    KINDS,
     ActionsUnderTest,
     open_actions,
     unreachable_store,
 )
+from tests.store_kinds import DYNAMODB_KINDS, STORE_KINDS
 
 T = TypeVar("T")
 
@@ -54,7 +53,7 @@ TTL = 600.0
 PIN = "493817"
 
 
-@pytest.fixture(params=KINDS)
+@pytest.fixture(params=STORE_KINDS)
 def kind(request: pytest.FixtureRequest) -> Iterator[ActionsUnderTest]:
     yield from open_actions(request, request.param)
 
@@ -622,7 +621,7 @@ def test_data_comes_back_as_the_json_value_given(kind: ActionsUnderTest, data: A
     assert kind.consume(action.action_id).data == data
 
 
-@pytest.fixture(params=[kind for kind in KINDS if not kind.startswith("memory")])
+@pytest.fixture(params=[kind for kind in STORE_KINDS if not kind.startswith("memory")])
 def io_kind(request: pytest.FixtureRequest) -> Iterator[ActionsUnderTest]:
     """The kinds whose store does I/O (a MemoryStore cannot fail)."""
     yield from open_actions(request, request.param)

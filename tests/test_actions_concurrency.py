@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 
 from idempotency_middleware import OneTimeActions, SQLiteStore
-from tests.action_stores import DB_KINDS, ActionsUnderTest, open_actions
+from tests.action_stores import ActionsUnderTest, open_actions
 from tests.action_workers import TIMEOUT, Outcome, StoreSpec, attempt, consume_in_threads
 from tests.db_stores import location, new_store
+from tests.store_kinds import DB_KINDS, LOCAL_KINDS, MEMORY_KINDS
 
 CONSUMERS = 50
 # Each PIN guess costs a scrypt hash (16 MiB, tens of milliseconds): fewer, on a shared host.
@@ -141,10 +142,8 @@ class Contenders:
 @pytest.fixture(
     params=[
         "sqlite-processes",
-        "memory",
-        "memory-async",
-        "dynamodb-local",
-        "dynamodb-local-async",
+        *MEMORY_KINDS,
+        *LOCAL_KINDS,
         *DB_KINDS,
     ]
 )

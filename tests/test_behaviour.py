@@ -24,6 +24,7 @@ from idempotency_middleware import (
 )
 from idempotency_middleware.records import Record
 from idempotency_middleware.stores.protocol import ClaimRequest, ClaimResult, Completion
+from idempotency_middleware.testing import FakeClock
 from tests.apps import (
     FLASK_ERRORHANDLER_BODY,
     GET_ORDERS,
@@ -134,9 +135,11 @@ def held_request(
     with ThreadPoolExecutor(max_workers=1) as pool:
         future = pool.submit(client.post, path, json=body, headers=keyed(key))
         try:
-            assert harness.state.wait_for_calls(endpoint, entered_before + 1), (
-                f"the first {path} request never reached its handler"
-            )
+            if not harness.state.wait_for_calls(endpoint, entered_before + 1):
+                answer = future.result(timeout=0) if future.done() else "no answer yet"
+                raise AssertionError(
+                    f"the first {path} request never reached its handler: {answer}"
+                )
             yield future
         finally:
             gate.set()
@@ -585,26 +588,37 @@ def test_4xx_responses_are_stored_and_replayed(harness: Harness) -> None:
 
 
 # --- deadlines -------------------------------------------------------------------------------
+# Every server of a test reads one FakeClock (started at the real time, so no store takes
+# its records for long expired): a test crosses a lock or a TTL by advancing it. The lease
+# renewers still tick on real time (every third of a lock), and renew what is due by the
+# fake clock.
 
-LOCK_TIMEOUT_SECONDS = 0.5
-PAST_DEADLINE_SECONDS = 0.7
+LOCK_TIMEOUT_SECONDS = 0.3
+RENEWAL_INTERVAL_SECONDS = LOCK_TIMEOUT_SECONDS / 3
+PAST_DEADLINE_SECONDS = LOCK_TIMEOUT_SECONDS + 0.1
 # These servers share one clock: no margin for clock skew, so a lock crossed is stale at
 # once (the margin has its own tests, tests/test_clock_skew.py).
 NO_SKEW = 0.0
 
 
+def shared_clock() -> FakeClock:
+    return FakeClock(time.time())
+
+
 def test_dead_owners_stale_claim_is_taken_over_by_the_next_request(harness: Harness) -> None:
     # The owner cannot renew its lease (as if it had died), so its claim goes stale.
+    clock = shared_clock()
     url = harness.start(
         lock_timeout_seconds=LOCK_TIMEOUT_SECONDS,
         renewals_cut_off=True,
         clock_skew_seconds=NO_SKEW,
+        clock=clock,
     )
     client = harness.client(url)
     key = new_key()
 
     with held_request(harness, url, key, {"n": 1}):
-        time.sleep(PAST_DEADLINE_SECONDS)
+        clock.advance(PAST_DEADLINE_SECONDS)
         takeover = client.post("/slow", json={"n": 1}, headers=keyed(key))
 
         assert takeover.status_code == 201, takeover.text
@@ -616,16 +630,18 @@ def test_dead_owners_stale_claim_is_taken_over_by_the_next_request(harness: Harn
 def test_taken_over_owner_answers_its_client_but_cannot_store_its_response(
     harness: Harness,
 ) -> None:
+    clock = shared_clock()
     url = harness.start(
         lock_timeout_seconds=LOCK_TIMEOUT_SECONDS,
         renewals_cut_off=True,
         clock_skew_seconds=NO_SKEW,
+        clock=clock,
     )
     client = harness.client(url)
     key = new_key()
 
     with held_request(harness, url, key, {"n": 1}) as first:
-        time.sleep(PAST_DEADLINE_SECONDS)
+        clock.advance(PAST_DEADLINE_SECONDS)
         takeover = client.post("/slow", json={"n": 1}, headers=keyed(key))
     late = first.result()  # the first owner finishes after the takeover
     replay = client.post("/slow", json={"n": 1}, headers=keyed(key))
@@ -641,13 +657,22 @@ def test_taken_over_owner_answers_its_client_but_cannot_store_its_response(
 
 
 def test_slow_owner_that_renews_its_lease_keeps_the_key(harness: Harness) -> None:
-    # A longer lock than elsewhere: a renewal delayed by a busy machine must not fail this.
-    url = harness.start(lock_timeout_seconds=1.0)
+    clock = shared_clock()
+    url = harness.start(
+        lock_timeout_seconds=LOCK_TIMEOUT_SECONDS,
+        clock_skew_seconds=NO_SKEW,
+        count_renewals=True,
+        clock=clock,
+    )
     client = harness.client(url)
     key = new_key()
 
     with held_request(harness, url, key, {"n": 1}) as first:
-        time.sleep(1.3)
+        # A renewal falls due; wait (real time) until the renewer has made it.
+        clock.advance(RENEWAL_INTERVAL_SECONDS * 1.5)
+        assert harness.renewals.wait_for(1), "the owner's lease was never renewed"
+        # Past the lock the claim was granted, short of the renewed one.
+        clock.advance(PAST_DEADLINE_SECONDS - RENEWAL_INTERVAL_SECONDS * 1.5)
         duplicate = client.post("/slow", json={"n": 1}, headers=keyed(key))
     original = first.result()
     replay = client.post("/slow", json={"n": 1}, headers=keyed(key))
@@ -664,14 +689,20 @@ def test_slow_owner_that_renews_its_lease_keeps_the_key(harness: Harness) -> Non
 def test_owner_whose_event_loop_is_blocked_is_taken_over(harness: Harness) -> None:
     # Two instances of one deployment share the store; the owner's handler blocks its loop,
     # so its lease renewal cannot run and the other instance takes the key over.
-    owner_url = harness.start(lock_timeout_seconds=LOCK_TIMEOUT_SECONDS)
+    clock = shared_clock()
+    owner_url = harness.start(lock_timeout_seconds=LOCK_TIMEOUT_SECONDS, clock=clock)
     other = harness.client(
-        harness.start(lock_timeout_seconds=LOCK_TIMEOUT_SECONDS, clock_skew_seconds=NO_SKEW)
+        harness.start(
+            lock_timeout_seconds=LOCK_TIMEOUT_SECONDS, clock_skew_seconds=NO_SKEW, clock=clock
+        )
     )
     key = new_key()
 
     with held_request(harness, owner_url, key, {"n": 1}, path="/block") as first:
-        time.sleep(PAST_DEADLINE_SECONDS)
+        clock.advance(PAST_DEADLINE_SECONDS)
+        # Real time for the owner's renewer to tick twice, had its loop been free: it would
+        # then have renewed the lease (due by the clock) and kept the key.
+        time.sleep(RENEWAL_INTERVAL_SECONDS * 2)
         takeover = other.post("/block", json={"n": 1}, headers=keyed(key))
     late = first.result()
     replay = other.post("/block", json={"n": 1}, headers=keyed(key))
@@ -686,11 +717,12 @@ def test_owner_whose_event_loop_is_blocked_is_taken_over(harness: Harness) -> No
 
 
 def test_completed_record_past_its_ttl_is_treated_as_new(harness: Harness) -> None:
-    client = harness.serve(ttl_seconds=0.5)
+    clock = shared_clock()
+    client = harness.serve(ttl_seconds=60, clock=clock)
     key = new_key()
 
     client.post("/orders", json=ORDER, headers=keyed(key))
-    time.sleep(PAST_DEADLINE_SECONDS)
+    clock.advance(61)
     assert harness.stored_records() == 1  # expired, but nothing has swept it yet
     again = client.post("/orders", json=ORDER, headers=keyed(key))
 

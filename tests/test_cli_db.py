@@ -20,8 +20,7 @@ from idempotency_middleware.records import StoredResponse
 from idempotency_middleware.stores.protocol import ClaimRequest, Completion
 from tests.db_stores import location, new_store
 from tests.servers import free_port
-
-KINDS = ["redis", "postgres"]
+from tests.store_kinds import DB_SERVERS
 
 
 def store_options(kind: str, where: str, store: object) -> list[str]:
@@ -31,7 +30,7 @@ def store_options(kind: str, where: str, store: object) -> list[str]:
     return ["--postgres", where, "--table", store.table]  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", DB_SERVERS)
 def test_show_prints_a_completed_record_and_delete_removes_it(
     request: pytest.FixtureRequest, kind: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -60,11 +60,11 @@ from idempotency_middleware.testing import FakeClock
 from idempotency_middleware.wsgi_environ import Environ, StartResponse
 from tests.apps import POST_SLOW, AppState
 from tests.conftest import REGION, new_table
-from tests.db_stores import DB_KINDS, is_db_kind, open_db_store
-from tests.function_stores import KINDS as FUNCTION_KINDS
+from tests.db_stores import open_db_store
 from tests.function_stores import Events, FunctionStore, open_function_store
 from tests.servers import CLIENT_TIMEOUT_SECONDS, Adapter
 from tests.skew_apps import SHARED_KINDS, SharedKind, serve_door, shared_stores
+from tests.store_kinds import LOCAL_KINDS, STORE_KINDS, is_db_kind
 from tests.test_behaviour import assert_problem, replayed
 from tests.test_store_contract import Driver, SyncDriver, drive_async
 
@@ -119,17 +119,6 @@ def stored(store: Driver | MemoryStore | SQLiteStore, key: str) -> Record:
 
 # Every kind is always generated: the DynamoDB Local ones skip (with the reason) when its URL
 # is not set, through the dynamodb_local_endpoint fixture.
-LOCAL_KINDS = ["dynamodb-local", "dynamodb-local-async"]
-STORE_KINDS = [
-    "memory",
-    "memory-async",
-    "sqlite",
-    "sqlite-async",
-    "dynamodb",
-    "dynamodb-async",
-    *LOCAL_KINDS,
-    *DB_KINDS,
-]
 
 
 @pytest.fixture(scope="module")
@@ -483,7 +472,7 @@ def test_without_a_margin_a_door_ahead_takes_over_a_live_owner(
 FUNCTION_NAME = "tests.test_clock_skew.charge"
 
 
-@pytest.fixture(params=FUNCTION_KINDS)
+@pytest.fixture(params=STORE_KINDS)
 def fstore(request: pytest.FixtureRequest) -> Iterator[FunctionStore]:
     yield from open_function_store(request, request.param)
 

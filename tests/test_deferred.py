@@ -1,10 +1,9 @@
 """Deferred completion: ``defer_completion()``, ``complete_deferred`` and ``release_deferred``.
 
-Three layers, each on every store that supports it:
+What a store guarantees (claim a key, store its interim response as deferred, then finish
+it by token) is part of the store contract, tests/test_store_contract.py, on every store
+kind. Here:
 
-- the store: claim a key, store its interim response as deferred, then finish it by token
-  (MemoryStore and SQLiteStore through their sync and async methods, DynamoDBStore and
-  AsyncDynamoDBStore on moto and on Amazon's DynamoDB Local);
 - the token: its alphabet, and that it carries neither the client's key nor the scope value;
 - HTTP: both middlewares on real servers (uvicorn, waitress), a handler that defers and
   hands its token to the test, which finishes the work as a worker would;
@@ -12,8 +11,7 @@ Three layers, each on every store that supports it:
   state, and what a retry gets when such a response cannot be read (410, never a 500).
 
 The DynamoDB Local cases (ids containing ``dynamodb-local``) are reported as skipped unless
-``scripts/dynamodb-local.sh`` runs them. Time at the store level is a ``FakeClock`` given to
-the store (``clock=``): a token expires by advancing it, never by sleeping.
+``scripts/dynamodb-local.sh`` runs them.
 """
 
 from __future__ import annotations
@@ -22,14 +20,12 @@ import asyncio
 import base64
 import binascii
 import contextlib
-import hashlib
-import math
 import os
 import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TypeVar
@@ -57,153 +53,33 @@ from idempotency_middleware import (
     idempotent,
     scope_by_tenant_header,
 )
-from idempotency_middleware.deferred import new_token, parse_token
-from idempotency_middleware.entropy import new_owner
+from idempotency_middleware.deferred import parse_token
 from idempotency_middleware.records import (
-    Record,
     Status,
     StoredResponse,
     decode_response_document,
 )
 from idempotency_middleware.stores.dynamodb import MAX_ITEM_RESPONSE_BYTES
 from idempotency_middleware.stores.protocol import (
-    AsyncDeferrals,
     Claimed,
-    ClaimRequest,
-    ClaimResult,
-    Completion,
-    Held,
-    SyncDeferrals,
 )
 from idempotency_middleware.testing import FakeClock
 from tests.conftest import REGION
-from tests.db_stores import DB_KINDS, is_db_kind, open_db_store
 from tests.servers import CLIENT_TIMEOUT_SECONDS, serve_asgi, serve_wsgi
+from tests.test_store_contract import claim_for, interim_completion, token_for
 
 T = TypeVar("T")
 
 LOCK = 30.0
 TTL = 3600.0
 KEY_HEADER = "Idempotency-Key"
-INTERIM = StoredResponse(
-    202, [(b"content-type", b"application/json"), (b"location", b"/jobs/1")], b'{"job":1}'
-)
-# Sent by the worker: names in any case, hop-by-hop and Set-Cookie headers among them.
-FINAL_HEADERS_SENT = [
-    (b"Content-Type", b"application/json"),
-    (b"Set-Cookie", b"session=abc; Path=/"),
-    (b"Connection", b"close"),
-    (b"X-Trace", b"trace-\xe9"),
-    (b"transfer-encoding", b"chunked"),
-]
-# ... and what is kept of them: lower-cased names, in order, without the dropped ones.
-FINAL_HEADERS_STORED = [(b"content-type", b"application/json"), (b"x-trace", b"trace-\xe9")]
-FINAL_BODY = b'{"done":true,"total":12.5}'
 TOKEN_ALPHABET = re.compile(r"[A-Za-z0-9_.~-]+")
-
-
-# --- store level: one driver for every store, sync or async ------------------------------
-
-
-class Driver(Protocol):
-    """What the tests do with a store, called synchronously whatever its flavour."""
-
-    def claim(self, request: ClaimRequest) -> ClaimResult: ...
-
-    def complete(self, completion: Completion) -> bool: ...
-
-    def get(self, key_hash: str) -> Record | None: ...
-
-    def release(self, key_hash: str, owner: str) -> bool: ...
-
-    def complete_deferred(
-        self, token: Any, status: Any, headers: Any = (), body: Any = b""
-    ) -> bool: ...
-
-    def release_deferred(self, token: Any) -> bool: ...
 
 
 def answer(value: object) -> bool:
     """A store's answer, which must be a real ``bool`` (``is True`` / ``is False`` below)."""
     assert isinstance(value, bool), value
     return value
-
-
-class SyncDriver:
-    """A sync store's own methods."""
-
-    def __init__(self, store: Any) -> None:
-        assert isinstance(store, SyncDeferrals)
-        self.store: Any = store
-
-    def claim(self, request: ClaimRequest) -> ClaimResult:
-        result: ClaimResult = self.store.claim(request)
-        return result
-
-    def complete(self, completion: Completion) -> bool:
-        return answer(self.store.complete(completion))
-
-    def release(self, key_hash: str, owner: str) -> bool:
-        return answer(self.store.release(key_hash, owner))
-
-    def get(self, key_hash: str) -> Record | None:
-        record: Record | None = self.store.get(key_hash)
-        return record
-
-    def complete_deferred(
-        self, token: Any, status: Any, headers: Any = (), body: Any = b""
-    ) -> bool:
-        return answer(self.store.complete_deferred(token, status, headers, body))
-
-    def release_deferred(self, token: Any) -> bool:
-        return answer(self.store.release_deferred(token))
-
-
-class AsyncDriver:
-    """An async store's ``a``-prefixed methods, each run on one event loop kept for the test."""
-
-    def __init__(self, store: Any, loop: asyncio.AbstractEventLoop) -> None:
-        assert isinstance(store, AsyncDeferrals)
-        self.store: Any = store
-        self.loop = loop
-
-    def _run(self, awaitable: Coroutine[Any, Any, T]) -> T:
-        return self.loop.run_until_complete(awaitable)
-
-    def claim(self, request: ClaimRequest) -> ClaimResult:
-        result: ClaimResult = self._run(self.store.aclaim(request))
-        return result
-
-    def complete(self, completion: Completion) -> bool:
-        return answer(self._run(self.store.acomplete(completion)))
-
-    def release(self, key_hash: str, owner: str) -> bool:
-        return answer(self._run(self.store.arelease(key_hash, owner)))
-
-    def get(self, key_hash: str) -> Record | None:
-        record: Record | None = self._run(self.store.aget(key_hash))
-        return record
-
-    def complete_deferred(
-        self, token: Any, status: Any, headers: Any = (), body: Any = b""
-    ) -> bool:
-        return answer(self._run(self.store.acomplete_deferred(token, status, headers, body)))
-
-    def release_deferred(self, token: Any) -> bool:
-        return answer(self._run(self.store.arelease_deferred(token)))
-
-
-LOCAL_KINDS = ("dynamodb-local", "dynamodb-local-async")
-STORE_KINDS = (
-    "memory",
-    "memory-async",
-    "sqlite",
-    "sqlite-async",
-    "dynamodb",
-    "dynamodb-async",
-    *LOCAL_KINDS,
-    *DB_KINDS,
-)
 
 
 @pytest.fixture(scope="module")
@@ -243,358 +119,6 @@ def dynamodb_target(request: pytest.FixtureRequest, local: bool) -> Target:
             request.getfixturevalue("local_table"),
         )
     return Target(request.getfixturevalue("moto_endpoint"), request.getfixturevalue("moto_table"))
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    # Real time, so a DynamoDB endpoint's TTL sweeper never sees these items as expired.
-    return FakeClock(start=time.time())
-
-
-@pytest.fixture(params=STORE_KINDS)
-def store(request: pytest.FixtureRequest, clock: FakeClock, tmp_path: Path) -> Iterator[Driver]:
-    kind: str = request.param
-    asynchronous = kind.endswith("-async")
-    base = kind.removesuffix("-async")
-    made: Any
-    # Memory and SQLite keep responses up to DynamoDB's item limit, so "too large" means the
-    # same thing on every store.
-    if base == "memory":
-        made = MemoryStore(max_response_bytes=MAX_ITEM_RESPONSE_BYTES, clock=clock)
-    elif base == "sqlite":
-        made = SQLiteStore(
-            tmp_path / "deferred.sqlite3", max_response_bytes=MAX_ITEM_RESPONSE_BYTES, clock=clock
-        )
-    elif is_db_kind(base):
-        made = open_db_store(request, base, max_response_bytes=MAX_ITEM_RESPONSE_BYTES, clock=clock)
-    else:
-        endpoint, table = dynamodb_target(request, local=base == "dynamodb-local")
-        boto3_session, aioboto3_session = request.getfixturevalue("sessions")
-        made = (AsyncDynamoDBStore if asynchronous else DynamoDBStore)(
-            table,
-            endpoint_url=endpoint,
-            region_name=REGION,
-            session=aioboto3_session if asynchronous else boto3_session,
-            clock=clock,
-        )
-    if not asynchronous:
-        yield SyncDriver(made)
-        close = getattr(made, "close", None)
-        if close is not None:
-            close()
-        return
-    loop = asyncio.new_event_loop()
-    try:
-        yield AsyncDriver(made, loop)
-        aclose = getattr(made, "aclose", None)
-        if aclose is not None:
-            loop.run_until_complete(aclose())
-    finally:
-        loop.close()
-
-
-def new_key_hash() -> str:
-    """A key hash as the middleware stores it: 64 hex characters."""
-    return hashlib.sha256(uuid.uuid4().bytes).hexdigest()
-
-
-def claim_for(now: float, key_hash: str | None = None, owner: str | None = None) -> ClaimRequest:
-    return ClaimRequest(key_hash or new_key_hash(), "fp-deferred", owner or new_owner(), now, LOCK)
-
-
-def interim_completion(claim: ClaimRequest, now: float) -> Completion:
-    """What the engine stores when the handler deferred (``core.completion_for(...,
-    deferred=True)``): the handler's response as the interim one."""
-    return Completion(claim.key_hash, claim.owner, now, TTL, INTERIM, deferred=True)
-
-
-def token_for(claim: ClaimRequest) -> str:
-    """The token ``defer_completion()`` hands out for ``claim``: expiring with its TTL."""
-    return new_token(claim.key_hash, claim.owner, claim.now + TTL)
-
-
-def deferred_key(store: Driver, clock: FakeClock) -> tuple[ClaimRequest, str]:
-    """A key claimed and completed as deferred; its claim and its token."""
-    claim = claim_for(clock.now())
-    assert store.claim(claim) == Claimed(taken_over=False)
-    assert store.complete(interim_completion(claim, clock.now() + 0.25)) is True
-    return claim, token_for(claim)
-
-
-def held(result: ClaimResult) -> Record:
-    assert isinstance(result, Held), result
-    return result.record
-
-
-def retry_of(claim: ClaimRequest, now: float) -> ClaimRequest:
-    """The same request again (same key and fingerprint), from another attempt."""
-    return claim._replace(owner=new_owner(), now=now)
-
-
-def test_a_deferred_key_holds_the_interim_response_until_its_token_completes_it(
-    store: Driver, clock: FakeClock
-) -> None:
-    claim, token = deferred_key(store, clock)
-    record = store.get(claim.key_hash)
-    assert record is not None
-    assert record.status is Status.DEFERRED
-    assert record.response == INTERIM
-    assert record.owner == claim.owner
-    # A retry meanwhile is answered from the interim response, past the claim's lock too.
-    clock.advance(LOCK + 1)
-    waiting = held(store.claim(retry_of(claim, clock.now())))
-    assert (waiting.status, waiting.response) == (Status.DEFERRED, INTERIM)
-
-    assert store.complete_deferred(token, 200, FINAL_HEADERS_SENT, FINAL_BODY) is True
-
-    final = store.get(claim.key_hash)
-    assert final is not None
-    assert final.status is Status.COMPLETED
-    assert final.response == StoredResponse(200, FINAL_HEADERS_STORED, FINAL_BODY)
-    assert final.response_not_stored is False
-    assert final.owner == claim.owner
-    assert final.fingerprint == claim.fingerprint
-    assert final.expires_at == parse_token(token).expires_at == math.ceil(claim.now + TTL)
-    assert held(store.claim(retry_of(claim, clock.now()))).response == final.response
-
-
-@pytest.mark.parametrize("status", [503, 500, 404, 204, 100])
-def test_any_final_status_is_stored_5xx_included(
-    store: Driver, clock: FakeClock, status: int
-) -> None:
-    claim, token = deferred_key(store, clock)
-    assert store.complete_deferred(token, status, [(b"x-status", str(status).encode())]) is True
-    record = store.get(claim.key_hash)
-    assert record is not None
-    assert record.status is Status.COMPLETED
-    assert record.response == StoredResponse(status, [(b"x-status", str(status).encode())], b"")
-
-
-def test_a_body_of_any_bytes_like_type_is_stored_as_bytes(store: Driver, clock: FakeClock) -> None:
-    claim, token = deferred_key(store, clock)
-    assert store.complete_deferred(token, 200, (), memoryview(b"\x00\xffraw")) is True
-    record = store.get(claim.key_hash)
-    assert record is not None and record.response is not None
-    assert record.response.body == b"\x00\xffraw"
-    assert type(record.response.body) is bytes
-
-
-def test_a_token_completes_its_key_once(store: Driver, clock: FakeClock) -> None:
-    claim, token = deferred_key(store, clock)
-    assert store.complete_deferred(token, 200, (), b"first") is True
-    first = store.get(claim.key_hash)
-
-    assert store.complete_deferred(token, 201, (), b"second") is False
-    assert store.release_deferred(token) is False  # completed: the key is not forgotten
-
-    assert store.get(claim.key_hash) == first
-
-
-def test_release_deferred_forgets_the_key_so_a_retry_runs_again(
-    store: Driver, clock: FakeClock
-) -> None:
-    claim, token = deferred_key(store, clock)
-    assert store.release_deferred(token) is True
-    assert store.get(claim.key_hash) is None
-    # The token no longer applies to anything.
-    assert store.release_deferred(token) is False
-    assert store.complete_deferred(token, 200, (), b"late") is False
-    assert store.get(claim.key_hash) is None
-    assert store.claim(retry_of(claim, clock.now())) == Claimed(taken_over=False)
-
-
-def test_a_token_of_another_owner_finishes_nothing(store: Driver, clock: FakeClock) -> None:
-    claim, _ = deferred_key(store, clock)
-    before = store.get(claim.key_hash)
-    stranger = new_token(claim.key_hash, new_owner(), claim.now + TTL)
-
-    assert store.complete_deferred(stranger, 200, (), b"not yours") is False
-    assert store.release_deferred(stranger) is False
-
-    assert store.get(claim.key_hash) == before
-
-
-def test_a_token_of_an_owner_that_was_taken_over_finishes_nothing(
-    store: Driver, clock: FakeClock
-) -> None:
-    # The first attempt stalled past its lock (it never stored its interim response); a
-    # retry took the key over and is running now.
-    claim = claim_for(clock.now())
-    store.claim(claim)
-    stale_token = token_for(claim)
-    clock.advance(LOCK + 1)
-    successor = retry_of(claim, clock.now())
-    assert store.claim(successor) == Claimed(taken_over=True)
-
-    assert store.complete_deferred(stale_token, 200, (), b"stale") is False
-    assert store.release_deferred(stale_token) is False
-
-    record = store.get(claim.key_hash)
-    assert record is not None
-    assert (record.status, record.owner) == (Status.IN_PROGRESS, successor.owner)
-
-
-def test_an_expired_token_completes_nothing(store: Driver, clock: FakeClock) -> None:
-    claim, token = deferred_key(store, clock)
-    before = store.get(claim.key_hash)
-    clock.advance(parse_token(token).expires_at - clock.now())  # exactly at its expiry
-
-    assert store.complete_deferred(token, 200, (), b"too late") is False
-
-    assert store.get(claim.key_hash) == before
-
-
-MALFORMED_TOKENS: list[object] = [
-    "",
-    "abc",
-    "a" * 64,
-    "a" * 64 + "." + "0" * 24 + "-1",  # two parts
-    "a" * 64 + "." + "0" * 24 + "-1.1700000000.9",  # four parts
-    "g" * 64 + "." + "0" * 24 + "-1.1700000000",  # key hash not hex
-    "A" * 64 + "." + "0" * 24 + "-1.1700000000",  # hex, but not as written
-    "a" * 63 + "." + "0" * 24 + "-1.1700000000",  # key hash too short
-    "a" * 64 + "." + "0" * 24 + ".1700000000",  # owner without its counter
-    "a" * 64 + "." + "0" * 24 + "-1.17e9",  # expiry not an integer
-    "a" * 64 + "." + "0" * 24 + "-1.-1",
-    " " + "a" * 64 + "." + "0" * 24 + "-1.1700000000",
-    "a" * 64 + "." + "0" * 24 + "-1.1700000000\n",
-    ("a" * 64 + "." + "0" * 24 + "-1.1700000000").encode(),  # bytes, not str
-    None,
-    1700000000,
-]
-
-
-@pytest.mark.parametrize("token", MALFORMED_TOKENS, ids=lambda token: repr(token)[:24])
-def test_a_malformed_token_is_a_value_error(store: Driver, clock: FakeClock, token: object) -> None:
-    claim, _ = deferred_key(store, clock)
-    before = store.get(claim.key_hash)
-    with pytest.raises(ValueError, match="token"):
-        store.complete_deferred(token, 200, (), b"x")
-    with pytest.raises(ValueError, match="token"):
-        store.release_deferred(token)
-    assert store.get(claim.key_hash) == before
-
-
-class BadFinal(NamedTuple):
-    status: object
-    headers: object
-    body: object
-    error: type[Exception]
-
-
-BAD_FINALS = [
-    BadFinal(99, (), b"", ValueError),
-    BadFinal(600, (), b"", ValueError),
-    BadFinal(True, (), b"", ValueError),
-    BadFinal("200", (), b"", ValueError),
-    BadFinal(200.0, (), b"", ValueError),
-    BadFinal(None, (), b"", ValueError),
-    BadFinal(200, [("content-type", "text/plain")], b"", TypeError),
-    BadFinal(200, [(b"content-type",)], b"", TypeError),
-    BadFinal(200, [(b"a", b"b", b"c")], b"", TypeError),
-    BadFinal(200, [[b"content-type", b"text/plain"]], b"", TypeError),
-    BadFinal(200, [b"content-type: text/plain"], b"", TypeError),
-    BadFinal(200, (), "text", TypeError),
-    BadFinal(200, (), None, TypeError),
-    BadFinal(200, (), {"done": True}, TypeError),
-]
-
-
-@pytest.mark.parametrize("bad", BAD_FINALS, ids=lambda bad: f"{bad.error.__name__}-{bad[:3]!r}")
-def test_a_bad_final_response_is_refused_and_changes_nothing(
-    store: Driver, clock: FakeClock, bad: BadFinal
-) -> None:
-    claim, token = deferred_key(store, clock)
-    before = store.get(claim.key_hash)
-    with pytest.raises(bad.error):
-        store.complete_deferred(token, bad.status, bad.headers, bad.body)
-    assert store.get(claim.key_hash) == before
-    # The token still applies: nothing was used up by the refused call.
-    assert store.complete_deferred(token, 200, (), b"ok") is True
-
-
-def test_the_work_may_finish_before_the_interim_response_is_stored(
-    store: Driver, clock: FakeClock
-) -> None:
-    """The race: a fast worker completes the key while its request still runs (the record
-    is in progress, same owner). The interim completion that follows reports success and
-    leaves the final response in place."""
-    claim = claim_for(clock.now())
-    store.claim(claim)
-    token = token_for(claim)
-
-    assert store.complete_deferred(token, 200, FINAL_HEADERS_SENT, FINAL_BODY) is True
-    final = store.get(claim.key_hash)
-    assert final is not None
-    assert final.status is Status.COMPLETED
-
-    assert store.complete(interim_completion(claim, clock.now() + 0.5)) is True
-    # ... and again, as a finishing retry would send it.
-    assert store.complete(interim_completion(claim, clock.now() + 0.6)) is True
-
-    record = store.get(claim.key_hash)
-    assert record == final
-    assert record is not None
-    assert record.response == StoredResponse(200, FINAL_HEADERS_STORED, FINAL_BODY)
-    assert held(store.claim(retry_of(claim, clock.now() + 1))).response == record.response
-
-
-def test_the_interim_completion_of_another_owner_stores_nothing(
-    store: Driver, clock: FakeClock
-) -> None:
-    claim, _ = deferred_key(store, clock)
-    before = store.get(claim.key_hash)
-    other = claim._replace(owner=new_owner())
-    assert store.complete(interim_completion(other, clock.now())) is False
-    assert store.get(claim.key_hash) == before
-
-
-def test_a_final_response_too_large_to_keep_still_completes_the_key(
-    store: Driver, clock: FakeClock
-) -> None:
-    # Random bytes do not compress: over the item limit however they are encoded.
-    body = os.urandom(MAX_ITEM_RESPONSE_BYTES + 1024)
-    claim, token = deferred_key(store, clock)
-    assert store.complete_deferred(token, 200, FINAL_HEADERS_SENT, body) is True
-    record = store.get(claim.key_hash)
-    assert record is not None
-    assert (record.status, record.response) == (Status.COMPLETED, None)
-    assert (record.response_not_stored, record.response_size) == (True, len(body))
-    assert record.expires_at == parse_token(token).expires_at
-    assert store.complete_deferred(token, 200, (), b"small") is False
-
-
-def test_the_engine_release_keeps_a_key_the_work_completed(store: Driver, clock: FakeClock) -> None:
-    """What the engine does when the handler fails after a fast worker finished: release
-    its claim, fenced by its owner. The key is completed already (the work happened): the
-    release must find nothing of its own to delete."""
-    claim = claim_for(clock.now())
-    store.claim(claim)
-    assert store.complete_deferred(token_for(claim), 200, (), FINAL_BODY) is True
-    final = store.get(claim.key_hash)
-
-    released = store.release(claim.key_hash, claim.owner)
-
-    assert store.get(claim.key_hash) == final
-    assert released is False
-
-
-def test_a_release_while_the_request_still_runs_forgets_the_key(
-    store: Driver, clock: FakeClock
-) -> None:
-    """The worker gave up before the interim response was stored: the key is gone, the
-    interim completion then stores nothing (its claim is no longer there), and a retry
-    claims the key afresh."""
-    claim = claim_for(clock.now())
-    store.claim(claim)
-    token = token_for(claim)
-
-    assert store.release_deferred(token) is True
-    assert store.get(claim.key_hash) is None
-    assert store.complete(interim_completion(claim, clock.now() + 0.5)) is False
-
-    assert store.get(claim.key_hash) is None
-    assert store.claim(retry_of(claim, clock.now() + 1)) == Claimed(taken_over=False)
 
 
 # --- the token ----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import uuid
 import pytest
 
 from idempotency_middleware import IdempotencyEvent, scope_by_header
+from idempotency_middleware.testing import FakeClock
 
 from .apps import POST_SLOW
 from .servers import Harness
@@ -95,16 +96,23 @@ def test_a_conflict_is_reported(harness: Harness) -> None:
     assert conflict.status == 409
 
 
+LOCK_SECONDS = 0.3
+
+
 def test_a_take_over_is_reported(harness: Harness) -> None:
     recorder = Recorder()
     key = f"takeover-{uuid.uuid4()}"
+    # Both servers read one clock, which only the test moves: no time passes while the first
+    # owner's claim is in flight, so it always runs on a whole lease.
+    clock = FakeClock(time.time())
     # The first owner's renewals never reach the store: it is as good as dead.
-    # A lock of 1.5 s: with 0.3 s, a claim slower than 0.2 s on a loaded machine left less
-    # than one renewal interval, so the owner renewed before running, which the cut-off
-    # refused: 503, and the handler never ran.
-    owner = harness.client(harness.start(lock_timeout_seconds=1.5, renewals_cut_off=True))
-    # (One machine, one clock: no skew margin, so the lock crossed is stale at once.)
-    client = harness.serve(on_event=recorder, lock_timeout_seconds=1.5, clock_skew_seconds=0)
+    owner = harness.client(
+        harness.start(lock_timeout_seconds=LOCK_SECONDS, renewals_cut_off=True, clock=clock)
+    )
+    # (One clock: no skew margin, so the lock crossed is stale at once.)
+    client = harness.serve(
+        on_event=recorder, lock_timeout_seconds=LOCK_SECONDS, clock_skew_seconds=0, clock=clock
+    )
     gate = harness.state.arm_gate()
     first = threading.Thread(
         target=owner.post, args=("/slow",), kwargs={"headers": {"Idempotency-Key": key}}
@@ -112,7 +120,7 @@ def test_a_take_over_is_reported(harness: Harness) -> None:
     first.start()
     try:
         assert harness.state.wait_for_calls(POST_SLOW, 1)
-        time.sleep(1.6)  # past the first owner's lock
+        clock.advance(LOCK_SECONDS + 0.1)  # past the first owner's lock
         response = client.post("/slow", headers={"Idempotency-Key": key})
     finally:
         gate.set()

@@ -164,15 +164,19 @@ def test_store_unavailable_error_carries_the_stores_code_and_cause() -> None:
 def test_each_event_loop_renews_its_own_claims() -> None:
     # Before, a lease started on a second loop dropped the first loop's leases, so a call
     # still running there went unrenewed and could be taken over (and run twice).
-    renewals = LoopRenewals(MemoryStore(), Reporter(None), FakeClock())
+    # The leases are granted at the clock's time, which never moves: no renewal falls due,
+    # so each loop's active leases are exactly the ones it started.
+    clock = FakeClock()
+    renewals = LoopRenewals(MemoryStore(), Reporter(None), clock)
     policy = Options.build().default_policy
     started = threading.Barrier(2, timeout=60)
     finish = threading.Event()
     owners: dict[str, list[str]] = {}
 
     def lease(owner: str) -> Run:
-        claim = ClaimRequest(owner, "fp", owner, 0.0, policy.lock_timeout_seconds)
-        return Run(Attempt("CALL", "f", policy, claim), 0.0, http=False)
+        granted_at = clock.now()
+        claim = ClaimRequest(owner, "fp", owner, granted_at, policy.lock_timeout_seconds)
+        return Run(Attempt("CALL", "f", policy, claim), granted_at, http=False)
 
     async def hold(owner: str) -> None:
         renewals.start(lease(owner))

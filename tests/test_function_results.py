@@ -37,13 +37,12 @@ from idempotency_middleware import KeyReusedError, MemoryStore, idempotent
 from idempotency_middleware.payloads import canonical_json
 from idempotency_middleware.testing import FakeClock
 from tests.function_stores import (
-    KINDS,
-    MEMORY_KINDS,
     Events,
     FunctionStore,
     fresh_key,
     open_function_store,
 )
+from tests.store_kinds import MEMORY_KINDS, STORE_KINDS
 
 
 @pytest.fixture(params=MEMORY_KINDS)
@@ -52,7 +51,7 @@ def fstore(request: pytest.FixtureRequest) -> Iterator[FunctionStore]:
     yield from open_function_store(request, request.param)
 
 
-@pytest.fixture(params=KINDS)
+@pytest.fixture(params=STORE_KINDS)
 def any_store(request: pytest.FixtureRequest) -> Iterator[FunctionStore]:
     """Every store kind (``tests/function_stores.py``)."""
     yield from open_function_store(request, request.param)

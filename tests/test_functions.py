@@ -45,7 +45,6 @@ from idempotency_middleware.wsgi_environ import Environ, StartResponse
 from tests.conftest import REGION
 from tests.faultproxy import FaultProxy
 from tests.function_stores import (
-    KINDS,
     CountingStore,
     Events,
     FunctionStore,
@@ -54,9 +53,10 @@ from tests.function_stores import (
     open_function_store,
 )
 from tests.servers import free_port
+from tests.store_kinds import STORE_KINDS
 
 
-@pytest.fixture(params=KINDS)
+@pytest.fixture(params=STORE_KINDS)
 def fstore(request: pytest.FixtureRequest) -> Iterator[FunctionStore]:
     """Every store kind; the test's functions are sync or async to match."""
     yield from open_function_store(request, request.param)

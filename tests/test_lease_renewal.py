@@ -27,6 +27,7 @@ from idempotency_middleware import (
 )
 from idempotency_middleware.keys import storage_key
 from idempotency_middleware.records import Status
+from idempotency_middleware.testing import FakeClock
 from tests.faultproxy import (
     CLIENT_TIMEOUT_SECONDS,
     REGION,
@@ -46,9 +47,10 @@ COMBOS = [
     ("wsgi", "dynamodb"),
 ]
 
-# Renewed every LOCK / 3 = 0.25 s; the slow handler runs three lock timeouts.
+# Renewed every LOCK / 3 = 0.25 s.
 LOCK_SECONDS = 0.75
-SLOW_HANDLER_SECONDS = 3 * LOCK_SECONDS
+# A lock on a FakeClock: the renewers tick every third of it in real time.
+FAKE_LOCK_SECONDS = 0.3
 
 
 class CountingMemoryStore(MemoryStore):
@@ -127,47 +129,65 @@ def serve_renewing(
                 yield Renewing(served, wire_renewals)
 
 
+def wait_for_more(count: Callable[[], int], than: int, what: str) -> None:
+    """Poll (real time) until ``count()`` exceeds ``than``: the renewers tick on real time."""
+    deadline = time.monotonic() + CLIENT_TIMEOUT_SECONDS
+    while count() <= than:
+        assert time.monotonic() < deadline, f"no {what} within {CLIENT_TIMEOUT_SECONDS} s"
+        time.sleep(0.01)
+
+
 @pytest.mark.parametrize(("adapter", "store_kind"), COMBOS, ids=["-".join(c) for c in COMBOS])
 def test_a_handler_running_three_lock_timeouts_is_not_taken_over(
     adapter: Adapter, store_kind: StoreKind, request: pytest.FixtureRequest
 ) -> None:
     key = unique_key("slow")
-    path = "/sleep"
-    query = f"?seconds={SLOW_HANDLER_SECONDS}"
+    path = "/gate"
+    # The server's time is a FakeClock the test moves one renewal interval at a time; its
+    # renewer still ticks on real time (every third of the lock) and renews what is due.
+    clock = FakeClock(time.time())
+    lock = FAKE_LOCK_SECONDS
     with (
-        serve_renewing(adapter, store_kind, request, lock_timeout_seconds=LOCK_SECONDS) as renewing,
+        # One clock, so no skew margin: a lock that was not renewed is stale once crossed.
+        serve_renewing(
+            adapter,
+            store_kind,
+            request,
+            lock_timeout_seconds=lock,
+            clock_skew_seconds=0,
+            clock=clock,
+        ) as renewing,
         ThreadPoolExecutor(1) as pool,
     ):
         served = renewing.served
-        pending = served.post_in_background(pool, path + query, key)
+        gate = served.workload.arm_gate()
+        pending = served.post_in_background(pool, path, key)
         served.workload.wait_for_runs(path, 1)
-        started = time.monotonic()
-        conflicts = 0
-        # Retry all along the handler's run, well past its lock timeout: always 409.
-        while served.workload.finished(path) == 0:
-            retry = served.post(path + query, key)
-            if served.workload.finished(path) and retry.status_code != 409:
-                break  # the owner finished while this retry was on its way
-            assert retry.status_code == 409, (retry.status_code, time.monotonic() - started)
-            conflicts += 1
-            time.sleep(0.1)
+        # Three lock timeouts of the clock: at each interval a renewal falls due, the owner
+        # makes it, and a retry then is refused.
+        for _ in range(9):
+            before = len(renewing.renewals())
+            clock.advance(lock / 3)
+            wait_for_more(lambda: len(renewing.renewals()), before, "renewal")
+            retry = served.post(path, key)
+            assert retry.status_code == 409, retry.text
+        gate.set()
         first = pending.result(timeout=CLIENT_TIMEOUT_SECONDS)
         assert first.status_code == 201
         assert first.json() == {"path": path, "run": 1}
-        assert conflicts >= 5
         assert served.workload.runs(path) == 1
         assert not served.events.of("taken_over")
-        # Renewed about every LOCK / 3 while it ran.
-        assert len(renewing.renewals()) >= 4
 
-        replay = served.post(path + query, key)
+        replay = served.post(path, key)
         assert replay.headers.get("idempotent-replayed") == "true"
         assert replay.json() == {"path": path, "run": 1}
         assert served.workload.runs(path) == 1
 
-        # Renewal stopped with the handler: nothing more over several intervals.
+        # Renewal stopped with the handler: nothing more over a lock timeout of the clock
+        # and two of the renewer's real ticks.
         count = len(renewing.renewals())
-        time.sleep(LOCK_SECONDS)
+        clock.advance(lock)
+        time.sleep(2 * lock / 3)
         assert len(renewing.renewals()) == count
 
 
@@ -177,23 +197,32 @@ ENDINGS = ["returns", "raises"]
 @pytest.mark.parametrize("ending", ENDINGS)
 @pytest.mark.parametrize("adapter", ["asgi", "wsgi"])
 def test_renewal_stops_when_the_handler_returns_or_raises(adapter: Adapter, ending: str) -> None:
-    """No lock extension after the handler ended; at most one renewal already in flight
-    when it ended may still arrive (and fails: the claim is no longer in progress)."""
+    """No renewal after the handler ended, however many fall due by the clock."""
     key = unique_key(ending)
-    lock = 0.3  # renewed every 0.1 s
-    path = "/sleep" if ending == "returns" else "/raise"
+    lock = FAKE_LOCK_SECONDS
+    path = "/gate" if ending == "returns" else "/gate-fail"
     store = CountingMemoryStore()
-    with serve_workload(adapter, store, lock_timeout_seconds=lock) as served:
-        response = served.post(f"{path}?seconds=0.5", key)
-        answered = time.time()
+    clock = FakeClock(time.time())
+    with (
+        serve_workload(adapter, store, lock_timeout_seconds=lock, clock=clock) as served,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        gate = served.workload.arm_gate()
+        pending = served.post_in_background(pool, path, key)
+        served.workload.wait_for_runs(path, 1)
+        for _ in range(2):  # the handler outlives two renewals
+            before = len(store.extensions())
+            clock.advance(lock / 3)
+            wait_for_more(lambda: len(store.extensions()), before, "renewal")
+        gate.set()
+        response = pending.result(timeout=CLIENT_TIMEOUT_SECONDS)
         assert response.status_code == (201 if ending == "returns" else 500)
-        extended = store.extensions()
-        assert len(extended) >= 2, "the handler outlived its first renewals"
-        assert all(at < answered for at in extended)
+        attempts = store.renewals()
 
-        time.sleep(4 * lock / 3)
-        assert store.extensions() == extended, "the lock was extended after the handler ended"
-        assert len([at for at in store.renewals() if at >= answered]) <= 1
+        # A whole lock of the clock falls due, and the renewer gets two of its real ticks.
+        clock.advance(lock)
+        time.sleep(2 * lock / 3)
+        assert store.renewals() == attempts, "renewed after the handler ended"
         hashed = storage_key("POST", path, None, key)
         record = store.get(hashed)
         if ending == "returns":

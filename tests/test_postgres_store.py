@@ -269,29 +269,6 @@ def test_a_row_taken_over_after_the_claims_snapshot_is_returned_in_its_latest_ve
     assert trace.since_mark() == (2, 2)
 
 
-# -- fencing ----------------------------------------------------------------------------
-
-
-def test_finishing_and_renewing_are_fenced_by_the_owner(store: PostgresStore) -> None:
-    held = key()
-    assert store.claim(request(held)) == CLAIMED
-    assert not store.complete(completion(held, owner="x1-1"))
-    assert not store.release(held, "x1-1")
-    assert not store.renew(held, "x1-1", NOW + 60)
-    assert store.renew(held, "a1-1", NOW + 60)
-    taken = store.claim(request(held, owner="b1-1", now=NOW + 62))
-    assert taken == TAKEN_OVER
-    # The first owner, taken over, can touch nothing of the new claim.
-    assert not store.complete(completion(held))
-    assert not store.release(held, "a1-1")
-    assert not store.renew(held, "a1-1", NOW + 120)
-    record = store.get(held)
-    assert record is not None and record.owner == "b1-1"
-    assert store.complete(completion(held, owner="b1-1", now=NOW + 62))
-    assert not store.release(held, "b1-1")  # completed: no longer a claim to release
-    assert store.delete(held) and not store.delete(held)
-
-
 # -- create_table ------------------------------------------------------------------------
 
 
@@ -307,7 +284,21 @@ def _created(dsn: str, name: str) -> tuple[bool, bool]:
 
 def test_create_table_is_safe_twice_and_from_many_threads_at_once(postgres_dsn: str) -> None:
     name = table()
-    stores = [PostgresStore(postgres_dsn, table=name, max_size=1) for _ in range(8)]
+    # The eight create_table transactions queue on one advisory lock, and a statement's
+    # timeout counts its wait for that lock: the last one waits out seven others' round trips,
+    # and the eight pools connect at once. Under the default 5 s budgets that depends on the
+    # machine's load (a loaded full run failed it once); this test is about the race, so its
+    # budgets cover the queue.
+    stores = [
+        PostgresStore(
+            postgres_dsn,
+            table=name,
+            max_size=1,
+            statement_timeout_seconds=60.0,
+            pool_timeout_seconds=60.0,
+        )
+        for _ in range(8)
+    ]
     barrier = threading.Barrier(len(stores), timeout=60)
     failures: list[BaseException] = []
 

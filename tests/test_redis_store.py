@@ -27,7 +27,7 @@ import redis.cluster
 
 from idempotency_middleware import RedisStore
 from idempotency_middleware.deferred import new_token
-from idempotency_middleware.records import Status, StoredResponse, encode_response
+from idempotency_middleware.records import StoredResponse, encode_response
 from idempotency_middleware.stores import (
     CLAIMED,
     TAKEN_OVER,
@@ -177,23 +177,6 @@ def redis_scripts_sha(text: str) -> str:
 
 
 # --- fencing ----------------------------------------------------------------------------
-
-
-def test_an_owner_taken_over_can_neither_complete_release_nor_renew(
-    store: RedisStore, admin: redis.Redis, prefix: str
-) -> None:
-    now = time.time()
-    key = new_key()
-    dead = request(key, now)
-    store.claim(dead)
-    heir = request(key, now + LOCK + 0.5)
-    assert store.claim(heir) == TAKEN_OVER
-    raw = admin.hgetall(prefix + key)
-    assert store.complete(completion(dead, now + LOCK + 1)) is False
-    assert store.renew(key, dead.owner, now + 1000) is False
-    assert store.release(key, dead.owner) is False
-    assert admin.hgetall(prefix + key) == raw
-    assert raw[b"owner"] == heir.owner.encode()
 
 
 def test_a_claim_sent_twice_by_its_owner_is_still_its_own(store: RedisStore) -> None:
@@ -529,29 +512,6 @@ def test_a_loop_closed_without_shutdown_leaves_nothing_behind(redis_url: str, pr
     other.close()  # without shutting its async generators down
     assert asyncio.run(store.aget(new_key())) is None  # the closed loop's client is dropped
     loop.close()
-
-
-async def test_the_async_operator_interface(store: RedisStore) -> None:
-    claim = request(new_key(), time.time())
-    await store.acreate_table()
-    assert await store.aget(claim.key_hash) is None
-    assert await store.aclaim(claim) == CLAIMED
-    record = await store.aget(claim.key_hash)
-    assert record is not None and record.status is Status.IN_PROGRESS
-    assert await store.adelete(claim.key_hash) is True
-    assert await store.adelete(claim.key_hash) is False
-    owner = "56" * 8 + "-" + "78" * 4
-    deferred = request("ab" * 32, claim.now, owner=owner)
-    await store.aclaim(deferred)
-    token = new_token(deferred.key_hash, owner, claim.now + TTL)
-    assert await store.arelease_deferred(token) is True
-    await store.aclaim(deferred)
-    assert await store.acomplete_deferred(token, 200, (), b"x") is True
-    expired = new_token(deferred.key_hash, owner, claim.now - 1)
-    assert await store.acomplete_deferred(expired, 200, (), b"x") is False
-    assert store.complete_deferred(expired, 200, (), b"x") is False
-    async with store:
-        pass
 
 
 # --- the extra --------------------------------------------------------------------------

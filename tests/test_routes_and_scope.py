@@ -14,6 +14,7 @@ import uuid
 import httpx
 
 from idempotency_middleware import IdempotencyRule, RequestView, scope_by_header
+from idempotency_middleware.testing import FakeClock
 
 from .apps import PATCH_ORDER, POST_ORDERS, POST_PAYMENTS, PUT_ORDER
 from .servers import Harness
@@ -138,11 +139,14 @@ def test_matching_order_decides_first_match_wins(harness: Harness) -> None:
 
 
 def test_per_route_ttl_overrides_the_default(harness: Harness) -> None:
-    client = harness.serve(rules=[IdempotencyRule("/orders", ttl_seconds=0.4)], ttl_seconds=3600)
+    clock = FakeClock(time.time())
+    client = harness.serve(
+        rules=[IdempotencyRule("/orders", ttl_seconds=60)], ttl_seconds=3600, clock=clock
+    )
     orders_key, payments_key = _key(), _key()
     _post(client, "/orders", orders_key)
     _post(client, "/payments", payments_key)
-    time.sleep(0.6)
+    clock.advance(61)  # past the route's TTL, inside the default one
     assert "idempotent-replayed" not in _post(client, "/orders", orders_key).headers
     assert _post(client, "/payments", payments_key).headers["idempotent-replayed"] == "true"
     assert harness.calls(POST_ORDERS) == 2

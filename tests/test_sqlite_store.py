@@ -23,19 +23,16 @@ from idempotency_middleware import IdempotencyWSGIMiddleware
 from idempotency_middleware.records import Status, StoredResponse
 from idempotency_middleware.stores.kit import Flow
 from idempotency_middleware.stores.protocol import (
-    AsyncStore,
     Claimed,
     ClaimRequest,
     Completion,
     Held,
     StoreUnavailable,
-    SyncStore,
 )
 from idempotency_middleware.stores.sqlite import SQLiteStore
 from idempotency_middleware.testing import FakeClock
 from idempotency_middleware.wsgi import Environ, StartResponse, WSGIApp
 from tests.servers import HOST, free_port, serve_wsgi
-from tests.sqlite_worker_app import CLAIM_ROUNDS, claim_one_key_in_rounds
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LOCK = 10.0
@@ -87,143 +84,9 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SQLiteStor
 
 
 # -- the store protocol -------------------------------------------------------------------
-
-
-def test_satisfies_both_store_protocols(store: SQLiteStore) -> None:
-    assert isinstance(store, SyncStore)
-    assert isinstance(store, AsyncStore)
-
-
-def test_new_key_is_claimed(store: SQLiteStore) -> None:
-    assert store.claim(claim_request()) == Claimed(taken_over=False)
-    record = store.get("k")
-    assert record is not None
-    assert record.status is Status.IN_PROGRESS
-    assert record.owner == "owner-a"
-
-
-def test_key_in_progress_is_held_with_the_holders_record(store: SQLiteStore) -> None:
-    now = time.time()
-    store.claim(claim_request(now=now))
-    result = store.claim(claim_request(owner="owner-b", now=now + 1))
-    assert isinstance(result, Held)
-    assert result.record.status is Status.IN_PROGRESS
-    assert result.record.owner == "owner-a"
-    assert result.record.fingerprint == "fp"
-    assert result.record.lock_expires_at == pytest.approx(now + LOCK)
-
-
-def test_completed_key_is_held_with_its_response_byte_for_byte(store: SQLiteStore) -> None:
-    store.claim(claim_request())
-    assert store.complete(completion()) is True
-    result = store.claim(claim_request(owner="owner-b"))
-    assert isinstance(result, Held)
-    assert result.record.status is Status.COMPLETED
-    assert result.record.response == RESPONSE
-    assert result.record.response_size == len(RESPONSE.body)
-    assert result.record.response_not_stored is False
-
-
-def test_large_compressible_response_round_trips(store: SQLiteStore) -> None:
-    response = StoredResponse(200, [(b"x-a", b"1"), (b"x-b", b"\xe9")], b"abc" * 100_000)
-    store.claim(claim_request())
-    store.complete(completion(response=response))
-    record = store.get("k")
-    assert record is not None
-    assert record.response == response
-
-
-def test_wrong_owner_cannot_complete(store: SQLiteStore) -> None:
-    store.claim(claim_request())
-    assert store.complete(completion(owner="intruder")) is False
-    record = store.get("k")
-    assert record is not None
-    assert record.status is Status.IN_PROGRESS
-
-
-def test_wrong_owner_cannot_release(store: SQLiteStore) -> None:
-    store.claim(claim_request())
-    assert store.release("k", "intruder") is False
-    assert store.get("k") is not None
-
-
-def test_wrong_owner_cannot_renew(store: SQLiteStore) -> None:
-    now = time.time()
-    store.claim(claim_request(now=now))
-    assert store.renew("k", "intruder", now + 1000) is False
-    record = store.get("k")
-    assert record is not None
-    assert record.lock_expires_at == pytest.approx(now + LOCK)
-
-
-def test_finishing_an_unknown_key_is_refused(store: SQLiteStore) -> None:
-    assert store.complete(completion(key="nothing")) is False
-    assert store.release("nothing", "owner-a") is False
-    assert store.renew("nothing", "owner-a", time.time() + 10) is False
-
-
-def test_release_then_reclaim(store: SQLiteStore) -> None:
-    store.claim(claim_request())
-    assert store.release("k", "owner-a") is True
-    assert store.get("k") is None
-    assert store.claim(claim_request(owner="owner-b")) == Claimed(taken_over=False)
-
-
-def test_stale_lock_is_taken_over_and_the_old_owner_fenced_out(store: SQLiteStore) -> None:
-    now = time.time()
-    store.claim(claim_request(now=now, lock=1.0))
-    assert store.claim(claim_request(owner="owner-b", now=now + 1.0)) == Claimed(taken_over=True)
-    assert store.complete(completion(owner="owner-a", now=now + 2)) is False
-    assert store.release("k", "owner-a") is False
-    assert store.renew("k", "owner-a", now + 100) is False
-    assert store.complete(completion(owner="owner-b", now=now + 2)) is True
-    record = store.get("k")
-    assert record is not None
-    assert record.owner == "owner-b"
-    assert record.status is Status.COMPLETED
-
-
-def test_lock_is_honoured_to_sub_second_precision(store: SQLiteStore) -> None:
-    now = time.time()
-    store.claim(claim_request(now=now, lock=0.5))
-    assert isinstance(store.claim(claim_request(owner="b", now=now + 0.499)), Held)
-    assert store.claim(claim_request(owner="b", now=now + 0.5)) == Claimed(taken_over=True)
-
-
-def test_expired_completed_record_is_claimable_though_still_stored(store: SQLiteStore) -> None:
-    now = time.time()
-    store.claim(claim_request(now=now))
-    store.complete(completion(now=now, ttl=5))
-    assert isinstance(store.claim(claim_request(owner="b", now=now + 4.9)), Held)
-    stored = store.get("k")
-    assert stored is not None
-    assert stored.is_expired(now + 5)  # still there, but expired on read
-    assert store.claim(claim_request(owner="b", now=now + 5)) == Claimed(taken_over=False)
-    record = store.get("k")
-    assert record is not None
-    assert record.owner == "b"
-    assert record.status is Status.IN_PROGRESS
-    assert record.response is None
-
-
-def test_renew_extends_the_lock(store: SQLiteStore) -> None:
-    now = time.time()
-    store.claim(claim_request(now=now, lock=1.0))
-    assert store.renew("k", "owner-a", now + 30) is True
-    held = store.claim(claim_request(owner="b", now=now + 5))
-    assert isinstance(held, Held)
-    assert held.record.lock_expires_at == pytest.approx(now + 30)
-    assert held.record.expires_at == pytest.approx(now + 30)
-
-
-def test_renew_does_not_touch_a_completed_record(store: SQLiteStore) -> None:
-    now = time.time()
-    store.claim(claim_request(now=now))
-    store.complete(completion(now=now, ttl=50))
-    assert store.renew("k", "owner-a", now + 1000) is False
-    record = store.get("k")
-    assert record is not None
-    assert record.expires_at == pytest.approx(now + 50)
+# What every store guarantees (claims, fencing, deadlines, renewals, deletes, both flavours,
+# the RETURNING and changes() paths) is held to the contract, tests/test_store_contract.py
+# (kinds sqlite, sqlite-async, sqlite-changes); here, only what is SQLite's own.
 
 
 def test_response_over_max_response_bytes_is_completed_but_marked_too_large(
@@ -248,31 +111,6 @@ def test_response_within_max_response_bytes_is_kept(tmp_path: Path) -> None:
     assert record is not None
     assert record.response == RESPONSE
     assert record.response_not_stored is False
-
-
-def test_streamed_response_is_completed_without_its_body(store: SQLiteStore) -> None:
-    store.claim(claim_request())
-    streamed = completion(response=StoredResponse(200, [], b""), streamed=True, streamed_size=5000)
-    assert store.complete(streamed) is True
-    record = store.get("k")
-    assert record is not None
-    assert record.status is Status.COMPLETED
-    assert record.response is None
-    assert record.response_not_stored is True
-    assert record.response_size == 5000
-
-
-def test_delete_removes_a_record_whoever_owns_it(store: SQLiteStore) -> None:
-    store.claim(claim_request())
-    assert store.delete("k") is True
-    assert store.delete("k") is False
-    assert store.get("k") is None
-
-
-def test_keys_are_independent(store: SQLiteStore) -> None:
-    assert store.claim(claim_request("a")) == Claimed()
-    assert store.claim(claim_request("b", owner="other")) == Claimed()
-    assert isinstance(store.claim(claim_request("a", owner="other")), Held)
 
 
 # -- schema, files and errors -------------------------------------------------------------
@@ -492,27 +330,6 @@ def test_purge_that_cannot_get_the_lock_does_not_fail_the_write(tmp_path: Path) 
 # -- async methods ------------------------------------------------------------------------
 
 
-async def test_async_methods_follow_the_protocol(store: SQLiteStore) -> None:
-    now = time.time()
-    assert await store.aclaim(claim_request(now=now, lock=1)) == Claimed()
-    assert await store.arenew("k", "owner-a", now + 2) is True
-    assert await store.arenew("k", "intruder", now + 3) is False
-    assert isinstance(await store.aclaim(claim_request(owner="b", now=now + 1.5)), Held)
-    assert await store.acomplete(completion(owner="intruder")) is False
-    assert await store.acomplete(completion()) is True
-    held = await store.aclaim(claim_request(owner="b"))
-    assert isinstance(held, Held)
-    assert held.record.response == RESPONSE
-    assert await store.arelease("k", "intruder") is False
-    # Release takes back a claim in progress only, never a completed response.
-    assert await store.arelease("k", "owner-a") is False
-    assert await store.adelete("k") is True
-    assert await store.aget("k") is None
-    await store.acreate_table()
-    assert await store.aclaim(claim_request(owner="c")) == Claimed()
-    assert await store.arelease("k", "c") is True
-
-
 async def test_async_context_manager_stops_the_stores_threads(tmp_path: Path) -> None:
     before = set(threading.enumerate())
     async with SQLiteStore(tmp_path / "db.sqlite3") as store:
@@ -546,77 +363,6 @@ async def test_async_methods_do_not_block_the_event_loop(write_lock_held: Path) 
         ticking.cancel()
         assert waited >= 0.5
         assert ticks >= 20
-
-
-async def test_concurrent_async_claims_on_one_key_claim_it_once(store: SQLiteStore) -> None:
-    now = time.time()
-    results = await asyncio.gather(
-        *(store.aclaim(claim_request(owner=f"owner-{n}", now=now)) for n in range(40))
-    )
-    assert sum(isinstance(result, Claimed) for result in results) == 1
-
-
-# -- threads and processes ----------------------------------------------------------------
-
-
-def test_threads_sharing_one_store_claim_a_key_once(store: SQLiteStore) -> None:
-    threads = 16
-    barrier = threading.Barrier(threads, timeout=60)
-    results: list[object] = []
-    lock = threading.Lock()
-
-    def worker(number: int) -> None:
-        barrier.wait(10)
-        result = store.claim(claim_request(owner=f"thread-{number}"))
-        with lock:
-            results.append(result)
-
-    workers = [threading.Thread(target=worker, args=(n,)) for n in range(threads)]
-    for thread in workers:
-        thread.start()
-    for thread in workers:
-        thread.join(20)
-    assert len(results) == threads
-    assert sum(isinstance(result, Claimed) for result in results) == 1
-    # Connections are pooled, not one per thread forever.
-    assert len(store._transport._pool._idle) <= 16
-
-
-PROCESSES = 4
-
-
-def test_processes_claiming_one_key_at_the_same_instant_claim_it_once(tmp_path: Path) -> None:
-    context = multiprocessing.get_context("spawn")
-    start, claimed = context.Barrier(PROCESSES, timeout=60), context.Barrier(PROCESSES, timeout=60)
-    results = context.Queue()
-    path = str(tmp_path / "shared.sqlite3")
-    processes = [
-        context.Process(
-            target=claim_one_key_in_rounds, args=(path, worker, start, claimed, results)
-        )
-        for worker in range(PROCESSES)
-    ]
-    for process in processes:
-        process.start()
-    try:
-        reports = [results.get(timeout=60) for _ in processes]
-    finally:
-        for process in processes:
-            process.join(10)
-            if process.is_alive():
-                process.kill()
-    assert [error for _, _, error in reports] == [None] * PROCESSES
-    by_round: dict[int, list[tuple[str, str]]] = {}
-    for _, outcomes, _ in reports:
-        for number, outcome, owner in outcomes:
-            by_round.setdefault(number, []).append((outcome, owner))
-    assert sorted(by_round) == list(range(CLAIM_ROUNDS))
-    for number, outcomes in by_round.items():
-        winners = [owner for outcome, owner in outcomes if outcome == "claimed"]
-        assert len(outcomes) == PROCESSES
-        assert len(winners) == 1, f"round {number}: {outcomes}"
-        # Every loser saw the winner's claim, in progress.
-        assert {owner for outcome, owner in outcomes if outcome == "held"} == set(winners)
 
 
 def _use_store_after_fork(store: SQLiteStore, results: Any) -> None:

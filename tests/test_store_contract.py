@@ -1,24 +1,33 @@
 """The store contract: what every store guarantees, run against every store.
 
-Kinds: MemoryStore, SQLiteStore, RedisStore and PostgresStore (the last two on real servers,
-tests/db_servers.py), each through its sync and its async methods; DynamoDBStore (boto3) and
-AsyncDynamoDBStore (aioboto3) on moto's server over real HTTP; and both DynamoDB stores on
-Amazon's DynamoDB Local. The DynamoDB Local cases are always
-generated and reported as skipped unless ``IDEMPOTENCY_DYNAMODB_LOCAL_URL`` is set, which
-``scripts/dynamodb-local.sh`` does (it selects them with ``-k dynamodb-local``).
+Kinds (tests/store_kinds.py): MemoryStore, SQLiteStore, RedisStore and PostgresStore (the
+last two on real servers, tests/db_servers.py), each through its sync and its async methods,
+and SQLiteStore on its changes() path too; DynamoDBStore (boto3) and AsyncDynamoDBStore
+(aioboto3) on moto's server over real HTTP; and both DynamoDB stores on Amazon's DynamoDB
+Local. The DynamoDB Local cases are always generated and reported as skipped unless
+``IDEMPOTENCY_DYNAMODB_LOCAL_URL`` is set, which ``scripts/dynamodb-local.sh`` does (it
+selects them with ``-k dynamodb-local``).
 
-A store is done when it passes this module. Time is the ``now`` each request carries, so
-lock timeouts and TTLs are crossed by asking with a later ``now`` rather than by sleeping.
-Async stores are driven through an adapter that runs each call on one event loop kept for
-the test, so the same test bodies hold every store to the same contract, including the
-operator interface (``get``, ``delete``, ``create_table`` and their ``a``-prefixed forms).
+A store is done when it passes this module: claims, completions, releases, renewals,
+takeovers, expiry, responses too large to keep, the operator interface (``get``,
+``delete``, ``create_table`` and their ``a``-prefixed forms), deferred completion
+(``complete_deferred``, ``release_deferred`` and their async twins), the one-winner race
+(threads, tasks and processes, on the stores whose conditional writes are atomic) and
+event-loop lifecycles. Time is the ``now`` each request carries, and the stores' clock is
+a ``FakeClock``: lock timeouts, TTLs and token expiries are crossed by asking with a later
+``now`` or advancing the clock, never by sleeping. Async stores are driven through an
+adapter that runs each call on one event loop kept for the test, so the same test bodies
+hold every store to the same contract.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
+import multiprocessing
 import os
+import threading
 import time
 import uuid
 from collections.abc import Coroutine, Iterator
@@ -30,6 +39,8 @@ import pytest
 
 from examples.kv_store import KeyValueStore
 from idempotency_middleware import AsyncDynamoDBStore, DynamoDBStore, MemoryStore, SQLiteStore
+from idempotency_middleware.deferred import new_token, parse_token
+from idempotency_middleware.entropy import new_owner
 from idempotency_middleware.records import Record, Status, StoredResponse
 from idempotency_middleware.stores import (
     AsyncOperations,
@@ -47,9 +58,21 @@ from idempotency_middleware.stores.dynamodb.requests import (
     IN_PROGRESS_TTL_GRACE_SECONDS,
     MAX_ITEM_RESPONSE_BYTES,
 )
+from idempotency_middleware.stores.protocol import AsyncDeferrals, SyncDeferrals
+from idempotency_middleware.testing import FakeClock
 from tests.conftest import REGION
-from tests.db_stores import DB_KINDS, is_db_kind, open_db_store
+from tests.db_stores import location, open_db_store
+from tests.race_worker import claim_in_a_process
 from tests.servers import free_port
+from tests.store_kinds import (
+    ATOMIC_KINDS,
+    DYNAMODB_KINDS,
+    LOCAL_KINDS,
+    SDK_KINDS,
+    STORE_KINDS,
+    is_async,
+    is_db_kind,
+)
 
 T = TypeVar("T")
 
@@ -85,13 +108,19 @@ class Driver(Protocol):
 
     def create_table(self) -> None: ...
 
+    def complete_deferred(
+        self, token: Any, status: Any, headers: Any = (), body: Any = b""
+    ) -> bool: ...
 
-class ContractSyncStore(SyncStore, SyncOperations, Protocol):
-    """A sync store: the store protocol and the operator interface."""
+    def release_deferred(self, token: Any) -> bool: ...
 
 
-class ContractAsyncStore(AsyncStore, AsyncOperations, Protocol):
-    """An async store: the store protocol and the operator interface."""
+class ContractSyncStore(SyncStore, SyncOperations, SyncDeferrals, Protocol):
+    """A sync store: the store protocol, the operator interface and deferred completion."""
+
+
+class ContractAsyncStore(AsyncStore, AsyncOperations, AsyncDeferrals, Protocol):
+    """An async store: the store protocol, the operator interface and deferred completion."""
 
 
 class SyncDriver:
@@ -120,6 +149,14 @@ class SyncDriver:
 
     def create_table(self) -> None:
         return self.store.create_table()
+
+    def complete_deferred(
+        self, token: Any, status: Any, headers: Any = (), body: Any = b""
+    ) -> bool:
+        return self.store.complete_deferred(token, status, headers, body)
+
+    def release_deferred(self, token: Any) -> bool:
+        return self.store.release_deferred(token)
 
 
 class AsyncDriver:
@@ -153,29 +190,17 @@ class AsyncDriver:
     def create_table(self) -> None:
         return self.run(self.store.acreate_table())
 
+    def complete_deferred(
+        self, token: Any, status: Any, headers: Any = (), body: Any = b""
+    ) -> bool:
+        return self.run(self.store.acomplete_deferred(token, status, headers, body))
+
+    def release_deferred(self, token: Any) -> bool:
+        return self.run(self.store.arelease_deferred(token))
+
 
 # Every kind is always generated: the DynamoDB Local ones skip (with the reason) when its URL
 # is not set, through the dynamodb_local_endpoint fixture.
-LOCAL_KINDS = ["dynamodb-local", "dynamodb-local-async"]
-DYNAMODB_KINDS = ["dynamodb", "dynamodb-async", *LOCAL_KINDS]
-# The DynamoDB kinds above run on the stores' default, the lean transport; these keep the SDK
-# path (a store given a session) under the DynamoDB-specific tests, not the whole contract.
-SDK_KINDS = ["dynamodb-sdk", "dynamodb-sdk-async"]
-# The minimal store of the docs (examples/kv_store.py), held to the same contract.
-KV_KINDS = ["kv", "kv-async"]
-STORE_KINDS = [
-    "memory",
-    "memory-async",
-    "sqlite",
-    "sqlite-async",
-    *DYNAMODB_KINDS,
-    *DB_KINDS,
-    *KV_KINDS,
-]
-
-
-def is_async(kind: str) -> bool:
-    return kind.endswith("-async")
 
 
 @pytest.fixture(scope="module")
@@ -238,60 +263,71 @@ def drive_async(store: ContractAsyncStore) -> Iterator[AsyncDriver]:
         loop.close()
 
 
-def open_driver(request: pytest.FixtureRequest, kind: str) -> Iterator[Driver]:
-    if kind in KV_KINDS:
-        kv = KeyValueStore(max_response_bytes=MAX_ITEM_RESPONSE_BYTES)
-        if is_async(kind):
-            yield from drive_async(kv)
-        else:
-            yield SyncDriver(kv)
-        return
-    if kind in ("memory", "memory-async"):
-        # Mimics DynamoDB's item limit, so "too large" means the same thing everywhere.
-        memory = MemoryStore(max_response_bytes=MAX_ITEM_RESPONSE_BYTES)
-        if is_async(kind):
-            yield from drive_async(memory)
-        else:
-            yield SyncDriver(memory)
-        return
+class Made(NamedTuple):
+    """A store of a kind, and what another process needs to open the same one."""
+
+    store: Any
+    spec: tuple[str, ...]
+
+
+def make_store(request: pytest.FixtureRequest, kind: str) -> Made:
+    """A new store of ``kind`` on the test's ``clock``, in a namespace of its own (a Redis
+    prefix, a PostgreSQL table, a SQLite file; random keys in the module's DynamoDB table).
+    Memory, SQLite, Redis and PostgreSQL keep responses up to DynamoDB's item limit, so "too
+    large" means the same thing everywhere."""
+    clock: FakeClock = request.getfixturevalue("clock")
+    base = kind.removesuffix("-async")
+    if base == "memory":
+        return Made(MemoryStore(max_response_bytes=MAX_ITEM_RESPONSE_BYTES, clock=clock), ())
+    if base == "kv":  # in-process, like memory: no spec for another process
+        return Made(KeyValueStore(max_response_bytes=MAX_ITEM_RESPONSE_BYTES, clock=clock), ())
     if is_db_kind(kind):
-        # Redis and PostgreSQL on their real servers, keeping responses up to DynamoDB's
-        # item limit like the memory and SQLite kinds.
         db_store = open_db_store(
-            request, kind.removesuffix("-async"), max_response_bytes=MAX_ITEM_RESPONSE_BYTES
+            request, base, max_response_bytes=MAX_ITEM_RESPONSE_BYTES, clock=clock
         )
-        if is_async(kind):
-            yield from drive_async(db_store)
-        else:
-            with db_store:
-                yield SyncDriver(db_store)
-        return
-    if kind in ("sqlite", "sqlite-async"):
+        where = location(request, base)
+        namespace = db_store.prefix if base == "redis" else db_store.table
+        return Made(db_store, (base, where, namespace))
+    if base in ("sqlite", SQLITE_CHANGES):
         tmp_path: Path = request.getfixturevalue("tmp_path")
-        sqlite = SQLiteStore(
-            tmp_path / "contract.sqlite3", max_response_bytes=MAX_ITEM_RESPONSE_BYTES
-        )
-        if is_async(kind):
-            yield from drive_async(sqlite)
-        else:
-            with sqlite:
-                yield SyncDriver(sqlite)
-        return
+        path = tmp_path / "contract.sqlite3"
+        sqlite = SQLiteStore(path, max_response_bytes=MAX_ITEM_RESPONSE_BYTES, clock=clock)
+        if base == SQLITE_CHANGES:
+            sqlite._ops.use_returning = False
+        return Made(sqlite, ("sqlite", str(path)))
     endpoint, table = target_of(request, kind)
     sdk: dict[str, Any] = {}
     if kind in SDK_KINDS:
         sync_session, async_session = request.getfixturevalue("sessions")
         sdk = {"session": async_session if is_async(kind) else sync_session}
+    store_class: Any = AsyncDynamoDBStore if is_async(kind) else DynamoDBStore
+    made = store_class(table, endpoint_url=endpoint, region_name=REGION, clock=clock, **sdk)
+    return Made(made, ("dynamodb", endpoint, table))
+
+
+def open_driver(request: pytest.FixtureRequest, kind: str) -> Iterator[Driver]:
+    """A driver of a new store of ``kind``, closed after."""
+    store = make_store(request, kind).store
     if is_async(kind):
-        yield from drive_async(
-            AsyncDynamoDBStore(table, endpoint_url=endpoint, region_name=REGION, **sdk)
-        )
+        yield from drive_async(store)
         return
-    with DynamoDBStore(table, endpoint_url=endpoint, region_name=REGION, **sdk) as store:
+    try:
         yield SyncDriver(store)
+    finally:
+        close = getattr(store, "close", None)
+        if close is not None:
+            close()
 
 
-@pytest.fixture(params=STORE_KINDS)
+# SQLite before 3.35 has no RETURNING: there SQLiteStore tells a won claim by changes(), a
+# path of its own that the contract holds to the same rules (forced on a newer SQLite).
+SQLITE_CHANGES = "sqlite-changes"
+# The minimal store of the docs (examples/kv_store.py), held to the same contract.
+KV_KINDS = ["kv", "kv-async"]
+CONTRACT_KINDS = [*STORE_KINDS, SQLITE_CHANGES, *KV_KINDS]
+
+
+@pytest.fixture(params=CONTRACT_KINDS)
 def store_kind(request: pytest.FixtureRequest) -> str:
     kind: str = request.param
     return kind
@@ -314,8 +350,16 @@ def dynamodb_store(request: pytest.FixtureRequest, dynamodb_kind: str) -> Iterat
 
 
 @pytest.fixture
-def now() -> float:
-    return time.time()
+def clock() -> FakeClock:
+    """The stores' clock (what a deferral token expires by). Started at the real time, so a
+    DynamoDB endpoint's TTL sweeper never takes these items for expired."""
+    return FakeClock(start=time.time())
+
+
+@pytest.fixture
+def now(clock: FakeClock) -> float:
+    """The time the test's requests carry, the stores' clock's start."""
+    return clock.now()
 
 
 @pytest.fixture
@@ -505,6 +549,25 @@ def test_wrong_owner_cannot_release(store: Driver, key: str, now: float) -> None
 
 def test_release_of_an_absent_key_fails(store: Driver, key: str) -> None:
     assert store.release(key, "nobody") is False
+
+
+def test_release_of_a_completed_record_fails_and_keeps_its_response(
+    store: Driver, key: str, now: float
+) -> None:
+    claim = claim_request(key, now)
+    store.claim(claim)
+    assert store.complete(completion(claim, now)) is True
+    assert store.release(key, claim.owner) is False  # no longer a claim to take back
+    record = store.get(key)
+    assert record is not None
+    assert (record.status, record.response) == (Status.COMPLETED, RESPONSE)
+
+
+def test_renew_of_an_absent_key_fails_and_creates_nothing(
+    store: Driver, key: str, now: float
+) -> None:
+    assert store.renew(key, "nobody", now + LOCK) is False
+    assert store.get(key) is None
 
 
 # --- renew ------------------------------------------------------------------------------
@@ -907,3 +970,521 @@ def test_memory_store_drops_expired_records_so_memory_stays_bounded() -> None:
     assert store.get("old") is None
     assert store.get("live") is not None
     assert len(store) == 2
+
+
+# --- deferred completion: complete_deferred / release_deferred and their async twins ----
+# A key claimed and completed as deferred holds its interim response until a worker finishes
+# it by token. The DynamoDB stores run these on their SDK path too (a store given a session):
+# its deferred writes are its own code. A token expires by advancing the stores' FakeClock.
+
+DEFERRING_KINDS = [*STORE_KINDS, *SDK_KINDS]
+DEFERRING = pytest.mark.parametrize("store_kind", DEFERRING_KINDS, indirect=True)
+DEFERRAL_LOCK = 30.0
+DEFERRAL_TTL = 3600.0
+INTERIM = StoredResponse(
+    202, [(b"content-type", b"application/json"), (b"location", b"/jobs/1")], b'{"job":1}'
+)
+# Sent by the worker: names in any case, hop-by-hop and Set-Cookie headers among them.
+FINAL_HEADERS_SENT = [
+    (b"Content-Type", b"application/json"),
+    (b"Set-Cookie", b"session=abc; Path=/"),
+    (b"Connection", b"close"),
+    (b"X-Trace", b"trace-\xe9"),
+    (b"transfer-encoding", b"chunked"),
+]
+# ... and what is kept of them: lower-cased names, in order, without the dropped ones.
+FINAL_HEADERS_STORED = [(b"content-type", b"application/json"), (b"x-trace", b"trace-\xe9")]
+FINAL_BODY = b'{"done":true,"total":12.5}'
+
+
+def new_key_hash() -> str:
+    """A key hash as the middleware stores it: 64 hex characters."""
+    return hashlib.sha256(uuid.uuid4().bytes).hexdigest()
+
+
+def claim_for(now: float, key_hash: str | None = None, owner: str | None = None) -> ClaimRequest:
+    return ClaimRequest(
+        key_hash or new_key_hash(), "fp-deferred", owner or new_owner(), now, DEFERRAL_LOCK
+    )
+
+
+def interim_completion(claim: ClaimRequest, now: float) -> Completion:
+    """What the engine stores when the handler deferred (``core.completion_for(...,
+    deferred=True)``): the handler's response as the interim one."""
+    return Completion(claim.key_hash, claim.owner, now, DEFERRAL_TTL, INTERIM, deferred=True)
+
+
+def token_for(claim: ClaimRequest) -> str:
+    """The token ``defer_completion()`` hands out for ``claim``: expiring with its DEFERRAL_TTL."""
+    return new_token(claim.key_hash, claim.owner, claim.now + DEFERRAL_TTL)
+
+
+def deferred_key(store: Driver, clock: FakeClock) -> tuple[ClaimRequest, str]:
+    """A key claimed and completed as deferred; its claim and its token."""
+    claim = claim_for(clock.now())
+    assert store.claim(claim) == Claimed(taken_over=False)
+    assert store.complete(interim_completion(claim, clock.now() + 0.25)) is True
+    return claim, token_for(claim)
+
+
+def retry_of(claim: ClaimRequest, now: float) -> ClaimRequest:
+    """The same request again (same key and fingerprint), from another attempt."""
+    return claim._replace(owner=new_owner(), now=now)
+
+
+@DEFERRING
+def test_a_deferred_key_holds_the_interim_response_until_its_token_completes_it(
+    store: Driver, clock: FakeClock
+) -> None:
+    claim, token = deferred_key(store, clock)
+    record = store.get(claim.key_hash)
+    assert record is not None
+    assert record.status is Status.DEFERRED
+    assert record.response == INTERIM
+    assert record.owner == claim.owner
+    # A retry meanwhile is answered from the interim response, past the claim's lock too.
+    clock.advance(DEFERRAL_LOCK + 1)
+    waiting = held_record(store.claim(retry_of(claim, clock.now())))
+    assert (waiting.status, waiting.response) == (Status.DEFERRED, INTERIM)
+
+    assert store.complete_deferred(token, 200, FINAL_HEADERS_SENT, FINAL_BODY) is True
+
+    final = store.get(claim.key_hash)
+    assert final is not None
+    assert final.status is Status.COMPLETED
+    assert final.response == StoredResponse(200, FINAL_HEADERS_STORED, FINAL_BODY)
+    assert final.response_not_stored is False
+    assert final.owner == claim.owner
+    assert final.fingerprint == claim.fingerprint
+    assert final.expires_at == parse_token(token).expires_at == math.ceil(claim.now + DEFERRAL_TTL)
+    assert held_record(store.claim(retry_of(claim, clock.now()))).response == final.response
+
+
+@DEFERRING
+@pytest.mark.parametrize("status", [503, 500, 404, 204, 100])
+def test_any_final_status_is_stored_5xx_included(
+    store: Driver, clock: FakeClock, status: int
+) -> None:
+    claim, token = deferred_key(store, clock)
+    assert store.complete_deferred(token, status, [(b"x-status", str(status).encode())]) is True
+    record = store.get(claim.key_hash)
+    assert record is not None
+    assert record.status is Status.COMPLETED
+    assert record.response == StoredResponse(status, [(b"x-status", str(status).encode())], b"")
+
+
+@DEFERRING
+def test_a_body_of_any_bytes_like_type_is_stored_as_bytes(store: Driver, clock: FakeClock) -> None:
+    claim, token = deferred_key(store, clock)
+    assert store.complete_deferred(token, 200, (), memoryview(b"\x00\xffraw")) is True
+    record = store.get(claim.key_hash)
+    assert record is not None and record.response is not None
+    assert record.response.body == b"\x00\xffraw"
+    assert type(record.response.body) is bytes
+
+
+@DEFERRING
+def test_a_token_completes_its_key_once(store: Driver, clock: FakeClock) -> None:
+    claim, token = deferred_key(store, clock)
+    assert store.complete_deferred(token, 200, (), b"first") is True
+    first = store.get(claim.key_hash)
+
+    assert store.complete_deferred(token, 201, (), b"second") is False
+    assert store.release_deferred(token) is False  # completed: the key is not forgotten
+
+    assert store.get(claim.key_hash) == first
+
+
+@DEFERRING
+def test_release_deferred_forgets_the_key_so_a_retry_runs_again(
+    store: Driver, clock: FakeClock
+) -> None:
+    claim, token = deferred_key(store, clock)
+    assert store.release_deferred(token) is True
+    assert store.get(claim.key_hash) is None
+    # The token no longer applies to anything.
+    assert store.release_deferred(token) is False
+    assert store.complete_deferred(token, 200, (), b"late") is False
+    assert store.get(claim.key_hash) is None
+    assert store.claim(retry_of(claim, clock.now())) == Claimed(taken_over=False)
+
+
+@DEFERRING
+def test_a_token_of_another_owner_finishes_nothing(store: Driver, clock: FakeClock) -> None:
+    claim, _ = deferred_key(store, clock)
+    before = store.get(claim.key_hash)
+    stranger = new_token(claim.key_hash, new_owner(), claim.now + DEFERRAL_TTL)
+
+    assert store.complete_deferred(stranger, 200, (), b"not yours") is False
+    assert store.release_deferred(stranger) is False
+
+    assert store.get(claim.key_hash) == before
+
+
+@DEFERRING
+def test_a_token_of_an_owner_that_was_taken_over_finishes_nothing(
+    store: Driver, clock: FakeClock
+) -> None:
+    # The first attempt stalled past its lock (it never stored its interim response); a
+    # retry took the key over and is running now.
+    claim = claim_for(clock.now())
+    store.claim(claim)
+    stale_token = token_for(claim)
+    clock.advance(DEFERRAL_LOCK + 1)
+    successor = retry_of(claim, clock.now())
+    assert store.claim(successor) == Claimed(taken_over=True)
+
+    assert store.complete_deferred(stale_token, 200, (), b"stale") is False
+    assert store.release_deferred(stale_token) is False
+
+    record = store.get(claim.key_hash)
+    assert record is not None
+    assert (record.status, record.owner) == (Status.IN_PROGRESS, successor.owner)
+
+
+@DEFERRING
+def test_an_expired_token_completes_nothing(store: Driver, clock: FakeClock) -> None:
+    claim, token = deferred_key(store, clock)
+    before = store.get(claim.key_hash)
+    clock.advance(parse_token(token).expires_at - clock.now())  # exactly at its expiry
+
+    assert store.complete_deferred(token, 200, (), b"too late") is False
+
+    assert store.get(claim.key_hash) == before
+
+
+MALFORMED_TOKENS: list[object] = [
+    "",
+    "abc",
+    "a" * 64,
+    "a" * 64 + "." + "0" * 24 + "-1",  # two parts
+    "a" * 64 + "." + "0" * 24 + "-1.1700000000.9",  # four parts
+    "g" * 64 + "." + "0" * 24 + "-1.1700000000",  # key hash not hex
+    "A" * 64 + "." + "0" * 24 + "-1.1700000000",  # hex, but not as written
+    "a" * 63 + "." + "0" * 24 + "-1.1700000000",  # key hash too short
+    "a" * 64 + "." + "0" * 24 + ".1700000000",  # owner without its counter
+    "a" * 64 + "." + "0" * 24 + "-1.17e9",  # expiry not an integer
+    "a" * 64 + "." + "0" * 24 + "-1.-1",
+    " " + "a" * 64 + "." + "0" * 24 + "-1.1700000000",
+    "a" * 64 + "." + "0" * 24 + "-1.1700000000\n",
+    ("a" * 64 + "." + "0" * 24 + "-1.1700000000").encode(),  # bytes, not str
+    None,
+    1700000000,
+]
+
+
+@DEFERRING
+@pytest.mark.parametrize("token", MALFORMED_TOKENS, ids=lambda token: repr(token)[:24])
+def test_a_malformed_token_is_a_value_error(store: Driver, clock: FakeClock, token: object) -> None:
+    claim, _ = deferred_key(store, clock)
+    before = store.get(claim.key_hash)
+    with pytest.raises(ValueError, match="token"):
+        store.complete_deferred(token, 200, (), b"x")
+    with pytest.raises(ValueError, match="token"):
+        store.release_deferred(token)
+    assert store.get(claim.key_hash) == before
+
+
+class BadFinal(NamedTuple):
+    status: object
+    headers: object
+    body: object
+    error: type[Exception]
+
+
+BAD_FINALS = [
+    BadFinal(99, (), b"", ValueError),
+    BadFinal(600, (), b"", ValueError),
+    BadFinal(True, (), b"", ValueError),
+    BadFinal("200", (), b"", ValueError),
+    BadFinal(200.0, (), b"", ValueError),
+    BadFinal(None, (), b"", ValueError),
+    BadFinal(200, [("content-type", "text/plain")], b"", TypeError),
+    BadFinal(200, [(b"content-type",)], b"", TypeError),
+    BadFinal(200, [(b"a", b"b", b"c")], b"", TypeError),
+    BadFinal(200, [[b"content-type", b"text/plain"]], b"", TypeError),
+    BadFinal(200, [b"content-type: text/plain"], b"", TypeError),
+    BadFinal(200, (), "text", TypeError),
+    BadFinal(200, (), None, TypeError),
+    BadFinal(200, (), {"done": True}, TypeError),
+]
+
+
+@DEFERRING
+@pytest.mark.parametrize("bad", BAD_FINALS, ids=lambda bad: f"{bad.error.__name__}-{bad[:3]!r}")
+def test_a_bad_final_response_is_refused_and_changes_nothing(
+    store: Driver, clock: FakeClock, bad: BadFinal
+) -> None:
+    claim, token = deferred_key(store, clock)
+    before = store.get(claim.key_hash)
+    with pytest.raises(bad.error):
+        store.complete_deferred(token, bad.status, bad.headers, bad.body)
+    assert store.get(claim.key_hash) == before
+    # The token still applies: nothing was used up by the refused call.
+    assert store.complete_deferred(token, 200, (), b"ok") is True
+
+
+@DEFERRING
+def test_the_work_may_finish_before_the_interim_response_is_stored(
+    store: Driver, clock: FakeClock
+) -> None:
+    """The race: a fast worker completes the key while its request still runs (the record
+    is in progress, same owner). The interim completion that follows reports success and
+    leaves the final response in place."""
+    claim = claim_for(clock.now())
+    store.claim(claim)
+    token = token_for(claim)
+
+    assert store.complete_deferred(token, 200, FINAL_HEADERS_SENT, FINAL_BODY) is True
+    final = store.get(claim.key_hash)
+    assert final is not None
+    assert final.status is Status.COMPLETED
+
+    assert store.complete(interim_completion(claim, clock.now() + 0.5)) is True
+    # ... and again, as a finishing retry would send it.
+    assert store.complete(interim_completion(claim, clock.now() + 0.6)) is True
+
+    record = store.get(claim.key_hash)
+    assert record == final
+    assert record is not None
+    assert record.response == StoredResponse(200, FINAL_HEADERS_STORED, FINAL_BODY)
+    assert held_record(store.claim(retry_of(claim, clock.now() + 1))).response == record.response
+
+
+@DEFERRING
+def test_the_interim_completion_of_another_owner_stores_nothing(
+    store: Driver, clock: FakeClock
+) -> None:
+    claim, _ = deferred_key(store, clock)
+    before = store.get(claim.key_hash)
+    other = claim._replace(owner=new_owner())
+    assert store.complete(interim_completion(other, clock.now())) is False
+    assert store.get(claim.key_hash) == before
+
+
+@DEFERRING
+def test_a_final_response_too_large_to_keep_still_completes_the_key(
+    store: Driver, clock: FakeClock
+) -> None:
+    # Random bytes do not compress: over the item limit however they are encoded.
+    body = os.urandom(MAX_ITEM_RESPONSE_BYTES + 1024)
+    claim, token = deferred_key(store, clock)
+    assert store.complete_deferred(token, 200, FINAL_HEADERS_SENT, body) is True
+    record = store.get(claim.key_hash)
+    assert record is not None
+    assert (record.status, record.response) == (Status.COMPLETED, None)
+    assert (record.response_not_stored, record.response_size) == (True, len(body))
+    assert record.expires_at == parse_token(token).expires_at
+    assert store.complete_deferred(token, 200, (), b"small") is False
+
+
+@DEFERRING
+def test_the_engine_release_keeps_a_key_the_work_completed(store: Driver, clock: FakeClock) -> None:
+    """What the engine does when the handler fails after a fast worker finished: release
+    its claim, fenced by its owner. The key is completed already (the work happened): the
+    release must find nothing of its own to delete."""
+    claim = claim_for(clock.now())
+    store.claim(claim)
+    assert store.complete_deferred(token_for(claim), 200, (), FINAL_BODY) is True
+    final = store.get(claim.key_hash)
+
+    released = store.release(claim.key_hash, claim.owner)
+
+    assert store.get(claim.key_hash) == final
+    assert released is False
+
+
+@DEFERRING
+def test_a_release_while_the_request_still_runs_forgets_the_key(
+    store: Driver, clock: FakeClock
+) -> None:
+    """The worker gave up before the interim response was stored: the key is gone, the
+    interim completion then stores nothing (its claim is no longer there), and a retry
+    claims the key afresh."""
+    claim = claim_for(clock.now())
+    store.claim(claim)
+    token = token_for(claim)
+
+    assert store.release_deferred(token) is True
+    assert store.get(claim.key_hash) is None
+    assert store.complete(interim_completion(claim, clock.now() + 0.5)) is False
+
+    assert store.get(claim.key_hash) is None
+    assert store.claim(retry_of(claim, clock.now() + 1)) == Claimed(taken_over=False)
+
+
+# --- the one-winner race ---------------------------------------------------------------
+# Many claims of one new key at the same moment: exactly one is told it claimed it, and
+# every other one is held by that winner's record, whatever the interleaving. Proven on the
+# stores whose conditional writes are atomic (ATOMIC_KINDS): not on moto, whose threaded
+# server can run two conditional writes on one item at once (tests/test_moto_atomicity.py
+# shows it), so a race there would prove nothing about the store. DynamoDB's race runs on
+# DynamoDB Local.
+
+CONTENDERS = 50
+PROCESSES = 4
+ROUNDS = 10  # keys, each raced for by every process at once
+PROCESS_SECONDS = 60.0
+# Another process opens the same store from its spec: every atomic kind but memory (which
+# lives in one process), through its sync methods.
+PROCESS_KINDS = [kind for kind in ATOMIC_KINDS if not is_async(kind) and kind != "memory"]
+
+
+@pytest.fixture(params=[*ATOMIC_KINDS, *KV_KINDS])
+def racing_store(request: pytest.FixtureRequest) -> Iterator[Driver]:
+    yield from open_driver(request, request.param)
+
+
+def claim_all_at_once(driver: Driver, requests: list[ClaimRequest]) -> list[ClaimResult]:
+    """Every claim at the same moment: threads released by one barrier (sync stores), or
+    tasks gathered on the driver's loop (async stores)."""
+    if isinstance(driver, AsyncDriver):
+        store = driver.store
+
+        async def claim_all() -> list[ClaimResult]:
+            return list(await asyncio.gather(*(store.aclaim(request) for request in requests)))
+
+        return driver.run(claim_all())
+    results: list[ClaimResult | None] = [None] * len(requests)
+    start = threading.Barrier(len(requests), timeout=PROCESS_SECONDS)
+
+    def claim(number: int) -> None:
+        start.wait()
+        results[number] = driver.claim(requests[number])
+
+    threads = [threading.Thread(target=claim, args=(n,)) for n in range(len(requests))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(PROCESS_SECONDS)
+    assert all(result is not None for result in results), results
+    return [result for result in results if result is not None]
+
+
+def test_one_of_many_simultaneous_claims_wins_and_the_others_are_held_by_it(
+    racing_store: Driver, key: str, now: float
+) -> None:
+    requests = [claim_request(key, now, owner=f"c{n}-{key[:6]}") for n in range(CONTENDERS)]
+
+    results = claim_all_at_once(racing_store, requests)
+
+    winners = [req.owner for req, res in zip(requests, results, strict=True) if res == Claimed()]
+    assert len(winners) == 1, results
+    holders = {held_record(result).owner for result in results if result != Claimed()}
+    assert holders == set(winners)
+
+
+@pytest.mark.parametrize("store_kind", PROCESS_KINDS, indirect=True)
+def test_one_of_many_processes_claiming_at_once_wins_and_the_others_are_held_by_it(
+    request: pytest.FixtureRequest, store_kind: str, now: float
+) -> None:
+    made = make_store(request, store_kind)
+    made.store.close()  # made (and its table created); the processes open their own
+    keys = [uuid.uuid4().hex for _ in range(ROUNDS)]
+    context = multiprocessing.get_context("spawn")
+    # Every wait bounded: a worker that fails before a start line breaks the barrier for
+    # the others, and each reports what happened; one that never reports fails the test.
+    start = context.Barrier(PROCESSES, timeout=PROCESS_SECONDS)
+    results = context.Queue()
+    workers = [
+        context.Process(
+            target=claim_in_a_process,
+            args=(
+                made.spec,
+                [claim_request(key, now, owner=f"p{n}-{key[:6]}") for key in keys],
+                start,
+                results,
+            ),
+        )
+        for n in range(PROCESSES)
+    ]
+    for worker in workers:
+        worker.start()
+    try:
+        batches = [results.get(timeout=2 * PROCESS_SECONDS) for _ in workers]
+    finally:
+        for worker in workers:
+            worker.join(10)
+            if worker.is_alive():
+                worker.kill()
+                worker.join()
+
+    outcomes = [outcome.split() for batch in batches for outcome in batch]
+    assert all(len(outcome) == 3 for outcome in outcomes), outcomes  # no "error: ..."
+    for key in keys:
+        round_outcomes = [(verb, owner) for each, verb, owner in outcomes if each == key]
+        winners = [owner for verb, owner in round_outcomes if verb == "claimed"]
+        assert len(round_outcomes) == PROCESSES and len(winners) == 1, round_outcomes
+        assert round_outcomes.count(("held", winners[0])) == PROCESSES - 1, round_outcomes
+
+
+# --- event-loop lifecycles -------------------------------------------------------------
+# An async store is not tied to the loop it was first used on: each loop gets what it needs
+# (a client, a pool), closed with that loop by aclose, and a loop closed without it does not
+# strand the store. (That nothing is then reported unclosed is checked for DynamoDB in
+# tests/test_event_loops.py; RedisStore's redis.asyncio connection of such a loop is
+# reported unclosed, at a garbage collection no test can place.)
+
+ASYNC_KINDS = [kind for kind in STORE_KINDS if is_async(kind)]
+
+
+async def aclose(store: Any) -> None:
+    """Close what the store holds for the running loop (a store that holds nothing has no
+    ``aclose``: MemoryStore)."""
+    closing = getattr(store, "aclose", None)
+    if closing is not None:
+        await closing()
+
+
+async def claim_complete_and_read(store: Any, key: str, now: float) -> None:
+    """One claim, completion and read of ``key`` on the running loop."""
+    claim = claim_request(key, now)
+    assert await store.aclaim(claim) == Claimed()
+    assert await store.acomplete(completion(claim, now)) is True
+    record = await store.aget(key)
+    assert record is not None and record.response == RESPONSE
+
+
+@pytest.mark.parametrize("store_kind", ASYNC_KINDS, indirect=True)
+def test_an_async_store_serves_event_loops_in_turn_each_closing_it_on_its_way_out(
+    request: pytest.FixtureRequest, store_kind: str, now: float
+) -> None:
+    store = make_store(request, store_kind).store
+    keys = [uuid.uuid4().hex for _ in range(3)]
+
+    async def use_then_close(key: str) -> None:
+        await claim_complete_and_read(store, key, now)
+        await aclose(store)
+
+    for key in keys:
+        asyncio.run(use_then_close(key))  # asyncio.run closes its loop on its way out
+
+    async def read_all() -> list[Record | None]:
+        try:
+            return [await store.aget(key) for key in keys]
+        finally:
+            await aclose(store)
+
+    assert all(record is not None for record in asyncio.run(read_all()))
+
+
+def use_on_a_loop_closed_without_closing_it(store: Any, key: str, now: float) -> None:
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(claim_complete_and_read(store, key, now))
+    loop.close()  # no aclose, no shutdown_asyncgens: nothing closed what the loop used
+
+
+@pytest.mark.parametrize("store_kind", ASYNC_KINDS, indirect=True)
+def test_an_async_store_outlives_a_loop_closed_without_closing_it(
+    request: pytest.FixtureRequest, store_kind: str, key: str, now: float
+) -> None:
+    store = make_store(request, store_kind).store
+    use_on_a_loop_closed_without_closing_it(store, key, now)
+
+    async def use_then_close() -> None:
+        try:
+            await claim_complete_and_read(store, uuid.uuid4().hex, now)
+        finally:
+            await aclose(store)
+
+    asyncio.run(use_then_close())

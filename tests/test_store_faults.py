@@ -37,6 +37,7 @@ from idempotency_middleware.keys import storage_key
 from idempotency_middleware.options import DEFAULT_CLOCK_SKEW_SECONDS
 from idempotency_middleware.records import Status
 from idempotency_middleware.stores.protocol import ClaimRequest, StoreUnavailable
+from idempotency_middleware.testing import FakeClock
 from tests.conftest import new_table
 from tests.faultproxy import (
     CLIENT_TIMEOUT_SECONDS,
@@ -62,9 +63,8 @@ ONE_ATTEMPT: dict[str, Any] = {**FAST, "max_attempts": 1}
 # A claim against a store that never answers gives up after its attempts' read timeouts (and
 # botocore's backoff, up to 1 s); the bound leaves room for a loaded machine.
 CLAIM_FAILURE_BOUND_SECONDS = 4.0
-# Long enough that, on a loaded two-core machine, the first retry still comes before the
-# lock (renewed every half second while the handler runs) expires: at 1.5 s the release's
-# retries, the 5xx going out and the record read could use it all up, and no 409 was seen.
+# The lock of the tests whose claim outlives a failed finishing write; the server's clock is
+# a FakeClock they move past it, so no time passes on it while the handler runs.
 LOCK_SECONDS = 3.0
 
 
@@ -122,28 +122,21 @@ def stored_record_lock(moto_endpoint: str, table: str, hashed: str) -> float:
     return record.lock_expires_at
 
 
-def retry_until_it_runs(
-    served: Served, path: str, key: str, lock_expires_at: float, timeout: float = 15.0
-) -> tuple[int, httpx.Response]:
-    """Retry every 100 ms until the handler runs again; how many 409s came first, and the
-    response of the run. Every 409 was sent before the lock expired, the run after it."""
-    conflicts = 0
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        sent = time.time()
-        response = served.post(path, key)
-        received = time.time()
-        if response.status_code == 409:
-            assert_problem(response, 409)
-            assert int(response.headers["retry-after"]) >= 1
-            # (The door's clock-skew margin keeps the claim a second past its lock.)
-            assert sent < lock_expires_at + DEFAULT_CLOCK_SKEW_SECONDS, "409 after the lock"
-            conflicts += 1
-            time.sleep(0.1)
-            continue
-        assert received >= lock_expires_at + DEFAULT_CLOCK_SKEW_SECONDS, "taken over early"
-        return conflicts, response
-    raise AssertionError(f"{path} was never run again within {timeout} s")
+def retried_past_the_lock(
+    served: Served, path: str, key: str, lock_expires_at: float, clock: FakeClock
+) -> httpx.Response:
+    """Retries of a key whose claim stays: refused (409, Retry-After) up to the end of the
+    lock and the door's clock-skew margin, by the server's clock; the response of the first
+    retry past it (which runs the handler again)."""
+    stale_at = lock_expires_at + DEFAULT_CLOCK_SKEW_SECONDS
+    at_once = served.post(path, key)
+    clock.advance(stale_at - 0.01 - clock.now())
+    at_the_edge = served.post(path, key)
+    for held in (at_once, at_the_edge):
+        assert_problem(held, 409)
+        assert int(held.headers["retry-after"]) >= 1
+    clock.advance(0.02)
+    return served.post(path, key)
 
 
 # --- the claim fails -------------------------------------------------------------------------
@@ -280,8 +273,14 @@ def test_a_failing_complete_still_answers_and_holds_the_key_until_its_lock_expir
     caplog.set_level(logging.ERROR, logger="idempotency_middleware")
     key = unique_key("complete")
     hashed = key_hash("/gate", key)
+    clock = FakeClock(time.time())
     with serve(
-        adapter, dynamodb_table, proxy, store_kwargs=ONE_ATTEMPT, lock_timeout_seconds=LOCK_SECONDS
+        adapter,
+        dynamodb_table,
+        proxy,
+        store_kwargs=ONE_ATTEMPT,
+        lock_timeout_seconds=LOCK_SECONDS,
+        clock=clock,
     ) as served:
         gate = served.workload.arm_gate()
         with ThreadPoolExecutor(1) as pool:
@@ -317,8 +316,7 @@ def test_a_failing_complete_still_answers_and_holds_the_key_until_its_lock_expir
 
         # The claim stays until its lock expires: 409 first, then the handler runs again.
         lock_expires_at = stored_record_lock(moto_endpoint, dynamodb_table, hashed)
-        conflicts, rerun = retry_until_it_runs(served, "/gate", key, lock_expires_at)
-        assert conflicts >= 1
+        rerun = retried_past_the_lock(served, "/gate", key, lock_expires_at, clock)
         assert rerun.status_code == 201
         assert rerun.json() == {"path": "/gate", "run": 2}
         assert served.workload.runs("/gate") == 2
@@ -358,8 +356,14 @@ def test_a_failing_release_still_answers_the_5xx_and_holds_the_key_until_its_loc
 ) -> None:
     key = unique_key("release")
     hashed = key_hash("/gate-fail", key)
+    clock = FakeClock(time.time())
     with serve(
-        adapter, dynamodb_table, proxy, store_kwargs=ONE_ATTEMPT, lock_timeout_seconds=LOCK_SECONDS
+        adapter,
+        dynamodb_table,
+        proxy,
+        store_kwargs=ONE_ATTEMPT,
+        lock_timeout_seconds=LOCK_SECONDS,
+        clock=clock,
     ) as served:
         gate = served.workload.arm_gate()
         with ThreadPoolExecutor(1) as pool:
@@ -377,8 +381,7 @@ def test_a_failing_release_still_answers_the_5xx_and_holds_the_key_until_its_loc
         assert not served.events.of("released")
 
         lock_expires_at = stored_record_lock(moto_endpoint, dynamodb_table, hashed)
-        conflicts, rerun = retry_until_it_runs(served, "/gate-fail", key, lock_expires_at)
-        assert conflicts >= 1
+        rerun = retried_past_the_lock(served, "/gate-fail", key, lock_expires_at, clock)
         assert rerun.status_code == 500
         assert rerun.json() == {"path": "/gate-fail", "run": 2}
 

@@ -55,13 +55,12 @@ from idempotency_middleware.transactions import MAX_WRITES
 from tests.conftest import REGION
 from tests.faultproxy import FaultProxy, Mode, SeenRequest
 from tests.function_stores import (
-    DYNAMODB_KINDS,
-    LOCAL_KINDS,
     Events,
     FunctionStore,
     fresh_key,
     open_function_store,
 )
+from tests.store_kinds import DYNAMODB_KINDS, LOCAL_KINDS
 from tests.transaction_tables import BusinessTables, business_tables
 
 SKU = "sku-1"
