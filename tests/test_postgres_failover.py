@@ -78,6 +78,9 @@ def test_killed_connections_answer_503_then_the_store_recovers(own: PostgresInst
             thread.start()
         for thread in threads:
             thread.join()
+        # The pool opens its connections in the background: one may have served all three
+        # gets while the others were still connecting (a loaded machine), so wait for all.
+        store._transport.pool().wait(timeout=30)
         assert _terminate_clients(own.dsn) >= 3
         held = key()
         with pytest.raises(StoreUnavailable) as killed:
