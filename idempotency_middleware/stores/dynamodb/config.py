@@ -1,12 +1,9 @@
-"""The DynamoDB stores' configuration: connection settings (:class:`ClientSettings`), S3
-overflow (:class:`OverflowSettings`), which transport carries the request path, and
-(:class:`DynamoDBConfig`) all of it together, as the transport takes it.
+"""The DynamoDB stores' configuration, as the transport takes it (:class:`DynamoDBConfig`).
 
-What the lean transport resolves once per store (:class:`WireConfig`: endpoint, region, TLS,
-limits) goes through botocore itself (a throwaway client's ``meta.endpoint_url`` and
-``meta.region_name``), so ``AWS_ENDPOINT_URL_DYNAMODB``, profiles, FIPS and dual-stack settings
-mean what they mean to boto3. Credentials come from botocore's chain (``wire_sync``,
-``wire_async``) and are read per request, so refreshing ones refresh.
+The lean transport's (:class:`WireConfig`) is resolved once per store through botocore
+itself (a throwaway client's ``meta``), so ``AWS_ENDPOINT_URL_DYNAMODB``, profiles, FIPS and
+dual-stack settings mean what they mean to boto3. Credentials come from botocore's chain and
+are read per request, so refreshing ones refresh.
 """
 
 from __future__ import annotations
@@ -181,9 +178,7 @@ def resolve(settings: ClientSettings, session: Any) -> WireConfig | None:
 
 @dataclass(frozen=True)
 class DynamoDBConfig:
-    """What a store's transport needs: the table (for error messages), settings, S3
-    overflow, the SDK session and client arguments, whether the request path is lean, and
-    the clock that times ``create_table()``'s waits."""
+    """What a store's transport needs (``table_name`` for error messages)."""
 
     table_name: str
     settings: ClientSettings

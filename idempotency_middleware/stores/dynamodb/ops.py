@@ -1,11 +1,7 @@
-"""The DynamoDB store's operations, written once as flows (see ``kit.Flow``).
-
-Each flow yields a ``Call`` (one DynamoDB or S3 request, as boto3's method name and
-keyword arguments) or :class:`Sleep` (``create_table()``'s wait), and receives the answer,
-or has the failure thrown in at its ``yield`` (``ConditionFailed``, ``TransactionCancelled``,
-``StoreUnavailable``, from ``errors.translate_error``). Requests are built and answers read
-by ``requests.py``; the transports (``transport.py``) only send.
-"""
+"""The DynamoDB store's operations, written once as flows (see ``kit.Flow``): each yields a
+``Call`` or :class:`Sleep` and receives the answer, or has the failure thrown in at its
+``yield`` (``ConditionFailed``, ``TransactionCancelled``, ``StoreUnavailable``, from
+``errors.translate_error``)."""
 
 from __future__ import annotations
 
@@ -34,8 +30,8 @@ DYNAMODB = "dynamodb"
 S3 = "s3"
 
 
-# One request: boto3's method ``operation`` of the ``service`` client, with ``params``, as
-# ``(service, operation, params)`` (a plain tuple: the request path makes one per call).
+# One request: boto3's method ``operation`` of the ``service`` client, with ``params`` (a
+# plain tuple: the request path makes one per call).
 Call = tuple[str, str, dict[str, Any]]
 
 
@@ -117,17 +113,13 @@ class DynamoDBOps:
 
     def _commit(self, completion: Completion) -> Flow[bool]:
         """The business writes and the completion in one TransactWriteItems."""
-        overflow = self.overflow
-        plan = ddb.plan_completion(self.layout, completion, overflow)
-        request = ddb.transaction_request(plan, completion.writes, completion.owner)
-        size = ddb.transaction_size(request)
-        if size > ddb.MAX_TRANSACTION_BYTES:
-            if overflow is None or plan.overflow_key is not None or completion.streamed:
-                raise ddb.too_large(size)
-            plan = ddb.plan_completion(self.layout, completion, overflow, force_overflow=True)
+        for force in (False, True):  # too large with the response: the response to S3
+            plan = ddb.plan_completion(self.layout, completion, self.overflow, force_overflow=force)
             request = ddb.transaction_request(plan, completion.writes, completion.owner)
             size = ddb.transaction_size(request)
-            if size > ddb.MAX_TRANSACTION_BYTES:
+            if size <= ddb.MAX_TRANSACTION_BYTES:
+                break
+            if force or self.overflow is None or plan.overflow_key or completion.streamed:
                 raise ddb.too_large(size)
         yield from self._put_overflow(plan)
         try:
@@ -152,12 +144,8 @@ class DynamoDBOps:
 
     def _put_overflow(self, plan: ddb.CompletionPlan) -> Flow[None]:
         if plan.overflow_key is not None and self.overflow is not None:
-            params = {
-                "Bucket": self.overflow.bucket,
-                "Key": plan.overflow_key,
-                "Body": plan.overflow_body,
-            }
-            yield (S3, "put_object", params)
+            params = {"Bucket": self.overflow.bucket, "Key": plan.overflow_key}
+            yield (S3, "put_object", {**params, "Body": plan.overflow_body})
 
     def _drop_overflow(self, plan: ddb.CompletionPlan) -> Flow[None]:
         """The object belongs to no record (fenced out, nothing committed). Best effort; a

@@ -1,7 +1,5 @@
-"""DynamoDB request building and response parsing (the flows of ``ops.py`` use them).
-
-Everything here is pure: the transports only send what these functions build, so both
-issue byte-identical requests (the httpx ``Client``/``AsyncClient`` idea).
+"""DynamoDB request building and response parsing, pure: the transports only send what
+these build, so both issue byte-identical requests.
 
 Item layout (one item per namespaced key)::
 
@@ -113,10 +111,8 @@ def _keyed(layout: TableLayout, key_hash: str) -> dict[str, Any]:
 
 def claim_request(layout: TableLayout, request: ClaimRequest) -> dict[str, Any]:
     """One conditional PutItem: succeed when absent, expired, or an in-progress claim whose
-    lock expired at least the claim's clock-skew margin ago.
-
-    On failure DynamoDB returns the holding item in the same call (ALL_OLD), so a duplicate
-    costs one round trip; on success ALL_OLD tells whether a dead owner was taken over.
+    lock expired at least the claim's clock-skew margin ago. ALL_OLD: on failure the holding
+    item comes back in the same call; on success it tells whether a dead owner was taken over.
     """
     return {
         "TableName": layout.table_name,
@@ -145,7 +141,6 @@ def claim_request(layout: TableLayout, request: ClaimRequest) -> dict[str, Any]:
 
 
 def claim_took_over(response: dict[str, Any]) -> bool:
-    """Whether a successful claim replaced another owner's in-progress claim."""
     old = response.get("Attributes") or {}
     return bool(old.get("status", {}).get("S") == Status.IN_PROGRESS.value)
 
@@ -172,11 +167,9 @@ def plan_completion(
     A response too large for one item (or, with ``force_overflow``, one that would push a
     transaction past its size limit) goes to S3 when the store has a bucket; otherwise it
     is not kept, and the key is still marked completed so its handler never runs again
-    within the TTL.
-
-    A deferred key's interim completion, and a completion committed with a transaction,
-    also require the claim to be still in progress: neither may overwrite a final response
-    that is already there (a fast worker's, or this very commit's landed earlier).
+    within the TTL. A deferred key's interim completion, and a completion committed with a
+    transaction, also require the claim to be still in progress: neither may overwrite a
+    final response already there (a fast worker's, or this very commit's landed earlier).
     """
     encoded = b"" if completion.streamed else encode_response(completion.response)
     fits = (
@@ -257,24 +250,13 @@ def commit_token(owner: str) -> str:
     return hashlib.sha256(b"idempotency-commit:" + owner.encode()).hexdigest()[:36]
 
 
-_TRANSACT_UPDATE_FIELDS = (
-    "TableName",
-    "Key",
-    "UpdateExpression",
-    "ConditionExpression",
-    "ExpressionAttributeNames",
-    "ExpressionAttributeValues",
-)
-
-
 def transaction_request(
     plan: CompletionPlan, writes: tuple[dict[str, Any], ...], owner: str
 ) -> dict[str, Any]:
     """One TransactWriteItems: the business writes in their order, then the completion
     (so a cancellation reason's index is the write's position). The completion returns
     the record on a failed condition, to tell a lost claim from this commit landed before."""
-    update = {field: plan.request[field] for field in _TRANSACT_UPDATE_FIELDS}
-    update["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+    update = {**plan.request, "ReturnValuesOnConditionCheckFailure": "ALL_OLD"}
     return {
         "TransactItems": [*writes, {"Update": update}],
         "ClientRequestToken": commit_token(owner),
@@ -349,13 +331,8 @@ def commit_outcome(reasons: list[dict[str, Any]], writes: int, owner: str) -> bo
             )
     codes = sorted({str(reason.get("Code")) for reason in reasons} - {"None"})
     throttled = any("Throughput" in code or "Throttl" in code for code in codes)
-    return _raise_unavailable(
-        f"DynamoDB cancelled the transaction ({', '.join(codes) or 'no reason given'})",
-        "throttled" if throttled else "server_error",
-    )
-
-
-def _raise_unavailable(message: str, cause: str) -> bool:
+    message = f"DynamoDB cancelled the transaction ({', '.join(codes) or 'no reason given'})"
+    cause = "throttled" if throttled else "server_error"
     raise StoreUnavailable(
         message, code="TransactionCanceledException", cause=cause, reason=message
     )
@@ -424,7 +401,7 @@ def plan_final_completion(
 
 
 def release_deferred_request(layout: TableLayout, token: DeferredToken) -> dict[str, Any]:
-    """DeleteItem of a deferred (or still in-progress) key, fenced by the token's owner."""
+    """DeleteItem of a deferred (or still in-progress) key."""
     return {
         **_keyed(layout, token.key_hash),
         "ConditionExpression": "#owner = :owner AND #status <> :completed",
@@ -442,8 +419,8 @@ def overflow_reference(item: Item) -> str | None:
 
 
 def release_request(layout: TableLayout, key_hash: str, owner: str) -> dict[str, Any]:
-    """DeleteItem conditional on the owner token, of a claim still in progress (never a
-    final response a deferral's worker stored while the handler was still running)."""
+    """DeleteItem of a claim still in progress (never a final response a deferral's worker
+    stored while the handler was still running)."""
     return {
         **_keyed(layout, key_hash),
         "ConditionExpression": "#owner = :owner AND #status = :in_progress",
@@ -458,7 +435,6 @@ def release_request(layout: TableLayout, key_hash: str, owner: str) -> dict[str,
 def renew_request(
     layout: TableLayout, key_hash: str, owner: str, lock_expires_at: float
 ) -> dict[str, Any]:
-    """UpdateItem moving an in-progress claim's lock, conditional on the owner token."""
     return {
         **_keyed(layout, key_hash),
         "UpdateExpression": "SET #lock = :lock, #exp = :lock, #ttl = :ttl",
@@ -474,26 +450,22 @@ def renew_request(
 
 
 def get_request(layout: TableLayout, key_hash: str) -> dict[str, Any]:
-    """A strongly consistent GetItem (a claim's fallback read must see the latest write)."""
+    # Strongly consistent: a claim's fallback read must see the latest write.
     return {**_keyed(layout, key_hash), "ConsistentRead": True}
 
 
 def delete_request(layout: TableLayout, key_hash: str) -> dict[str, Any]:
-    """An unconditional DeleteItem returning the deleted item, so the caller knows whether
-    there was one (in the same call)."""
+    """An unconditional DeleteItem; ALL_OLD tells whether there was an item."""
     return {**_keyed(layout, key_hash), "ReturnValues": "ALL_OLD"}
 
 
 def deleted_something(response: dict[str, Any]) -> bool:
-    """Whether a :func:`delete_request` removed an item."""
     return bool(response.get("Attributes"))
 
 
 def item_to_record(layout: TableLayout, item: Item, overflow_blob: bytes | None = None) -> Record:
-    """The record of an item; ``overflow_blob`` is its response fetched from S3, if any.
-
-    An item whose S3 object could not be read is reported as completed without a response.
-    """
+    """The record of an item; ``overflow_blob`` is its response fetched from S3, if any (an
+    item whose S3 object could not be read is completed without a response)."""
     key_hash = item[layout.key_attribute]["S"]
     document = item.get("response_json", {}).get("S")
     response: StoredResponse | None = None
@@ -527,7 +499,6 @@ def item_to_record(layout: TableLayout, item: Item, overflow_blob: bytes | None 
 
 
 def create_table_request(layout: TableLayout) -> dict[str, Any]:
-    """CreateTable: string partition key, on-demand billing."""
     return {
         "TableName": layout.table_name,
         "AttributeDefinitions": [{"AttributeName": layout.key_attribute, "AttributeType": "S"}],
@@ -537,17 +508,14 @@ def create_table_request(layout: TableLayout) -> dict[str, Any]:
 
 
 def table_request(layout: TableLayout) -> dict[str, Any]:
-    """DescribeTable or DescribeTimeToLive: the table's name alone."""
     return {"TableName": layout.table_name}
 
 
 def table_active(describe_table_response: dict[str, Any]) -> bool:
-    """Whether DescribeTable says the table takes reads and writes."""
     return bool(describe_table_response["Table"]["TableStatus"] == "ACTIVE")
 
 
 def enable_ttl_request(layout: TableLayout) -> dict[str, Any]:
-    """UpdateTimeToLive enabling the sweeper on the TTL attribute."""
     return {
         "TableName": layout.table_name,
         "TimeToLiveSpecification": {"Enabled": True, "AttributeName": layout.ttl_attribute},

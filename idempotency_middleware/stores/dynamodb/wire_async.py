@@ -1,11 +1,7 @@
-"""The lean DynamoDB client for one event loop: kept-alive asyncio stream connections.
-
-``await client.put_item(**params)`` takes and returns what aiobotocore's does and raises what
-it raises, for the five calls of the request path; the request and answer handling is in
-``wire`` and
-``wire_client``. HTTP/1.1 is spoken here directly (one request at a time per connection,
-bodies by ``Content-Length`` or chunked): DynamoDB needs nothing more, and aiohttp's
-per-request machinery costs more CPU than the whole call should.
+"""The lean DynamoDB client for one event loop: kept-alive asyncio stream connections,
+HTTP/1.1 spoken directly (one request at a time per connection, bodies by ``Content-Length``
+or chunked): DynamoDB needs nothing more, and aiohttp's per-request machinery costs more CPU
+than the whole call should.
 """
 
 from __future__ import annotations
@@ -34,25 +30,19 @@ async def _connect_within(seconds: float, opening: Awaitable[_Stream]) -> _Strea
         raise TimeoutError(f"no connection within {seconds} s") from error
 
 
-async def _chunked(reader: asyncio.StreamReader) -> bytes:
-    parts: list[bytes] = []
-    while True:
-        size = int((await reader.readuntil(b"\r\n")).split(b";", 1)[0], 16)
-        if size == 0:
-            while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
-                pass
-            return b"".join(parts)
-        parts.append(await reader.readexactly(size))
-        await reader.readexactly(2)
-
-
 async def _read_answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
     status, headers = wire.parse_head(await reader.readuntil(b"\r\n\r\n"))
     length = headers.get("content-length")
     if length is not None:
         return status, headers, await reader.readexactly(int(length))
     if headers.get("transfer-encoding", "").lower() == "chunked":
-        return status, headers, await _chunked(reader)
+        parts: list[bytes] = []
+        while size := int((await reader.readuntil(b"\r\n")).split(b";", 1)[0], 16):
+            parts.append(await reader.readexactly(size))
+            await reader.readexactly(2)
+        while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
+            pass
+        return status, headers, b"".join(parts)
     headers["connection"] = "close"  # the body runs to the end of the connection
     return status, headers, await reader.read()
 
@@ -158,10 +148,8 @@ class AsyncWireClient(WireClient):
             # cancellation cannot leak into the caller's task.
             return await _connect_within(config.connect_timeout, opening)
         except Exception as error:
-            failure = self._connect_failure(error)
-            if failure is None:
-                raise
-            raise failure from error
+            self._connect_failed(error)
+            raise
 
     async def _read_within(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -194,10 +182,8 @@ class AsyncWireClient(WireClient):
             status, answer_headers, data = await self._read_within(reader, writer)
         except BaseException as error:  # cancelled mid-answer: the state is unknown
             _abort(writer)
-            failure = self._exchange_failure(error, _CLOSED)
-            if failure is None:
-                raise
-            raise failure from error
+            self._exchange_failed(error, _CLOSED)
+            raise
         if self._keep(answer_headers, len(self._idle)):
             self._idle.append((reader, writer))
         else:

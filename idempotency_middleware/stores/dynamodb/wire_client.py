@@ -1,8 +1,6 @@
 """What the two lean DynamoDB clients (``wire_sync``, ``wire_async``) share: the five calls,
-signing, the retry decisions, failures mapped to botocore's exceptions, and ``meta`` (the
-endpoint, the region, and the subset of botocore's event system they emit: ``before-call``,
-``before-send``, so instrumentation and tests registering on ``client.meta.events`` see every
-call and attempt as on boto3). The clients only do the I/O."""
+signing, the retry decisions, failures mapped to botocore's exceptions, and ``meta``. The
+clients only do the I/O."""
 
 from __future__ import annotations
 
@@ -84,7 +82,7 @@ class SentRequest(NamedTuple):
 
 
 class ClientMeta:
-    """``client.meta`` of a lean client: the endpoint, the region and the events."""
+    """``client.meta`` of a lean client."""
 
     def __init__(self, endpoint_url: str, region_name: str) -> None:
         self.endpoint_url = endpoint_url
@@ -110,24 +108,20 @@ class WireClient:
     def _call(self, operation: str, params: dict[str, Any]) -> Any:
         raise NotImplementedError
 
+    # The SDK client's methods of the same names.
     def put_item(self, **params: Any) -> Any:
-        """PutItem, as the SDK client's ``put_item``."""
         return self._call("PutItem", params)
 
     def update_item(self, **params: Any) -> Any:
-        """UpdateItem, as the SDK client's ``update_item``."""
         return self._call("UpdateItem", params)
 
     def delete_item(self, **params: Any) -> Any:
-        """DeleteItem, as the SDK client's ``delete_item``."""
         return self._call("DeleteItem", params)
 
     def get_item(self, **params: Any) -> Any:
-        """GetItem, as the SDK client's ``get_item``."""
         return self._call("GetItem", params)
 
     def transact_write_items(self, **params: Any) -> Any:
-        """TransactWriteItems, as the SDK client's ``transact_write_items``."""
         return self._call("TransactWriteItems", params)
 
     # -- the steps of one call ----------------------------------------------------------
@@ -165,33 +159,33 @@ class WireClient:
             self._retry.succeeded(cost)
         return delay, retry_cost
 
-    def _connect_failure(self, error: BaseException) -> Any:
-        """botocore's exception for a connection that could not be made (``None``: as is)."""
-        from botocore import exceptions as boto
-
-        url = self._config.endpoint.request_url
-        if isinstance(error, TimeoutError):
-            return boto.ConnectTimeoutError(endpoint_url=url, error=error)
-        if isinstance(error, ssl.SSLError):
-            return boto.SSLError(endpoint_url=url, error=error)
-        if isinstance(error, OSError):
-            return boto.EndpointConnectionError(endpoint_url=url, error=error)
-        return None
-
-    def _exchange_failure(
-        self, error: BaseException, closed: tuple[type[BaseException], ...]
-    ) -> Any:
-        """botocore's exception for an attempt that failed mid-way (``None``: as is)."""
+    def _connect_failed(self, error: BaseException) -> None:
+        """Raise botocore's exception for a connection that could not be made (returns for
+        anything else: the caller raises it as it is)."""
         from botocore import exceptions as boto
 
         url = self._config.endpoint_url
         if isinstance(error, TimeoutError):
-            return boto.ReadTimeoutError(endpoint_url=url, error=error)
+            raise boto.ConnectTimeoutError(endpoint_url=url, error=error) from error
+        if isinstance(error, ssl.SSLError):
+            raise boto.SSLError(endpoint_url=url, error=error) from error
+        if isinstance(error, OSError):
+            raise boto.EndpointConnectionError(endpoint_url=url, error=error) from error
+
+    def _exchange_failed(
+        self, error: BaseException, closed: tuple[type[BaseException], ...]
+    ) -> None:
+        """Raise botocore's exception for an attempt that failed mid-way (returns as
+        :meth:`_connect_failed`)."""
+        from botocore import exceptions as boto
+
+        url = self._config.endpoint_url
+        if isinstance(error, TimeoutError):
+            raise boto.ReadTimeoutError(endpoint_url=url, error=error) from error
         if isinstance(error, closed):
-            return boto.ConnectionClosedError(endpoint_url=url, error=error)
+            raise boto.ConnectionClosedError(endpoint_url=url, error=error) from error
         if isinstance(error, (OSError, ValueError)):
-            return boto.HTTPClientError(error=error)
-        return None
+            raise boto.HTTPClientError(error=error) from error
 
     def _keep(self, headers: dict[str, str], idle: int) -> bool:
         """Whether the connection goes back to the pool after this answer."""

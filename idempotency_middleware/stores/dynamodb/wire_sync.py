@@ -1,10 +1,7 @@
 """The lean DynamoDB client for threads: kept-alive sockets in a pool, HTTP/1.1 spoken
 directly (one request at a time per connection, bodies by ``Content-Length`` or chunked).
-
-``client.put_item(**params)`` takes and returns what boto3's does and raises what it raises,
-for the five calls of the request path (``wire.OPERATIONS``); the request and answer
-handling is in ``wire`` and ``wire_client``. Not http.client: its header parsing (the email
-package) and its two sends per request cost as much CPU as the rest of the call.
+Not http.client: its header parsing (the email package) and its two sends per request cost
+as much CPU as the rest of the call.
 """
 
 from __future__ import annotations
@@ -167,10 +164,8 @@ class SyncWireClient(WireClient):
         except Exception as error:
             if sock is not None:
                 sock.close()
-            failure = self._connect_failure(error)
-            if failure is None:
-                raise
-            raise failure from error
+            self._connect_failed(error)
+            raise
         sock.settimeout(config.read_timeout)
         return _Connection(sock)
 
@@ -182,10 +177,8 @@ class SyncWireClient(WireClient):
             status, answer_headers, data = _read_answer(connection)
         except BaseException as error:  # interrupted mid-answer: the state is unknown
             connection.close()
-            failure = self._exchange_failure(error, _CLOSED)
-            if failure is None:
-                raise
-            raise failure from error
+            self._exchange_failed(error, _CLOSED)
+            raise
         if self._keep(answer_headers, len(self._idle)):
             self._idle.append(connection)
         else:
