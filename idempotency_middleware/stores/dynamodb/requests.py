@@ -45,9 +45,8 @@ from .errors import Item
 MAX_ITEM_RESPONSE_BYTES = 350 * 1024
 
 # A claim whose conditional put fails without the holding item (a backend that ignores
-# ReturnValuesOnConditionCheckFailure) reads the holder instead; when that read finds the key
-# claimable again (the holder released or expired in between), it tries the put again, this
-# many times in all before answering that the store is unavailable.
+# ReturnValuesOnConditionCheckFailure) reads the holder; finding the key claimable again, it
+# tries the put again, this many times in all before answering that the store is unavailable.
 CLAIM_ATTEMPTS = 3
 
 # DynamoDB caps a transaction's aggregate size at 4 MB.
@@ -84,25 +83,13 @@ def _claim_ttl(lock_expires_at: float) -> dict[str, str]:
     return _ttl(lock_expires_at + IN_PROGRESS_TTL_GRACE_SECONDS)
 
 
-_NAMES = {
-    "#pk": "",  # filled per layout
-    "#status": "status",
-    "#owner": "owner",
-    "#lock": "lock_expires_at",
-    "#exp": "expires_at",
-    "#ttl": "",
-    "#response": "response",
-    "#size": "response_size",
-    "#too_large": "too_large",
-    "#response_ref": "response_ref",
-    "#response_json": "response_json",
-    "#txn": "txn",
-}
+# An alias names its attribute ("#owner": owner), but for these and the layout's two.
+_RENAMED = {"#lock": "lock_expires_at", "#exp": "expires_at", "#size": "response_size"}
 
 
 def _names(layout: TableLayout, *used: str) -> dict[str, str]:
-    names = dict(_NAMES, **{"#pk": layout.key_attribute, "#ttl": layout.ttl_attribute})
-    return {alias: names[alias] for alias in used}
+    names = dict(_RENAMED, **{"#pk": layout.key_attribute, "#ttl": layout.ttl_attribute})
+    return {alias: names.get(alias, alias[1:]) for alias in used}
 
 
 def _keyed(layout: TableLayout, key_hash: str) -> dict[str, Any]:
@@ -147,8 +134,7 @@ def claim_took_over(response: dict[str, Any]) -> bool:
 
 @dataclass(frozen=True)
 class CompletionPlan:
-    """How to write one completion: the UpdateItem, and the overflow object to put in S3
-    first when the response is too large for the item and the store has a bucket."""
+    """One completion's UpdateItem, and the overflow object to put in S3 first, if any."""
 
     request: dict[str, Any]
     overflow_key: str | None = None
@@ -163,14 +149,11 @@ def plan_completion(
     force_overflow: bool = False,
 ) -> CompletionPlan:
     """Conditional on the owner token: a taken-over owner cannot overwrite the new record.
-
-    A response too large for one item (or, with ``force_overflow``, one that would push a
-    transaction past its size limit) goes to S3 when the store has a bucket; otherwise it
-    is not kept, and the key is still marked completed so its handler never runs again
-    within the TTL. A deferred key's interim completion, and a completion committed with a
-    transaction, also require the claim to be still in progress: neither may overwrite a
-    final response already there (a fast worker's, or this very commit's landed earlier).
-    """
+    A response too large for one item (or, with ``force_overflow``, for the transaction)
+    goes to S3 when the store has a bucket; otherwise it is not kept, and the key is still
+    marked completed so its handler never runs again within the TTL. A deferred key's
+    interim completion, and one with a transaction, also require the claim in progress: no
+    final response already there is overwritten (a fast worker's, or this commit's landed)."""
     encoded = b"" if completion.streamed else encode_response(completion.response)
     fits = (
         not completion.streamed and len(encoded) <= MAX_ITEM_RESPONSE_BYTES and not force_overflow
@@ -187,20 +170,9 @@ def plan_completion(
         ":exp": _number(completion.expires_at),
         ":ttl": _ttl(completion.expires_at),
         ":size": {"N": str(completion.body_size)},
-        ":too_large": {"BOOL": not fits and overflow_key is None},
     }
-    update = (
-        "SET #status = :completed, #exp = :exp, #ttl = :ttl, #size = :size, #too_large = :too_large"
-    )
-    names = ["#status", "#exp", "#ttl", "#owner", "#size", "#too_large"]
-    if fits:
-        values[":response"] = {"B": encoded}
-        update += ", #response = :response"
-        names.append("#response")
-    elif overflow_key is not None:
-        values[":response_ref"] = {"S": overflow_key}
-        update += ", #response_ref = :response_ref"
-        names.append("#response_ref")
+    update, kept = _set_completed(values, ":ttl", encoded if fits else None, overflow_key)
+    names = ["#status", "#exp", "#ttl", "#owner", "#size", "#too_large", *kept]
     condition = "#owner = :owner"
     if completion.writes or completion.deferred:
         condition += " AND #status = :in_progress"
@@ -221,6 +193,24 @@ def plan_completion(
     return CompletionPlan(request, overflow_key, encoded if overflow_key is not None else b"")
 
 
+def _set_completed(
+    values: dict[str, Any], ttl: str, encoded: bytes | None, overflow_key: str | None
+) -> tuple[str, list[str]]:
+    """The SET clause both completions write (``values`` gets the rest of its values): the
+    response in the item (``encoded``), else in S3 (``overflow_key``), else neither
+    (``too_large``). Also the response's alias, if one is set."""
+    values[":too_large"] = {"BOOL": encoded is None and overflow_key is None}
+    update = f"SET #status = :completed, #exp = :exp, #ttl = {ttl}, #size = :size, "
+    update += "#too_large = :too_large"
+    if encoded is not None:
+        values[":response"] = {"B": encoded}
+        return update + ", #response = :response", ["#response"]
+    if overflow_key is not None:
+        values[":response_ref"] = {"S": overflow_key}
+        return update + ", #response_ref = :response_ref", ["#response_ref"]
+    return update, []
+
+
 def claimed_by(item: Item, owner: str) -> bool:
     """Whether a claim that failed its condition found its own claim: the same PutItem sent
     again by a retry after its first answer was lost (a timeout, a cut connection, a 5xx
@@ -238,9 +228,6 @@ def finished_by(item: Item | None, owner: str) -> bool:
     if item is None or item.get("owner", {}).get("S") != owner:
         return False
     return item.get("status", {}).get("S") in (Status.DEFERRED.value, Status.COMPLETED.value)
-
-
-# -- transactions: the business writes committed with the completion --------------------
 
 
 def commit_token(owner: str) -> str:
@@ -264,8 +251,7 @@ def transaction_request(
 
 
 def transaction_size(request: dict[str, Any]) -> int:
-    """An upper estimate of a transaction's size as DynamoDB counts it: attribute names and
-    values of every item, key and expression value it carries."""
+    """An upper estimate of a transaction's size as DynamoDB counts it (names and values)."""
     total = 0
     for entry in request["TransactItems"]:
         (body,) = entry.values()
@@ -305,11 +291,10 @@ _RETRYABLE_CANCELLATIONS = frozenset(
 
 
 def commit_outcome(reasons: list[dict[str, Any]], writes: int, owner: str) -> bool:
-    """What a cancelled commit means: ``True`` when it had landed already (a re-sent commit
-    whose first try succeeded, on a backend that ignores ``ClientRequestToken``), ``False``
-    when the claim is no longer ours; a business condition raises
-    ``TransactionConflictError``, an unacceptable write ``TransactionRejectedError``,
-    contention ``StoreUnavailable`` (retried)."""
+    """What a cancelled commit means: ``True`` when it had landed already (a re-sent commit,
+    on a backend that ignores ``ClientRequestToken``), ``False`` when the claim is no longer
+    ours; raises ``TransactionConflictError`` for a business condition,
+    ``TransactionRejectedError`` for an unacceptable write, ``StoreUnavailable`` otherwise."""
     completion = reasons[writes] if len(reasons) > writes else {}
     if completion.get("Code") == "ConditionalCheckFailed":
         item = completion.get("Item") or {}
@@ -346,21 +331,17 @@ def too_large(size: int) -> TransactionRejectedError:
     )
 
 
-# -- deferred keys: the work's final response, by token ----------------------------------
-
-
 def plan_final_completion(
     layout: TableLayout,
     token: DeferredToken,
     response: StoredResponse,
     overflow: OverflowSettings | None,
 ) -> CompletionPlan:
-    """UpdateItem storing a deferred key's final response, fenced by the token's owner, on
-    a key not completed yet (deferred, or still in progress when the work finished before
-    the interim response was stored). The key then expires at the token's time. A response
-    too large for the item goes to S3 as in :func:`plan_completion`, under an object key of
-    its own per call: a redelivered call that loses the race deletes only its own object,
-    never the one the completed record points at."""
+    """UpdateItem storing a deferred key's final response, fenced by the token's owner, on a
+    key not completed yet (deferred, or in progress if the work beat the interim response);
+    it then expires at the token's time. A response too large for the item goes to S3 under
+    an object key of its own per call: a redelivered call that loses the race deletes only
+    its own object, never the one the completed record points at."""
     encoded = encode_response(response)
     fits = len(encoded) <= MAX_ITEM_RESPONSE_BYTES
     overflow_key = (
@@ -373,23 +354,11 @@ def plan_final_completion(
         ":completed": {"S": Status.COMPLETED.value},
         ":exp": {"N": str(token.expires_at)},
         ":size": {"N": str(len(response.body))},
-        ":too_large": {"BOOL": not fits and overflow_key is None},
     }
-    update = (
-        "SET #status = :completed, #exp = :exp, #ttl = :exp, #size = :size, #too_large = :too_large"
-    )
-    names = ["#status", "#exp", "#ttl", "#owner", "#size", "#too_large", "#response_json"]
-    removed = ["#response_json", "#response", "#response_ref"]  # a writer's other forms
-    if fits:
-        values[":response"] = {"B": encoded}
-        update += ", #response = :response"
-        removed.remove("#response")
-    elif overflow_key is not None:
-        values[":response_ref"] = {"S": overflow_key}
-        update += ", #response_ref = :response_ref"
-        removed.remove("#response_ref")
-    update += " REMOVE " + ", ".join(removed)
-    names += ["#response", "#response_ref"]
+    update, kept = _set_completed(values, ":exp", encoded if fits else None, overflow_key)
+    forms = ["#response_json", "#response", "#response_ref"]  # a writer's forms: one kept
+    update += " REMOVE " + ", ".join(form for form in forms if form not in kept)
+    names = ["#status", "#exp", "#ttl", "#owner", "#size", "#too_large", *forms]
     request = {
         **_keyed(layout, token.key_hash),
         "UpdateExpression": update,
@@ -459,10 +428,6 @@ def delete_request(layout: TableLayout, key_hash: str) -> dict[str, Any]:
     return {**_keyed(layout, key_hash), "ReturnValues": "ALL_OLD"}
 
 
-def deleted_something(response: dict[str, Any]) -> bool:
-    return bool(response.get("Attributes"))
-
-
 def item_to_record(layout: TableLayout, item: Item, overflow_blob: bytes | None = None) -> Record:
     """The record of an item; ``overflow_blob`` is its response fetched from S3, if any (an
     item whose S3 object could not be read is completed without a response)."""
@@ -505,14 +470,6 @@ def create_table_request(layout: TableLayout) -> dict[str, Any]:
         "KeySchema": [{"AttributeName": layout.key_attribute, "KeyType": "HASH"}],
         "BillingMode": "PAY_PER_REQUEST",
     }
-
-
-def table_request(layout: TableLayout) -> dict[str, Any]:
-    return {"TableName": layout.table_name}
-
-
-def table_active(describe_table_response: dict[str, Any]) -> bool:
-    return bool(describe_table_response["Table"]["TableStatus"] == "ACTIVE")
 
 
 def enable_ttl_request(layout: TableLayout) -> dict[str, Any]:
