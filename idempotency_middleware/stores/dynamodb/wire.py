@@ -1,14 +1,11 @@
 """The lean DynamoDB transport's pure parts (h11's idea): what a request carries on the wire
-and how its answer reads; ``wire_sync`` (sockets) and ``wire_async`` (asyncio streams) only
-send what this builds.
+and how its answer reads; ``wire_sync`` and ``wire_async`` only send what this builds.
 
-Why it exists: on the request path a botocore or aiobotocore call costs about 1 ms of CPU
-(User-Agent assembly, parameter validation, the event system, urllib3 or aiohttp), several
-times the signing and the JSON it actually needs. It mirrors botocore where it matters to
-callers: the same JSON bodies, SigV4 as ``SigV4Auth`` computes it, standard-mode retries
-(``wire_retry``), botocore's own exceptions with the ``error_response`` botocore builds, and
-responses of the same shape (blobs decoded).
-"""
+Why: a botocore or aiobotocore call costs about 1 ms of CPU (User-Agent assembly, parameter
+validation, the event system, urllib3 or aiohttp), several times the signing and the JSON it
+needs. It mirrors botocore where it matters to callers: the same JSON bodies, SigV4 as
+``SigV4Auth`` computes it, standard-mode retries (``wire_retry``), botocore's exceptions and
+``error_response``, and responses of the same shape (blobs decoded)."""
 
 from __future__ import annotations
 
@@ -75,11 +72,9 @@ def _hmac(key: bytes, message: str) -> bytes:
 
 
 class Signer:
-    """AWS Signature Version 4 for DynamoDB's POST requests, computed directly.
-
-    The derived signing key depends only on the secret, the date and the region: it is
-    kept per day (four HMACs saved on every request but the day's first).
-    """
+    """AWS Signature Version 4 for DynamoDB's POST requests, computed directly. The signing
+    key depends only on the secret, the date and the region: it is kept per day (four HMACs
+    saved on every request but the day's first)."""
 
     def __init__(self, endpoint: Endpoint, region: str) -> None:
         self._host = endpoint.host_header
@@ -140,9 +135,6 @@ class Signer:
         if token:
             headers["X-Amz-Security-Token"] = token
         return headers
-
-
-# -- bodies --------------------------------------------------------------------------------
 
 
 def _blob(value: Any) -> str:

@@ -20,10 +20,9 @@ class OperationName(NamedTuple):
 
 
 class Events:
-    """The subset of botocore's event system the lean clients emit: ``before-call`` (with
-    ``model`` and ``params``) and ``before-send`` (with ``request``, whose ``headers`` and
-    ``body`` are what goes out), so instrumentation and tests registering on
-    ``client.meta.events`` see every call and every attempt as with botocore."""
+    """The subset of botocore's event system the lean clients emit, ``before-call`` (``model``,
+    ``params``) and ``before-send`` (``request``), so instrumentation registering on
+    ``client.meta.events`` sees every call and every attempt as with botocore."""
 
     def __init__(self) -> None:
         self._handlers: list[tuple[str, Callable[..., Any]]] = []
@@ -59,9 +58,8 @@ def events_of(client: Any) -> Events | None:
 
 
 def forward_sdk_events(sdk: Any, lean_events: Callable[[], Events | None]) -> None:
-    """Let handlers registered on a lean client's ``meta.events`` hear the calls its store
-    makes on the SDK client beside it (table administration), as they would on one boto3
-    client."""
+    """Let handlers on a lean client's ``meta.events`` hear the calls its store makes on the
+    SDK client beside it (table administration), as they would on one boto3 client."""
 
     def forward(event_name: str, **kwargs: Any) -> None:
         events = lean_events()
@@ -92,9 +90,7 @@ class ClientMeta:
 
 
 class WireClient:
-    """The SDK client's ``put_item``, ``update_item``, ``delete_item``, ``get_item`` and
-    ``transact_write_items``, sent directly: a subclass sends one attempt (``_exchange``)
-    and strings the attempts together (``_call``), sync or async."""
+    """The SDK client's five calls of the request path, sent directly (a subclass does I/O)."""
 
     def __init__(self, config: WireConfig, credentials: Any, sdk: Any = None) -> None:
         self._sdk = sdk  # the SDK client's maker, for any other call
@@ -124,11 +120,8 @@ class WireClient:
     def transact_write_items(self, **params: Any) -> Any:
         return self._call("TransactWriteItems", params)
 
-    # -- the steps of one call ----------------------------------------------------------
-
     def _start(self, operation: str, params: dict[str, Any]) -> tuple[str, bytes]:
-        """The call's ``X-Amz-Target`` and body; its ``before-call`` event. Raises
-        botocore's ``NoCredentialsError`` when the chain found none."""
+        """The call's ``X-Amz-Target`` and body, after its ``before-call`` event."""
         if self.meta.events:
             model = OperationName(operation)
             self.meta.events.emit(f"before-call.dynamodb.{operation}", model=model, params=params)
@@ -139,11 +132,10 @@ class WireClient:
         return wire.TARGET_PREFIX + operation, wire.encode(params)
 
     def _sign(self, operation: str, target: str, body: bytes, frozen: Any) -> dict[str, str]:
-        """One attempt's headers, signed with ``frozen`` (botocore's ``ReadOnlyCredentials``,
-        the shape of ``wire.Frozen``, as read now); its ``before-send`` event."""
+        """One attempt's headers, signed with ``frozen`` (shaped as ``wire.Frozen``)."""
         headers = self._signer.headers(target, body, frozen)
         if self.meta.events:
-            request = SentRequest(self._config.endpoint_url, "POST", headers, body)
+            request = SentRequest(self._config.endpoint.request_url, "POST", headers, body)
             self.meta.events.emit(f"before-send.dynamodb.{operation}", request=request)
         return headers
 
@@ -164,7 +156,7 @@ class WireClient:
         anything else: the caller raises it as it is)."""
         from botocore import exceptions as boto
 
-        url = self._config.endpoint_url
+        url = self._config.endpoint.request_url
         if isinstance(error, TimeoutError):
             raise boto.ConnectTimeoutError(endpoint_url=url, error=error) from error
         if isinstance(error, ssl.SSLError):
@@ -179,7 +171,7 @@ class WireClient:
         :meth:`_connect_failed`)."""
         from botocore import exceptions as boto
 
-        url = self._config.endpoint_url
+        url = self._config.endpoint.request_url
         if isinstance(error, TimeoutError):
             raise boto.ReadTimeoutError(endpoint_url=url, error=error) from error
         if isinstance(error, closed):

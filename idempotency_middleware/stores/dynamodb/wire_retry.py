@@ -64,27 +64,17 @@ class RetryPolicy:
         return self.random() * min(2.0 ** (attempt - 1), _MAX_BACKOFF_SECONDS)
 
     def after_exception(self, attempt: int, error: BaseException) -> tuple[float | None, int]:
-        """Seconds to wait before the next try after ``error`` (``None``: raise it now),
-        and the quota that retry took."""
-        from botocore.exceptions import (
-            ConnectionError,
-            ConnectTimeoutError,
-            HTTPClientError,
-            ReadTimeoutError,
-        )
+        """Seconds to wait before the next try (``None``: raise it now), and the quota taken."""
+        from botocore import exceptions as boto
 
-        if not isinstance(error, (ConnectionError, HTTPClientError)):
+        if not isinstance(error, (boto.ConnectionError, boto.HTTPClientError)):
             return None, 0
-        cost = (
-            _TIMEOUT_RETRY_COST
-            if isinstance(error, (ConnectTimeoutError, ReadTimeoutError))
-            else _RETRY_COST
-        )
+        timed_out = isinstance(error, (boto.ConnectTimeoutError, boto.ReadTimeoutError))
+        cost = _TIMEOUT_RETRY_COST if timed_out else _RETRY_COST
         return self._delay(attempt, cost), cost
 
     def after_answer(self, attempt: int, answer: Answer) -> tuple[float | None, int]:
-        """Seconds to wait before the next try after an answer that was not a success, or
-        one whose checksum failed (``None``: take it as it is)."""
+        """:meth:`after_exception` for an answer (``None``: take it as it is)."""
         if answer.status < 300:
             retryable = answer.checksum_failed()
         elif answer.status in _TRANSIENT_STATUSES:
