@@ -67,11 +67,9 @@ class ConditionFailed(Exception):
 
 
 def translate_error(operation: str, error: BaseException, table_name: str = "") -> Exception:
-    """Map a botocore failure to ``ConditionFailed`` or a classified ``StoreUnavailable``.
-
-    A ``RuntimeError`` other than a client used off its event loop is a bug, not the store
-    failing: it is raised again as it is, instead of passing for an outage (a 503, and a
-    key left claimed by finishing retries)."""
+    """Map a botocore failure to ``ConditionFailed`` or a classified ``StoreUnavailable``. A
+    ``RuntimeError`` other than a client used off its event loop is a bug, not an outage (a
+    503, and a key left claimed by finishing retries): it is raised again as it is."""
     if isinstance(error, RuntimeError) and _loop_error(error) is None:
         raise error
     code = error_code(error)
@@ -119,8 +117,7 @@ _OTHER_LOOP = ("different loop", "different event loop", "inside a task")
 
 
 def _loop_error(error: BaseException) -> str | None:
-    """The RuntimeError message of a client used off its event loop (aiobotocore wraps it
-    in ``HTTPClientError``), or ``None``."""
+    """The RuntimeError message of a client used off its event loop (maybe wrapped), or None."""
     kwargs = getattr(error, "kwargs", None)
     inner = kwargs.get("error") if isinstance(kwargs, dict) else None
     for candidate in (error, inner):
@@ -178,12 +175,8 @@ def _classify_code(error: BaseException, code: str, table_name: str) -> tuple[st
 
 
 def store_errors() -> tuple[type[BaseException], ...]:
-    """The exception types that mean the store did not answer usefully.
-
-    RuntimeError is among them because aiobotocore raises it, unwrapped, for a client used
-    off its own event loop (classified ``loop_closed``); ``translate_error`` raises any other
-    RuntimeError again as it is.
-    """
+    """The exception types that mean the store did not answer usefully; RuntimeError too, as
+    aiobotocore raises it, unwrapped, for a client used off its own event loop."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     return (BotoCoreError, ClientError, OSError, TimeoutError, RuntimeError)

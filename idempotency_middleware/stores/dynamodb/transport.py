@@ -1,18 +1,14 @@
-"""The DynamoDB transports: send the flows' requests (``ops.Call``), sync (boto3) and async
-(aioboto3), and do their waits (``ops.Sleep``) by the store's clock.
-
-The request path's calls (``wire.OPERATIONS``) go to the lean client unless the
-configuration says otherwise; table administration then has an SDK client of its own, and
-S3 always does. The async transport keeps one set of clients per event loop
-(``kit.LoopLocal``): an aiobotocore client, like a lean one, only works on the loop it was
-made on (``asyncio.run(store.create_table())`` runs before a server starts its own).
-"""
+"""The DynamoDB transports, sync (boto3) and async (aioboto3): send the flows' requests
+(``wire.OPERATIONS`` on the lean client unless configured otherwise; table administration
+and S3 on SDK clients) and do their waits by the store's clock. The async one keeps a set of
+clients per event loop: an aiobotocore client, like a lean one, only works on its own."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import threading
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..kit import Flow, LoopLocal, adrive, drive, finish_without_loop
@@ -37,8 +33,7 @@ class _Transport:
         self._lock = threading.Lock()
 
     def _resolve_wire(self) -> WireConfig | None:
-        """The lean configuration, or ``None`` (and the SDK from now on) when the lean
-        transport cannot carry the settings."""
+        """The lean configuration, or ``None`` (and the SDK from now on) if it cannot be."""
         if self._wire is None:
             import botocore.session
 
@@ -116,8 +111,7 @@ class SyncTransport(_Transport):
         return self._config.session or boto3.session.Session()
 
     def admin(self) -> Any:
-        """The boto3 client for what the lean transport does not carry (table
-        administration); the request path's when that is boto3's."""
+        """The boto3 client for table administration (the request path's, if boto3's)."""
         return self._other(ADMIN) if self._lean else self.dynamodb()
 
     def _other(self, name: str) -> Any:
@@ -143,17 +137,15 @@ class SyncTransport(_Transport):
         self.close()
 
 
+@dataclass(slots=True)
 class _LoopClients:
     """The clients of one event loop, and what guards them: aiohttp sessions, and an
     ``asyncio.Lock``, each belong to the loop they were made on."""
 
-    __slots__ = ("dynamodb", "lock", "others", "stack")
-
-    def __init__(self) -> None:
-        self.lock = asyncio.Lock()
-        self.stack = contextlib.AsyncExitStack()
-        self.dynamodb: Any = None  # the request path's client (lean or SDK)
-        self.others: dict[str, Any] = {}  # ADMIN, S3
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    stack: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
+    dynamodb: Any = None  # the request path's client (lean or SDK)
+    others: dict[str, Any] = field(default_factory=dict)  # ADMIN, S3
 
 
 class AsyncTransport(_Transport):
