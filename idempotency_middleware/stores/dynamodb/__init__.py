@@ -1,9 +1,7 @@
 """The DynamoDB stores: ``DynamoDBStore`` (boto3) and ``AsyncDynamoDBStore`` (aioboto3).
-
-``requests`` builds the requests and reads the answers, ``ops`` strings them into one flow
-per store operation, ``transport`` sends them (the lean client of ``wire*``, or the SDK),
-``errors`` says what a failure means, ``store`` is the public classes' configuration.
-"""
+``requests`` builds requests and reads answers, ``ops`` strings them into flows,
+``transport`` sends them (the lean client of ``wire*``, or the SDK), ``errors`` says what a
+failure means."""
 
 from .config import Transport
 from .requests import MAX_ITEM_RESPONSE_BYTES, TableLayout

@@ -1,13 +1,7 @@
-"""The DynamoDB stores' configuration: connection settings (:class:`ClientSettings`), S3
-overflow (:class:`OverflowSettings`), which transport carries the request path, and
-(:class:`DynamoDBConfig`) all of it together, as the transport takes it.
-
-What the lean transport resolves once per store (:class:`WireConfig`: endpoint, region, TLS,
-limits) goes through botocore itself (a throwaway client's ``meta.endpoint_url`` and
-``meta.region_name``), so ``AWS_ENDPOINT_URL_DYNAMODB``, profiles, FIPS and dual-stack settings
-mean what they mean to boto3. Credentials come from botocore's chain (``wire_sync``,
-``wire_async``) and are read per request, so refreshing ones refresh.
-"""
+"""The DynamoDB stores' configuration (:class:`DynamoDBConfig`). The lean transport's
+(:class:`WireConfig`) is resolved once per store through botocore itself, so
+``AWS_ENDPOINT_URL_DYNAMODB``, profiles, FIPS and dual-stack settings mean what they mean to
+boto3; credentials come from botocore's chain, read per request (refreshing ones refresh)."""
 
 from __future__ import annotations
 
@@ -25,11 +19,9 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class OverflowSettings:
-    """Where responses too large for a DynamoDB item go: an S3 bucket and key prefix.
-
-    Objects are not deleted when their record expires: give the bucket a lifecycle rule
-    that expires the prefix after your longest TTL.
-    """
+    """Where responses too large for a DynamoDB item go. Objects are not deleted when their
+    record expires: give the bucket a lifecycle rule that expires the prefix after your
+    longest TTL."""
 
     bucket: str
     prefix: str = "idempotency/"
@@ -42,12 +34,9 @@ class OverflowSettings:
 
 @dataclass(frozen=True)
 class ClientSettings:
-    """Connection settings shared by both DynamoDB stores.
-
-    The defaults keep a claim bounded: an unreachable endpoint answers 503 within about
-    ``(connect_timeout or read_timeout) * max_attempts`` plus backoff, not after botocore's
-    default of a minute per attempt.
-    """
+    """Connection settings. The defaults keep a claim bounded: an unreachable endpoint
+    answers 503 within about ``(connect_timeout or read_timeout) * max_attempts`` plus
+    backoff, not after botocore's default of a minute per attempt."""
 
     endpoint_url: str | None = None
     region_name: str | None = None
@@ -126,24 +115,6 @@ class WireConfig:
     max_pool_connections: int
     ssl_context: ssl.SSLContext | None
 
-    @property
-    def endpoint_url(self) -> str:
-        """The URL requests go to, as botocore's exceptions name it."""
-        return self.endpoint.request_url
-
-
-def _proxied(endpoint: Endpoint) -> bool:
-    scheme = "https" if endpoint.secure else "http"
-    proxies = urllib.request.getproxies()
-    return bool(proxies.get(scheme)) and not urllib.request.proxy_bypass(endpoint.host)
-
-
-def _ssl_context(session: Any) -> ssl.SSLContext:
-    from botocore.httpsession import get_cert_path
-
-    bundle = session.get_config_variable("ca_bundle") or get_cert_path(True)
-    return ssl.create_default_context(cafile=bundle)
-
 
 def resolve(settings: ClientSettings, session: Any) -> WireConfig | None:
     """The lean transport's configuration under ``settings`` and the botocore ``session``,
@@ -165,25 +136,23 @@ def resolve(settings: ClientSettings, session: Any) -> WireConfig | None:
         finally:
             client.close()
     endpoint = Endpoint.parse(url)
-    if _proxied(endpoint):
+    proxy = urllib.request.getproxies().get("https" if endpoint.secure else "http")
+    if proxy and not urllib.request.proxy_bypass(endpoint.host):
         logger.info("a proxy applies to %s: DynamoDB calls go through the SDK", url)
         return None
-    return WireConfig(
-        endpoint,
-        str(region),
-        settings.connect_timeout,
-        settings.read_timeout,
-        settings.max_attempts,
-        settings.max_pool_connections,
-        _ssl_context(session) if endpoint.secure else None,
-    )
+    context = None
+    if endpoint.secure:
+        from botocore.httpsession import get_cert_path
+
+        bundle = session.get_config_variable("ca_bundle") or get_cert_path(True)
+        context = ssl.create_default_context(cafile=bundle)
+    limits = (settings.connect_timeout, settings.read_timeout, settings.max_attempts)
+    return WireConfig(endpoint, str(region), *limits, settings.max_pool_connections, context)
 
 
 @dataclass(frozen=True)
 class DynamoDBConfig:
-    """What a store's transport needs: the table (for error messages), settings, S3
-    overflow, the SDK session and client arguments, whether the request path is lean, and
-    the clock that times ``create_table()``'s waits."""
+    """What a store's transport needs (``table_name`` for error messages)."""
 
     table_name: str
     settings: ClientSettings

@@ -1,7 +1,6 @@
-"""DynamoDB's (and S3's) failures, as the stores report them: a lost condition
-(:class:`ConditionFailed`), a cancelled transaction (:class:`TransactionCancelled`), or a
-classified :class:`StoreUnavailable` (``cause``, ``reason``). The lean transport raises
-botocore's own exceptions, so one translation serves both transports."""
+"""DynamoDB's (and S3's) failures, as the stores report them: :class:`ConditionFailed`,
+:class:`TransactionCancelled`, or a classified :class:`StoreUnavailable`. The lean transport
+raises botocore's own exceptions, so one translation serves both transports."""
 
 from __future__ import annotations
 
@@ -68,57 +67,48 @@ class ConditionFailed(Exception):
 
 
 def translate_error(operation: str, error: BaseException, table_name: str = "") -> Exception:
-    """Map a botocore failure to ``ConditionFailed`` or a classified ``StoreUnavailable``.
-
-    A ``RuntimeError`` other than a client used off its event loop is a bug, not the store
-    failing: it is raised again as it is, instead of passing for an outage (a 503, and a
-    key left claimed by finishing retries)."""
+    """Map a botocore failure to ``ConditionFailed`` or a classified ``StoreUnavailable``. A
+    ``RuntimeError`` other than a client used off its event loop is a bug, not an outage (a
+    503, and a key left claimed by finishing retries): it is raised again as it is."""
     if isinstance(error, RuntimeError) and _loop_error(error) is None:
         raise error
     code = error_code(error)
     if code == CONDITION_FAILED:
         return ConditionFailed(held_item(error))
     if code == "TransactionCanceledException":
-        response = getattr(error, "response", {})
-        return TransactionCancelled(list(response.get("CancellationReasons") or []))
+        return TransactionCancelled(list(_response(error).get("CancellationReasons") or []))
     cause, reason = classify(error, table_name)
     return StoreUnavailable(
         f"DynamoDB {operation} failed: {error!r}", code=code, cause=cause, reason=reason
     )
 
 
-# Error codes DynamoDB (and S3, STS) answer with, by the cause they mean.
-_CAUSES_BY_CODE = {
-    "ResourceNotFoundException": "no_table",
-    "NoSuchBucket": "no_bucket",
-    "UnrecognizedClientException": "bad_credentials",
-    "InvalidSignatureException": "bad_credentials",
-    "IncompleteSignatureException": "bad_credentials",
-    "MissingAuthenticationTokenException": "bad_credentials",
-    "InvalidClientTokenId": "bad_credentials",
-    "InvalidAccessKeyId": "bad_credentials",
-    "SignatureDoesNotMatch": "bad_credentials",
-    "ExpiredTokenException": "bad_credentials",
-    "ExpiredToken": "bad_credentials",
-    "AccessDeniedException": "access_denied",
-    "AccessDenied": "access_denied",
-    "ThrottlingException": "throttled",
-    "Throttling": "throttled",
-    "ProvisionedThroughputExceededException": "throttled",
-    "RequestLimitExceeded": "throttled",
-    "LimitExceededException": "throttled",
-    "TooManyRequestsException": "throttled",
-    "SlowDown": "throttled",
-    "InternalServerError": "server_error",
-    "InternalFailure": "server_error",
-    "InternalError": "server_error",
-    "ServiceUnavailable": "server_error",
-    "ServiceUnavailableException": "server_error",
+# Error codes DynamoDB (and S3, STS) answer with, by the cause they mean, and its phrase.
+_CODES_BY_CAUSE = {
+    "no_table": "ResourceNotFoundException",
+    "no_bucket": "NoSuchBucket",
+    "bad_credentials": "UnrecognizedClientException InvalidSignatureException "
+    "IncompleteSignatureException MissingAuthenticationTokenException InvalidClientTokenId "
+    "InvalidAccessKeyId SignatureDoesNotMatch ExpiredTokenException ExpiredToken",
+    "access_denied": "AccessDeniedException AccessDenied",
+    "throttled": "ThrottlingException Throttling ProvisionedThroughputExceededException "
+    "RequestLimitExceeded LimitExceededException TooManyRequestsException SlowDown",
+    "server_error": "InternalServerError InternalFailure InternalError ServiceUnavailable "
+    "ServiceUnavailableException",
     # Contention on the item: another Region writes it (a multi-Region strong-consistency
     # global table; botocore retries it first), or a transaction holds it (a claim while its
     # owner commits completion_transaction()). The claim answers 503, finishing writes retry.
-    "ReplicatedWriteConflictException": "write_conflict",
-    "TransactionConflictException": "write_conflict",
+    "write_conflict": "ReplicatedWriteConflictException TransactionConflictException",
+}
+_CAUSES_BY_CODE = {
+    code: cause for cause, codes in _CODES_BY_CAUSE.items() for code in codes.split()
+}
+_PHRASES = {
+    "bad_credentials": "AWS credentials rejected",
+    "access_denied": "access denied",
+    "throttled": "throttled",
+    "server_error": "server error",
+    "write_conflict": "write conflict",
 }
 
 # What RuntimeError says when an aiohttp session is used on a loop other than its own.
@@ -127,8 +117,7 @@ _OTHER_LOOP = ("different loop", "different event loop", "inside a task")
 
 
 def _loop_error(error: BaseException) -> str | None:
-    """The RuntimeError message of a client used off its event loop (aiobotocore wraps it
-    in ``HTTPClientError``), or ``None``."""
+    """The RuntimeError message of a client used off its event loop (maybe wrapped), or None."""
     kwargs = getattr(error, "kwargs", None)
     inner = kwargs.get("error") if isinstance(kwargs, dict) else None
     for candidate in (error, inner):
@@ -170,7 +159,7 @@ def classify(error: BaseException, table_name: str = "") -> tuple[str, str]:
 
 
 def _classify_code(error: BaseException, code: str, table_name: str) -> tuple[str, str]:
-    response: dict[str, Any] = getattr(error, "response", {})
+    response = _response(error)
     message = str(response.get("Error", {}).get("Message", "")).strip()
     detail = f"{code}: {message}" if message else code
     cause = _CAUSES_BY_CODE.get(code)
@@ -182,24 +171,12 @@ def _classify_code(error: BaseException, code: str, table_name: str) -> tuple[st
     if cause == "no_bucket":
         bucket = response.get("Error", {}).get("BucketName")
         return cause, f"no such S3 bucket {bucket!r}" if bucket else f"no such S3 bucket ({detail})"
-    phrases = {
-        "bad_credentials": "AWS credentials rejected",
-        "access_denied": "access denied",
-        "throttled": "throttled",
-        "server_error": "server error",
-        "write_conflict": "write conflict",
-        "unknown": "request failed",
-    }
-    return cause, f"{phrases.get(cause, 'request failed')} ({detail})"
+    return cause, f"{_PHRASES.get(cause, 'request failed')} ({detail})"
 
 
 def store_errors() -> tuple[type[BaseException], ...]:
-    """The exception types that mean the store did not answer usefully.
-
-    RuntimeError is among them because aiobotocore raises it, unwrapped, for a client used
-    off its own event loop (classified ``loop_closed``); ``translate_error`` raises any other
-    RuntimeError again as it is.
-    """
+    """The exception types that mean the store did not answer usefully; RuntimeError too, as
+    aiobotocore raises it, unwrapped, for a client used off its own event loop."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     return (BotoCoreError, ClientError, OSError, TimeoutError, RuntimeError)

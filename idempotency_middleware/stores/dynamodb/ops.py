@@ -1,11 +1,7 @@
-"""The DynamoDB store's operations, written once as flows (see ``kit.Flow``).
-
-Each flow yields a ``Call`` (one DynamoDB or S3 request, as boto3's method name and
-keyword arguments) or :class:`Sleep` (``create_table()``'s wait), and receives the answer,
-or has the failure thrown in at its ``yield`` (``ConditionFailed``, ``TransactionCancelled``,
-``StoreUnavailable``, from ``errors.translate_error``). Requests are built and answers read
-by ``requests.py``; the transports (``transport.py``) only send.
-"""
+"""The DynamoDB store's operations, written once as flows (see ``kit.Flow``): each yields a
+``Call`` or :class:`Sleep` and receives the answer, or has the failure thrown in at its
+``yield`` (``ConditionFailed``, ``TransactionCancelled``, ``StoreUnavailable``, from
+``errors.translate_error``)."""
 
 from __future__ import annotations
 
@@ -34,8 +30,8 @@ DYNAMODB = "dynamodb"
 S3 = "s3"
 
 
-# One request: boto3's method ``operation`` of the ``service`` client, with ``params``, as
-# ``(service, operation, params)`` (a plain tuple: the request path makes one per call).
+# One request: boto3's method ``operation`` of the ``service`` client, with ``params`` (a
+# plain tuple: the request path makes one per call).
 Call = tuple[str, str, dict[str, Any]]
 
 
@@ -78,8 +74,6 @@ class DynamoDBOps:
             blob = None
         return ddb.item_to_record(self.layout, item, blob)
 
-    # -- the store protocol -----------------------------------------------------------
-
     def claim(self, request: ClaimRequest) -> Flow[ClaimResult]:
         """One conditional PutItem; on failure the holder comes back in the same call."""
         for _ in range(ddb.CLAIM_ATTEMPTS):
@@ -108,7 +102,7 @@ class DynamoDBOps:
         yield from self._put_overflow(plan)
         try:
             yield (DYNAMODB, "update_item", plan.request)
-            stored = True
+            return True
         except ConditionFailed as failed:
             stored = completion.deferred and ddb.finished_by(failed.item, completion.owner)
         if not stored:
@@ -117,17 +111,13 @@ class DynamoDBOps:
 
     def _commit(self, completion: Completion) -> Flow[bool]:
         """The business writes and the completion in one TransactWriteItems."""
-        overflow = self.overflow
-        plan = ddb.plan_completion(self.layout, completion, overflow)
-        request = ddb.transaction_request(plan, completion.writes, completion.owner)
-        size = ddb.transaction_size(request)
-        if size > ddb.MAX_TRANSACTION_BYTES:
-            if overflow is None or plan.overflow_key is not None or completion.streamed:
-                raise ddb.too_large(size)
-            plan = ddb.plan_completion(self.layout, completion, overflow, force_overflow=True)
+        for force in (False, True):  # too large with the response: the response to S3
+            plan = ddb.plan_completion(self.layout, completion, self.overflow, force_overflow=force)
             request = ddb.transaction_request(plan, completion.writes, completion.owner)
             size = ddb.transaction_size(request)
-            if size > ddb.MAX_TRANSACTION_BYTES:
+            if size <= ddb.MAX_TRANSACTION_BYTES:
+                break
+            if force or self.overflow is None or plan.overflow_key or completion.streamed:
                 raise ddb.too_large(size)
         yield from self._put_overflow(plan)
         try:
@@ -152,16 +142,12 @@ class DynamoDBOps:
 
     def _put_overflow(self, plan: ddb.CompletionPlan) -> Flow[None]:
         if plan.overflow_key is not None and self.overflow is not None:
-            params = {
-                "Bucket": self.overflow.bucket,
-                "Key": plan.overflow_key,
-                "Body": plan.overflow_body,
-            }
-            yield (S3, "put_object", params)
+            params = {"Bucket": self.overflow.bucket, "Key": plan.overflow_key}
+            yield (S3, "put_object", {**params, "Body": plan.overflow_body})
 
     def _drop_overflow(self, plan: ddb.CompletionPlan) -> Flow[None]:
-        """The object belongs to no record (fenced out, nothing committed). Best effort; a
-        lifecycle rule on the prefix catches what this misses."""
+        # The object belongs to no record (fenced out, nothing committed). Best effort: a
+        # lifecycle rule on the prefix catches what this misses.
         if plan.overflow_key is not None and self.overflow is not None:
             params = {"Bucket": self.overflow.bucket, "Key": plan.overflow_key}
             with contextlib.suppress(StoreUnavailable):
@@ -177,8 +163,6 @@ class DynamoDBOps:
         request = ddb.renew_request(self.layout, key_hash, owner, lock_expires_at)
         return self._conditional("update_item", request)
 
-    # -- deferred keys ------------------------------------------------------------------
-
     def complete_final(
         self, token: DeferredToken, response: StoredResponse, now: float
     ) -> Flow[bool]:
@@ -192,8 +176,6 @@ class DynamoDBOps:
     def release_unfinished(self, token: DeferredToken) -> Flow[bool]:
         return self._conditional("delete_item", ddb.release_deferred_request(self.layout, token))
 
-    # -- operators --------------------------------------------------------------------
-
     def get(self, key_hash: str) -> Flow[Record | None]:
         response = yield (DYNAMODB, "get_item", ddb.get_request(self.layout, key_hash))
         item = response.get("Item")
@@ -201,22 +183,23 @@ class DynamoDBOps:
 
     def delete(self, key_hash: str) -> Flow[bool]:
         response = yield (DYNAMODB, "delete_item", ddb.delete_request(self.layout, key_hash))
-        return ddb.deleted_something(response)
+        return bool(response.get("Attributes"))  # ALL_OLD: there was an item
 
     def create_table(self, wait_seconds: float = 60.0) -> Flow[None]:
         """CreateTable (on-demand), a wait by the clock for ACTIVE, TTL enabled."""
         layout = self.layout
+        table = {"TableName": layout.table_name}
         try:
             yield (DYNAMODB, "create_table", ddb.create_table_request(layout))
         except StoreUnavailable as error:
             if error.code != "ResourceInUseException":
                 raise
         deadline = self._clock.now() + wait_seconds
-        while not ddb.table_active((yield (DYNAMODB, "describe_table", ddb.table_request(layout)))):
+        while (yield (DYNAMODB, "describe_table", table))["Table"]["TableStatus"] != "ACTIVE":
             if self._clock.now() > deadline:
                 raise StoreUnavailable(f"table {layout.table_name} did not become ACTIVE")
             yield Sleep(ddb.TABLE_POLL_SECONDS)
-        described = yield (DYNAMODB, "describe_time_to_live", ddb.table_request(layout))
+        described = yield (DYNAMODB, "describe_time_to_live", table)
         if not ddb.ttl_enabled(described, layout):
             try:
                 yield (DYNAMODB, "update_time_to_live", ddb.enable_ttl_request(layout))
@@ -224,6 +207,6 @@ class DynamoDBOps:
                 # Another replica enabled TTL between our describe and update: done.
                 if error.code != "ValidationException":
                     raise
-                described = yield (DYNAMODB, "describe_time_to_live", ddb.table_request(layout))
+                described = yield (DYNAMODB, "describe_time_to_live", table)
                 if not ddb.ttl_enabled(described, layout):
                     raise

@@ -1,7 +1,5 @@
-"""DynamoDB request building and response parsing (the flows of ``ops.py`` use them).
-
-Everything here is pure: the transports only send what these functions build, so both
-issue byte-identical requests (the httpx ``Client``/``AsyncClient`` idea).
+"""DynamoDB request building and response parsing, pure: the transports only send what
+these build, so both issue byte-identical requests.
 
 Item layout (one item per namespaced key)::
 
@@ -47,9 +45,8 @@ from .errors import Item
 MAX_ITEM_RESPONSE_BYTES = 350 * 1024
 
 # A claim whose conditional put fails without the holding item (a backend that ignores
-# ReturnValuesOnConditionCheckFailure) reads the holder instead; when that read finds the key
-# claimable again (the holder released or expired in between), it tries the put again, this
-# many times in all before answering that the store is unavailable.
+# ReturnValuesOnConditionCheckFailure) reads the holder; finding the key claimable again, it
+# tries the put again, this many times in all before answering that the store is unavailable.
 CLAIM_ATTEMPTS = 3
 
 # DynamoDB caps a transaction's aggregate size at 4 MB.
@@ -86,25 +83,13 @@ def _claim_ttl(lock_expires_at: float) -> dict[str, str]:
     return _ttl(lock_expires_at + IN_PROGRESS_TTL_GRACE_SECONDS)
 
 
-_NAMES = {
-    "#pk": "",  # filled per layout
-    "#status": "status",
-    "#owner": "owner",
-    "#lock": "lock_expires_at",
-    "#exp": "expires_at",
-    "#ttl": "",
-    "#response": "response",
-    "#size": "response_size",
-    "#too_large": "too_large",
-    "#response_ref": "response_ref",
-    "#response_json": "response_json",
-    "#txn": "txn",
-}
+# An alias names its attribute ("#owner": owner), but for these and the layout's two.
+_RENAMED = {"#lock": "lock_expires_at", "#exp": "expires_at", "#size": "response_size"}
 
 
 def _names(layout: TableLayout, *used: str) -> dict[str, str]:
-    names = dict(_NAMES, **{"#pk": layout.key_attribute, "#ttl": layout.ttl_attribute})
-    return {alias: names[alias] for alias in used}
+    names = dict(_RENAMED, **{"#pk": layout.key_attribute, "#ttl": layout.ttl_attribute})
+    return {alias: names.get(alias, alias[1:]) for alias in used}
 
 
 def _keyed(layout: TableLayout, key_hash: str) -> dict[str, Any]:
@@ -113,10 +98,8 @@ def _keyed(layout: TableLayout, key_hash: str) -> dict[str, Any]:
 
 def claim_request(layout: TableLayout, request: ClaimRequest) -> dict[str, Any]:
     """One conditional PutItem: succeed when absent, expired, or an in-progress claim whose
-    lock expired at least the claim's clock-skew margin ago.
-
-    On failure DynamoDB returns the holding item in the same call (ALL_OLD), so a duplicate
-    costs one round trip; on success ALL_OLD tells whether a dead owner was taken over.
+    lock expired at least the claim's clock-skew margin ago. ALL_OLD: on failure the holding
+    item comes back in the same call; on success it tells whether a dead owner was taken over.
     """
     return {
         "TableName": layout.table_name,
@@ -145,15 +128,13 @@ def claim_request(layout: TableLayout, request: ClaimRequest) -> dict[str, Any]:
 
 
 def claim_took_over(response: dict[str, Any]) -> bool:
-    """Whether a successful claim replaced another owner's in-progress claim."""
     old = response.get("Attributes") or {}
     return bool(old.get("status", {}).get("S") == Status.IN_PROGRESS.value)
 
 
 @dataclass(frozen=True)
 class CompletionPlan:
-    """How to write one completion: the UpdateItem, and the overflow object to put in S3
-    first when the response is too large for the item and the store has a bucket."""
+    """One completion's UpdateItem, and the overflow object to put in S3 first, if any."""
 
     request: dict[str, Any]
     overflow_key: str | None = None
@@ -168,16 +149,11 @@ def plan_completion(
     force_overflow: bool = False,
 ) -> CompletionPlan:
     """Conditional on the owner token: a taken-over owner cannot overwrite the new record.
-
-    A response too large for one item (or, with ``force_overflow``, one that would push a
-    transaction past its size limit) goes to S3 when the store has a bucket; otherwise it
-    is not kept, and the key is still marked completed so its handler never runs again
-    within the TTL.
-
-    A deferred key's interim completion, and a completion committed with a transaction,
-    also require the claim to be still in progress: neither may overwrite a final response
-    that is already there (a fast worker's, or this very commit's landed earlier).
-    """
+    A response too large for one item (or, with ``force_overflow``, for the transaction)
+    goes to S3 when the store has a bucket; otherwise it is not kept, and the key is still
+    marked completed so its handler never runs again within the TTL. A deferred key's
+    interim completion, and one with a transaction, also require the claim in progress: no
+    final response already there is overwritten (a fast worker's, or this commit's landed)."""
     encoded = b"" if completion.streamed else encode_response(completion.response)
     fits = (
         not completion.streamed and len(encoded) <= MAX_ITEM_RESPONSE_BYTES and not force_overflow
@@ -194,20 +170,9 @@ def plan_completion(
         ":exp": _number(completion.expires_at),
         ":ttl": _ttl(completion.expires_at),
         ":size": {"N": str(completion.body_size)},
-        ":too_large": {"BOOL": not fits and overflow_key is None},
     }
-    update = (
-        "SET #status = :completed, #exp = :exp, #ttl = :ttl, #size = :size, #too_large = :too_large"
-    )
-    names = ["#status", "#exp", "#ttl", "#owner", "#size", "#too_large"]
-    if fits:
-        values[":response"] = {"B": encoded}
-        update += ", #response = :response"
-        names.append("#response")
-    elif overflow_key is not None:
-        values[":response_ref"] = {"S": overflow_key}
-        update += ", #response_ref = :response_ref"
-        names.append("#response_ref")
+    update, kept = _set_completed(values, ":ttl", encoded if fits else None, overflow_key)
+    names = ["#status", "#exp", "#ttl", "#owner", "#size", "#too_large", *kept]
     condition = "#owner = :owner"
     if completion.writes or completion.deferred:
         condition += " AND #status = :in_progress"
@@ -226,6 +191,24 @@ def plan_completion(
     if completion.deferred:
         request["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
     return CompletionPlan(request, overflow_key, encoded if overflow_key is not None else b"")
+
+
+def _set_completed(
+    values: dict[str, Any], ttl: str, encoded: bytes | None, overflow_key: str | None
+) -> tuple[str, list[str]]:
+    """The SET clause both completions write (``values`` gets the rest of its values): the
+    response in the item (``encoded``), else in S3 (``overflow_key``), else neither
+    (``too_large``). Also the response's alias, if one is set."""
+    values[":too_large"] = {"BOOL": encoded is None and overflow_key is None}
+    update = f"SET #status = :completed, #exp = :exp, #ttl = {ttl}, #size = :size, "
+    update += "#too_large = :too_large"
+    if encoded is not None:
+        values[":response"] = {"B": encoded}
+        return update + ", #response = :response", ["#response"]
+    if overflow_key is not None:
+        values[":response_ref"] = {"S": overflow_key}
+        return update + ", #response_ref = :response_ref", ["#response_ref"]
+    return update, []
 
 
 def claimed_by(item: Item, owner: str) -> bool:
@@ -247,24 +230,11 @@ def finished_by(item: Item | None, owner: str) -> bool:
     return item.get("status", {}).get("S") in (Status.DEFERRED.value, Status.COMPLETED.value)
 
 
-# -- transactions: the business writes committed with the completion --------------------
-
-
 def commit_token(owner: str) -> str:
     """The ``ClientRequestToken`` of an attempt's commit, derived from its owner token: the
     same for every retry of the commit (DynamoDB then applies it at most once), different
     for every attempt. Hex, 36 characters (DynamoDB's maximum)."""
     return hashlib.sha256(b"idempotency-commit:" + owner.encode()).hexdigest()[:36]
-
-
-_TRANSACT_UPDATE_FIELDS = (
-    "TableName",
-    "Key",
-    "UpdateExpression",
-    "ConditionExpression",
-    "ExpressionAttributeNames",
-    "ExpressionAttributeValues",
-)
 
 
 def transaction_request(
@@ -273,8 +243,7 @@ def transaction_request(
     """One TransactWriteItems: the business writes in their order, then the completion
     (so a cancellation reason's index is the write's position). The completion returns
     the record on a failed condition, to tell a lost claim from this commit landed before."""
-    update = {field: plan.request[field] for field in _TRANSACT_UPDATE_FIELDS}
-    update["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+    update = {**plan.request, "ReturnValuesOnConditionCheckFailure": "ALL_OLD"}
     return {
         "TransactItems": [*writes, {"Update": update}],
         "ClientRequestToken": commit_token(owner),
@@ -282,8 +251,7 @@ def transaction_request(
 
 
 def transaction_size(request: dict[str, Any]) -> int:
-    """An upper estimate of a transaction's size as DynamoDB counts it: attribute names and
-    values of every item, key and expression value it carries."""
+    """An upper estimate of a transaction's size as DynamoDB counts it (names and values)."""
     total = 0
     for entry in request["TransactItems"]:
         (body,) = entry.values()
@@ -323,11 +291,10 @@ _RETRYABLE_CANCELLATIONS = frozenset(
 
 
 def commit_outcome(reasons: list[dict[str, Any]], writes: int, owner: str) -> bool:
-    """What a cancelled commit means: ``True`` when it had landed already (a re-sent commit
-    whose first try succeeded, on a backend that ignores ``ClientRequestToken``), ``False``
-    when the claim is no longer ours; a business condition raises
-    ``TransactionConflictError``, an unacceptable write ``TransactionRejectedError``,
-    contention ``StoreUnavailable`` (retried)."""
+    """What a cancelled commit means: ``True`` when it had landed already (a re-sent commit,
+    on a backend that ignores ``ClientRequestToken``), ``False`` when the claim is no longer
+    ours; raises ``TransactionConflictError`` for a business condition,
+    ``TransactionRejectedError`` for an unacceptable write, ``StoreUnavailable`` otherwise."""
     completion = reasons[writes] if len(reasons) > writes else {}
     if completion.get("Code") == "ConditionalCheckFailed":
         item = completion.get("Item") or {}
@@ -349,13 +316,8 @@ def commit_outcome(reasons: list[dict[str, Any]], writes: int, owner: str) -> bo
             )
     codes = sorted({str(reason.get("Code")) for reason in reasons} - {"None"})
     throttled = any("Throughput" in code or "Throttl" in code for code in codes)
-    return _raise_unavailable(
-        f"DynamoDB cancelled the transaction ({', '.join(codes) or 'no reason given'})",
-        "throttled" if throttled else "server_error",
-    )
-
-
-def _raise_unavailable(message: str, cause: str) -> bool:
+    message = f"DynamoDB cancelled the transaction ({', '.join(codes) or 'no reason given'})"
+    cause = "throttled" if throttled else "server_error"
     raise StoreUnavailable(
         message, code="TransactionCanceledException", cause=cause, reason=message
     )
@@ -369,21 +331,17 @@ def too_large(size: int) -> TransactionRejectedError:
     )
 
 
-# -- deferred keys: the work's final response, by token ----------------------------------
-
-
 def plan_final_completion(
     layout: TableLayout,
     token: DeferredToken,
     response: StoredResponse,
     overflow: OverflowSettings | None,
 ) -> CompletionPlan:
-    """UpdateItem storing a deferred key's final response, fenced by the token's owner, on
-    a key not completed yet (deferred, or still in progress when the work finished before
-    the interim response was stored). The key then expires at the token's time. A response
-    too large for the item goes to S3 as in :func:`plan_completion`, under an object key of
-    its own per call: a redelivered call that loses the race deletes only its own object,
-    never the one the completed record points at."""
+    """UpdateItem storing a deferred key's final response, fenced by the token's owner, on a
+    key not completed yet (deferred, or in progress if the work beat the interim response);
+    it then expires at the token's time. A response too large for the item goes to S3 under
+    an object key of its own per call: a redelivered call that loses the race deletes only
+    its own object, never the one the completed record points at."""
     encoded = encode_response(response)
     fits = len(encoded) <= MAX_ITEM_RESPONSE_BYTES
     overflow_key = (
@@ -396,23 +354,11 @@ def plan_final_completion(
         ":completed": {"S": Status.COMPLETED.value},
         ":exp": {"N": str(token.expires_at)},
         ":size": {"N": str(len(response.body))},
-        ":too_large": {"BOOL": not fits and overflow_key is None},
     }
-    update = (
-        "SET #status = :completed, #exp = :exp, #ttl = :exp, #size = :size, #too_large = :too_large"
-    )
-    names = ["#status", "#exp", "#ttl", "#owner", "#size", "#too_large", "#response_json"]
-    removed = ["#response_json", "#response", "#response_ref"]  # a writer's other forms
-    if fits:
-        values[":response"] = {"B": encoded}
-        update += ", #response = :response"
-        removed.remove("#response")
-    elif overflow_key is not None:
-        values[":response_ref"] = {"S": overflow_key}
-        update += ", #response_ref = :response_ref"
-        removed.remove("#response_ref")
-    update += " REMOVE " + ", ".join(removed)
-    names += ["#response", "#response_ref"]
+    update, kept = _set_completed(values, ":exp", encoded if fits else None, overflow_key)
+    forms = ["#response_json", "#response", "#response_ref"]  # a writer's forms: one kept
+    update += " REMOVE " + ", ".join(form for form in forms if form not in kept)
+    names = ["#status", "#exp", "#ttl", "#owner", "#size", "#too_large", *forms]
     request = {
         **_keyed(layout, token.key_hash),
         "UpdateExpression": update,
@@ -424,7 +370,7 @@ def plan_final_completion(
 
 
 def release_deferred_request(layout: TableLayout, token: DeferredToken) -> dict[str, Any]:
-    """DeleteItem of a deferred (or still in-progress) key, fenced by the token's owner."""
+    """DeleteItem of a deferred (or still in-progress) key."""
     return {
         **_keyed(layout, token.key_hash),
         "ConditionExpression": "#owner = :owner AND #status <> :completed",
@@ -442,8 +388,8 @@ def overflow_reference(item: Item) -> str | None:
 
 
 def release_request(layout: TableLayout, key_hash: str, owner: str) -> dict[str, Any]:
-    """DeleteItem conditional on the owner token, of a claim still in progress (never a
-    final response a deferral's worker stored while the handler was still running)."""
+    """DeleteItem of a claim still in progress (never a final response a deferral's worker
+    stored while the handler was still running)."""
     return {
         **_keyed(layout, key_hash),
         "ConditionExpression": "#owner = :owner AND #status = :in_progress",
@@ -458,7 +404,6 @@ def release_request(layout: TableLayout, key_hash: str, owner: str) -> dict[str,
 def renew_request(
     layout: TableLayout, key_hash: str, owner: str, lock_expires_at: float
 ) -> dict[str, Any]:
-    """UpdateItem moving an in-progress claim's lock, conditional on the owner token."""
     return {
         **_keyed(layout, key_hash),
         "UpdateExpression": "SET #lock = :lock, #exp = :lock, #ttl = :ttl",
@@ -474,26 +419,18 @@ def renew_request(
 
 
 def get_request(layout: TableLayout, key_hash: str) -> dict[str, Any]:
-    """A strongly consistent GetItem (a claim's fallback read must see the latest write)."""
+    # Strongly consistent: a claim's fallback read must see the latest write.
     return {**_keyed(layout, key_hash), "ConsistentRead": True}
 
 
 def delete_request(layout: TableLayout, key_hash: str) -> dict[str, Any]:
-    """An unconditional DeleteItem returning the deleted item, so the caller knows whether
-    there was one (in the same call)."""
+    """An unconditional DeleteItem; ALL_OLD tells whether there was an item."""
     return {**_keyed(layout, key_hash), "ReturnValues": "ALL_OLD"}
 
 
-def deleted_something(response: dict[str, Any]) -> bool:
-    """Whether a :func:`delete_request` removed an item."""
-    return bool(response.get("Attributes"))
-
-
 def item_to_record(layout: TableLayout, item: Item, overflow_blob: bytes | None = None) -> Record:
-    """The record of an item; ``overflow_blob`` is its response fetched from S3, if any.
-
-    An item whose S3 object could not be read is reported as completed without a response.
-    """
+    """The record of an item; ``overflow_blob`` is its response fetched from S3, if any (an
+    item whose S3 object could not be read is completed without a response)."""
     key_hash = item[layout.key_attribute]["S"]
     document = item.get("response_json", {}).get("S")
     response: StoredResponse | None = None
@@ -527,7 +464,6 @@ def item_to_record(layout: TableLayout, item: Item, overflow_blob: bytes | None 
 
 
 def create_table_request(layout: TableLayout) -> dict[str, Any]:
-    """CreateTable: string partition key, on-demand billing."""
     return {
         "TableName": layout.table_name,
         "AttributeDefinitions": [{"AttributeName": layout.key_attribute, "AttributeType": "S"}],
@@ -536,18 +472,7 @@ def create_table_request(layout: TableLayout) -> dict[str, Any]:
     }
 
 
-def table_request(layout: TableLayout) -> dict[str, Any]:
-    """DescribeTable or DescribeTimeToLive: the table's name alone."""
-    return {"TableName": layout.table_name}
-
-
-def table_active(describe_table_response: dict[str, Any]) -> bool:
-    """Whether DescribeTable says the table takes reads and writes."""
-    return bool(describe_table_response["Table"]["TableStatus"] == "ACTIVE")
-
-
 def enable_ttl_request(layout: TableLayout) -> dict[str, Any]:
-    """UpdateTimeToLive enabling the sweeper on the TTL attribute."""
     return {
         "TableName": layout.table_name,
         "TimeToLiveSpecification": {"Enabled": True, "AttributeName": layout.ttl_attribute},

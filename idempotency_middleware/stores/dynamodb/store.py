@@ -69,14 +69,9 @@ class DynamoDBStoreBase(KitStore):
             max_pool_connections,
         )
         overflow = OverflowSettings(s3_bucket, s3_prefix, s3_endpoint_url) if s3_bucket else None
+        lean = lean_transport(transport, session, client_kwargs)
         config = DynamoDBConfig(
-            table_name,
-            settings,
-            overflow,
-            clock,
-            lean_transport(transport, session, client_kwargs),
-            session,
-            dict(client_kwargs or {}),
+            table_name, settings, overflow, clock, lean, session, dict(client_kwargs or {})
         )
         self.layout = TableLayout(table_name, key_attribute, ttl_attribute)
         super().__init__(

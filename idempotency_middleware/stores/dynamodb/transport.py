@@ -1,24 +1,14 @@
-"""The DynamoDB transports: send the flows' requests (``ops.Call``), sync (boto3) and async
-(aioboto3), and do their waits (``ops.Sleep``) by the store's clock.
-
-The request path's client (``wire.OPERATIONS``) is the lean transport's (``wire_sync``,
-``wire_async``) unless the configuration says otherwise; table administration has an SDK
-client of its own then, and S3 (overflowing responses) always does. Failures become
-``errors.translate_error``'s, thrown into the flow.
-
-The async transport keeps one set of clients per event loop (``kit.LoopLocal``): an
-aiobotocore client, like a lean one, only works on the loop it was made on, so a store used
-on another loop (``asyncio.run(store.create_table())`` before a server starts its own) makes
-new clients there. A loop's clients are closed when ``asyncio.run`` (or any runner that
-calls ``loop.shutdown_asyncgens()``) ends the loop, or by ``aclose`` on it; those of a loop
-closed without that are released, without I/O, when the store next meets a new loop.
-"""
+"""The DynamoDB transports, sync (boto3) and async (aioboto3): send the flows' requests
+(``wire.OPERATIONS`` on the lean client unless configured otherwise; table administration
+and S3 on SDK clients) and do their waits by the store's clock. The async one keeps a set of
+clients per event loop: an aiobotocore client, like a lean one, only works on its own."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import threading
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..kit import Flow, LoopLocal, adrive, drive, finish_without_loop
@@ -43,9 +33,7 @@ class _Transport:
         self._lock = threading.Lock()
 
     def _resolve_wire(self) -> WireConfig | None:
-        """The lean configuration, or ``None`` (and the SDK from now on) when the lean
-        transport cannot carry the settings. Raises ``NoRegionError`` as botocore's client
-        creation does."""
+        """The lean configuration, or ``None`` (and the SDK from now on) if it cannot be."""
         if self._wire is None:
             import botocore.session
 
@@ -68,9 +56,8 @@ class _Transport:
 
 
 class SyncTransport(_Transport):
-    """boto3 clients (or the lean transport's for the request path), made on first use and
-    reused (both are thread-safe); the connection pool is sized by ``max_pool_connections``.
-    Flows only run blocking: ``arun`` refuses them."""
+    """boto3 clients (or the lean one for the request path), made on first use and reused
+    (both are thread-safe). Flows only run blocking: ``arun`` refuses them."""
 
     def __init__(self, config: DynamoDBConfig) -> None:
         super().__init__(config)
@@ -100,7 +87,6 @@ class SyncTransport(_Transport):
             raise self._failed(service, operation, error) from error
 
     def dynamodb(self) -> Any:
-        """The request path's client, made once."""
         if self.client is None:
             with self._lock:
                 if self.client is None:
@@ -125,8 +111,7 @@ class SyncTransport(_Transport):
         return self._config.session or boto3.session.Session()
 
     def admin(self) -> Any:
-        """The boto3 client for what the lean transport does not carry (table
-        administration); the request path's when that is boto3's."""
+        """The boto3 client for table administration (the request path's, if boto3's)."""
         return self._other(ADMIN) if self._lean else self.dynamodb()
 
     def _other(self, name: str) -> Any:
@@ -152,23 +137,20 @@ class SyncTransport(_Transport):
         self.close()
 
 
+@dataclass(slots=True)
 class _LoopClients:
     """The clients of one event loop, and what guards them: aiohttp sessions, and an
     ``asyncio.Lock``, each belong to the loop they were made on."""
 
-    __slots__ = ("dynamodb", "lock", "others", "stack")
-
-    def __init__(self) -> None:
-        self.lock = asyncio.Lock()
-        self.stack = contextlib.AsyncExitStack()
-        self.dynamodb: Any = None  # the request path's client (lean or SDK)
-        self.others: dict[str, Any] = {}  # ADMIN, S3
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    stack: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
+    dynamodb: Any = None  # the request path's client (lean or SDK)
+    others: dict[str, Any] = field(default_factory=dict)  # ADMIN, S3
 
 
 class AsyncTransport(_Transport):
-    """aioboto3 clients (or the lean transport's for the request path), one set per event
-    loop, made on first use there; the connection pool is sized by ``max_pool_connections``.
-    Flows only run awaited: ``run`` refuses them."""
+    """aioboto3 clients (or the lean one for the request path), one set per event loop, made
+    on first use there. Flows only run awaited: ``run`` refuses them."""
 
     def __init__(self, config: DynamoDBConfig) -> None:
         super().__init__(config)
@@ -190,9 +172,8 @@ class AsyncTransport(_Transport):
         try:
             clients = await self.clients.get()
             if service == S3:
-                result: dict[str, Any] = await getattr(await self._other(clients, S3), operation)(
-                    **params
-                )
+                s3 = await self._other(clients, S3)
+                result: dict[str, Any] = await getattr(s3, operation)(**params)
                 if operation == "get_object":
                     async with result["Body"] as stream:
                         result["Blob"] = await stream.read()
@@ -204,7 +185,6 @@ class AsyncTransport(_Transport):
             raise self._failed(service, operation, error) from error
 
     async def client(self) -> Any:
-        """The running loop's request-path client."""
         return (await self.clients.get()).dynamodb
 
     def _session(self) -> Any:
@@ -226,8 +206,7 @@ class AsyncTransport(_Transport):
     async def _close(self, clients: _LoopClients) -> None:
         await clients.stack.aclose()
 
-    async def _new_dynamodb(self, clients: _LoopClients) -> Any:
-        """The request path's client, as an async context manager."""
+    async def _new_dynamodb(self, clients: _LoopClients) -> Any:  # an async context manager
         if self._lean:
             with self._lock:
                 config = self._resolve_wire()
@@ -241,8 +220,7 @@ class AsyncTransport(_Transport):
         return self._sdk(self._session(), "dynamodb")
 
     async def _admin(self, clients: _LoopClients) -> Any:
-        """The aioboto3 client of ``clients``' loop for what the lean transport does not
-        carry (table administration); the request path's when that is the SDK's."""
+        """:meth:`SyncTransport.admin`, of ``clients``' loop."""
         return await self._other(clients, ADMIN) if self._lean else clients.dynamodb
 
     async def _other(self, clients: _LoopClients, name: str) -> Any:

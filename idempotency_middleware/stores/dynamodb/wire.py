@@ -1,19 +1,11 @@
-"""The lean DynamoDB transport's pure parts: what a request carries on the wire and how its
-answer reads (when to try again: ``wire_retry``; what both clients share: ``wire_client``).
-No I/O here (h11's idea): ``wire_sync.py`` (sockets) and ``wire_async.py`` (asyncio streams)
-only send what this builds.
+"""The lean DynamoDB transport's pure parts (h11's idea): what a request carries on the wire
+and how its answer reads; ``wire_sync`` and ``wire_async`` only send what this builds.
 
-Why it exists: on the request path a botocore or aiobotocore call costs about 1 ms of CPU
-(User-Agent assembly, parameter validation, the event system, urllib3 or aiohttp), several
-times the signing and the JSON it actually needs. The five calls the stores make on every
-request (PutItem, UpdateItem, DeleteItem, GetItem, TransactWriteItems) go through this
-transport instead; table administration and S3 stay on boto3 / aioboto3.
-
-It mirrors botocore where it matters to callers: the same JSON bodies and ``X-Amz-Target``,
-SigV4 as ``SigV4Auth`` computes it, standard-mode retries (the same retryable errors, jittered
-exponential backoff and retry quota), failures raised as botocore's own exceptions with the
-``error_response`` botocore builds, and responses of the same shape (blobs decoded).
-"""
+Why: a botocore or aiobotocore call costs about 1 ms of CPU (User-Agent assembly, parameter
+validation, the event system, urllib3 or aiohttp), several times the signing and the JSON it
+needs. It mirrors botocore where it matters to callers: the same JSON bodies, SigV4 as
+``SigV4Auth`` computes it, standard-mode retries (``wire_retry``), botocore's exceptions and
+``error_response``, and responses of the same shape (blobs decoded)."""
 
 from __future__ import annotations
 
@@ -42,8 +34,6 @@ OPERATIONS = {
 
 
 class Endpoint(NamedTuple):
-    """Where requests go, parsed once."""
-
     url: str
     secure: bool
     host: str
@@ -54,7 +44,6 @@ class Endpoint(NamedTuple):
 
     @classmethod
     def parse(cls, url: str) -> Endpoint:
-        """The endpoint of ``url`` (``https://dynamodb.eu-west-1.amazonaws.com``)."""
         parts = urlsplit(url)
         secure = parts.scheme == "https"
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -83,11 +72,9 @@ def _hmac(key: bytes, message: str) -> bytes:
 
 
 class Signer:
-    """AWS Signature Version 4 for DynamoDB's POST requests, computed directly.
-
-    The derived signing key depends only on the secret, the date and the region: it is
-    kept per day (four HMACs saved on every request but the day's first).
-    """
+    """AWS Signature Version 4 for DynamoDB's POST requests, computed directly. The signing
+    key depends only on the secret, the date and the region: it is kept per day (four HMACs
+    saved on every request but the day's first)."""
 
     def __init__(self, endpoint: Endpoint, region: str) -> None:
         self._host = endpoint.host_header
@@ -150,9 +137,6 @@ class Signer:
         return headers
 
 
-# -- bodies --------------------------------------------------------------------------------
-
-
 def _blob(value: Any) -> str:
     # botocore sends a blob base64-encoded; orjson hands us what it cannot serialize itself.
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -161,7 +145,6 @@ def _blob(value: Any) -> str:
 
 
 def encode(params: dict[str, Any]) -> bytes:
-    """The JSON body of a call with botocore's keyword arguments ``params``."""
     return orjson.dumps(params, default=_blob)
 
 
@@ -226,7 +209,6 @@ MODELED_ERROR_MEMBERS: dict[str, tuple[str, ...]] = {
 
 
 def request_head(request_line: bytes, headers: dict[str, str]) -> bytes:
-    """The request line and headers of an HTTP/1.1 request, through the blank line."""
     return (
         request_line
         + "".join(f"{name}: {value}\r\n" for name, value in headers.items()).encode()
@@ -253,7 +235,6 @@ def parse_head(raw: bytes) -> tuple[int, dict[str, str]]:
 
 
 def keeps_alive(headers: dict[str, str]) -> bool:
-    """Whether the connection may carry another request after this answer."""
     return headers.get("connection", "").lower() != "close"
 
 
@@ -315,5 +296,4 @@ def client_error(answer: Answer, operation: str, attempts: int, exhausted: bool)
     response = error_response(answer, attempts)
     if exhausted:
         response["ResponseMetadata"]["MaxAttemptsReached"] = True
-    error: Exception = ClientError(response, operation)
-    return error
+    return ClientError(response, operation)  # type: ignore[no-any-return]

@@ -1,12 +1,6 @@
-"""The lean DynamoDB client for one event loop: kept-alive asyncio stream connections.
-
-``await client.put_item(**params)`` takes and returns what aiobotocore's does and raises what
-it raises, for the five calls of the request path; the request and answer handling is in
-``wire`` and
-``wire_client``. HTTP/1.1 is spoken here directly (one request at a time per connection,
-bodies by ``Content-Length`` or chunked): DynamoDB needs nothing more, and aiohttp's
-per-request machinery costs more CPU than the whole call should.
-"""
+"""The lean DynamoDB client for one event loop: HTTP/1.1 on kept-alive asyncio streams, as
+``wire_sync`` speaks it; aiohttp's per-request machinery costs more CPU than the whole call
+should."""
 
 from __future__ import annotations
 
@@ -27,43 +21,26 @@ _CLOSED = (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunErr
 _STREAM_LIMIT = 1 << 20  # a response head is far smaller; bodies are read by length
 
 
-async def _connect_within(seconds: float, opening: Awaitable[_Stream]) -> _Stream:
-    try:
-        return await asyncio.wait_for(opening, seconds)
-    except asyncio.TimeoutError as error:  # not the builtin TimeoutError before 3.11
-        raise TimeoutError(f"no connection within {seconds} s") from error
-
-
-async def _chunked(reader: asyncio.StreamReader) -> bytes:
-    parts: list[bytes] = []
-    while True:
-        size = int((await reader.readuntil(b"\r\n")).split(b";", 1)[0], 16)
-        if size == 0:
-            while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
-                pass
-            return b"".join(parts)
-        parts.append(await reader.readexactly(size))
-        await reader.readexactly(2)
-
-
 async def _read_answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
     status, headers = wire.parse_head(await reader.readuntil(b"\r\n\r\n"))
     length = headers.get("content-length")
     if length is not None:
         return status, headers, await reader.readexactly(int(length))
     if headers.get("transfer-encoding", "").lower() == "chunked":
-        return status, headers, await _chunked(reader)
+        parts: list[bytes] = []
+        while size := int((await reader.readuntil(b"\r\n")).split(b";", 1)[0], 16):
+            parts.append(await reader.readexactly(size))
+            await reader.readexactly(2)
+        while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
+            pass
+        return status, headers, b"".join(parts)
     headers["connection"] = "close"  # the body runs to the end of the connection
     return status, headers, await reader.read()
 
 
 class AsyncWireClient(WireClient):
-    """aiobotocore's DynamoDB five calls of the request path, sent directly, on the event
-    loop that made it: each call takes a connection of its own (at most
-    ``max_pool_connections`` kept idle).
-
-    Any other method (``describe_table`` ...) is called on the aiobotocore client ``sdk``
-    returns, so the client stands in for aiobotocore's wherever code calls one."""
+    """:class:`~.wire_sync.SyncWireClient` for aiobotocore, on the event loop that made it
+    (any other method is called on the aiobotocore client ``sdk`` returns)."""
 
     def __init__(
         self,
@@ -103,16 +80,13 @@ class AsyncWireClient(WireClient):
         for _, writer in idle:
             _abort(writer)
 
-    def _check_loop(self) -> None:
+    async def _call(self, operation: str, params: dict[str, Any]) -> dict[str, Any]:
         # Used off its loop, pooled connections would wait on futures no loop resolves: fail
         # as aiohttp does, in words translate_error classifies as ``loop_closed``.
         if asyncio.get_running_loop() is not self._loop:
             if self._loop.is_closed():
                 raise RuntimeError("Event loop is closed")
             raise RuntimeError("the lean DynamoDB client is attached to a different loop")
-
-    async def _call(self, operation: str, params: dict[str, Any]) -> dict[str, Any]:
-        self._check_loop()
         target, body = self._start(operation, params)
         attempt, cost = 1, 0
         while True:
@@ -130,8 +104,6 @@ class AsyncWireClient(WireClient):
                     return wire.parse_success(answer, attempt)
             await asyncio.sleep(delay)
             attempt += 1
-
-    # -- one attempt: a connection, a request, an answer ------------------------------
 
     async def _connection(self) -> _Stream:
         while self._idle:
@@ -156,12 +128,13 @@ class AsyncWireClient(WireClient):
         try:
             # wait_for: a task per connection, but connections are rare (pooled) and its
             # cancellation cannot leak into the caller's task.
-            return await _connect_within(config.connect_timeout, opening)
+            try:
+                return await asyncio.wait_for(opening, config.connect_timeout)
+            except asyncio.TimeoutError as error:  # not the builtin TimeoutError before 3.11
+                raise TimeoutError(f"no connection within {config.connect_timeout} s") from error
         except Exception as error:
-            failure = self._connect_failure(error)
-            if failure is None:
-                raise
-            raise failure from error
+            self._connect_failed(error)
+            raise
 
     async def _read_within(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -194,10 +167,8 @@ class AsyncWireClient(WireClient):
             status, answer_headers, data = await self._read_within(reader, writer)
         except BaseException as error:  # cancelled mid-answer: the state is unknown
             _abort(writer)
-            failure = self._exchange_failure(error, _CLOSED)
-            if failure is None:
-                raise
-            raise failure from error
+            self._exchange_failed(error, _CLOSED)
+            raise
         if self._keep(answer_headers, len(self._idle)):
             self._idle.append((reader, writer))
         else:

@@ -1,8 +1,6 @@
 """What the two lean DynamoDB clients (``wire_sync``, ``wire_async``) share: the five calls,
-signing, the retry decisions, failures mapped to botocore's exceptions, and ``meta`` (the
-endpoint, the region, and the subset of botocore's event system they emit: ``before-call``,
-``before-send``, so instrumentation and tests registering on ``client.meta.events`` see every
-call and attempt as on boto3). The clients only do the I/O."""
+signing, the retry decisions, failures mapped to botocore's exceptions, and ``meta``. The
+clients only do the I/O."""
 
 from __future__ import annotations
 
@@ -22,10 +20,9 @@ class OperationName(NamedTuple):
 
 
 class Events:
-    """The subset of botocore's event system the lean clients emit: ``before-call`` (with
-    ``model`` and ``params``) and ``before-send`` (with ``request``, whose ``headers`` and
-    ``body`` are what goes out), so instrumentation and tests registering on
-    ``client.meta.events`` see every call and every attempt as with botocore."""
+    """The subset of botocore's event system the lean clients emit, ``before-call`` (``model``,
+    ``params``) and ``before-send`` (``request``), so instrumentation registering on
+    ``client.meta.events`` sees every call and every attempt as with botocore."""
 
     def __init__(self) -> None:
         self._handlers: list[tuple[str, Callable[..., Any]]] = []
@@ -61,9 +58,8 @@ def events_of(client: Any) -> Events | None:
 
 
 def forward_sdk_events(sdk: Any, lean_events: Callable[[], Events | None]) -> None:
-    """Let handlers registered on a lean client's ``meta.events`` hear the calls its store
-    makes on the SDK client beside it (table administration), as they would on one boto3
-    client."""
+    """Let handlers on a lean client's ``meta.events`` hear the calls its store makes on the
+    SDK client beside it (table administration), as they would on one boto3 client."""
 
     def forward(event_name: str, **kwargs: Any) -> None:
         events = lean_events()
@@ -84,7 +80,7 @@ class SentRequest(NamedTuple):
 
 
 class ClientMeta:
-    """``client.meta`` of a lean client: the endpoint, the region and the events."""
+    """``client.meta`` of a lean client."""
 
     def __init__(self, endpoint_url: str, region_name: str) -> None:
         self.endpoint_url = endpoint_url
@@ -94,9 +90,7 @@ class ClientMeta:
 
 
 class WireClient:
-    """The SDK client's ``put_item``, ``update_item``, ``delete_item``, ``get_item`` and
-    ``transact_write_items``, sent directly: a subclass sends one attempt (``_exchange``)
-    and strings the attempts together (``_call``), sync or async."""
+    """The SDK client's five calls of the request path, sent directly (a subclass does I/O)."""
 
     def __init__(self, config: WireConfig, credentials: Any, sdk: Any = None) -> None:
         self._sdk = sdk  # the SDK client's maker, for any other call
@@ -110,31 +104,24 @@ class WireClient:
     def _call(self, operation: str, params: dict[str, Any]) -> Any:
         raise NotImplementedError
 
+    # The SDK client's methods of the same names.
     def put_item(self, **params: Any) -> Any:
-        """PutItem, as the SDK client's ``put_item``."""
         return self._call("PutItem", params)
 
     def update_item(self, **params: Any) -> Any:
-        """UpdateItem, as the SDK client's ``update_item``."""
         return self._call("UpdateItem", params)
 
     def delete_item(self, **params: Any) -> Any:
-        """DeleteItem, as the SDK client's ``delete_item``."""
         return self._call("DeleteItem", params)
 
     def get_item(self, **params: Any) -> Any:
-        """GetItem, as the SDK client's ``get_item``."""
         return self._call("GetItem", params)
 
     def transact_write_items(self, **params: Any) -> Any:
-        """TransactWriteItems, as the SDK client's ``transact_write_items``."""
         return self._call("TransactWriteItems", params)
 
-    # -- the steps of one call ----------------------------------------------------------
-
     def _start(self, operation: str, params: dict[str, Any]) -> tuple[str, bytes]:
-        """The call's ``X-Amz-Target`` and body; its ``before-call`` event. Raises
-        botocore's ``NoCredentialsError`` when the chain found none."""
+        """The call's ``X-Amz-Target`` and body, after its ``before-call`` event."""
         if self.meta.events:
             model = OperationName(operation)
             self.meta.events.emit(f"before-call.dynamodb.{operation}", model=model, params=params)
@@ -145,11 +132,10 @@ class WireClient:
         return wire.TARGET_PREFIX + operation, wire.encode(params)
 
     def _sign(self, operation: str, target: str, body: bytes, frozen: Any) -> dict[str, str]:
-        """One attempt's headers, signed with ``frozen`` (botocore's ``ReadOnlyCredentials``,
-        the shape of ``wire.Frozen``, as read now); its ``before-send`` event."""
+        """One attempt's headers, signed with ``frozen`` (shaped as ``wire.Frozen``)."""
         headers = self._signer.headers(target, body, frozen)
         if self.meta.events:
-            request = SentRequest(self._config.endpoint_url, "POST", headers, body)
+            request = SentRequest(self._config.endpoint.request_url, "POST", headers, body)
             self.meta.events.emit(f"before-send.dynamodb.{operation}", request=request)
         return headers
 
@@ -165,33 +151,33 @@ class WireClient:
             self._retry.succeeded(cost)
         return delay, retry_cost
 
-    def _connect_failure(self, error: BaseException) -> Any:
-        """botocore's exception for a connection that could not be made (``None``: as is)."""
+    def _connect_failed(self, error: BaseException) -> None:
+        """Raise botocore's exception for a connection that could not be made (returns for
+        anything else: the caller raises it as it is)."""
         from botocore import exceptions as boto
 
         url = self._config.endpoint.request_url
         if isinstance(error, TimeoutError):
-            return boto.ConnectTimeoutError(endpoint_url=url, error=error)
+            raise boto.ConnectTimeoutError(endpoint_url=url, error=error) from error
         if isinstance(error, ssl.SSLError):
-            return boto.SSLError(endpoint_url=url, error=error)
+            raise boto.SSLError(endpoint_url=url, error=error) from error
         if isinstance(error, OSError):
-            return boto.EndpointConnectionError(endpoint_url=url, error=error)
-        return None
+            raise boto.EndpointConnectionError(endpoint_url=url, error=error) from error
 
-    def _exchange_failure(
+    def _exchange_failed(
         self, error: BaseException, closed: tuple[type[BaseException], ...]
-    ) -> Any:
-        """botocore's exception for an attempt that failed mid-way (``None``: as is)."""
+    ) -> None:
+        """Raise botocore's exception for an attempt that failed mid-way (returns as
+        :meth:`_connect_failed`)."""
         from botocore import exceptions as boto
 
-        url = self._config.endpoint_url
+        url = self._config.endpoint.request_url
         if isinstance(error, TimeoutError):
-            return boto.ReadTimeoutError(endpoint_url=url, error=error)
+            raise boto.ReadTimeoutError(endpoint_url=url, error=error) from error
         if isinstance(error, closed):
-            return boto.ConnectionClosedError(endpoint_url=url, error=error)
+            raise boto.ConnectionClosedError(endpoint_url=url, error=error) from error
         if isinstance(error, (OSError, ValueError)):
-            return boto.HTTPClientError(error=error)
-        return None
+            raise boto.HTTPClientError(error=error) from error
 
     def _keep(self, headers: dict[str, str], idle: int) -> bool:
         """Whether the connection goes back to the pool after this answer."""

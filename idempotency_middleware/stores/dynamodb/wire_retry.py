@@ -1,10 +1,6 @@
-"""The lean DynamoDB transport's retries: botocore's standard mode, decided without I/O.
-
-The same retryable errors (transient statuses and codes, throttling codes, the errors
-DynamoDB's model marks retryable, a failed ``x-amz-crc32``, connection failures and
-timeouts), the same jittered exponential backoff, and the same retry quota, so a lean store
-retries when, and as often as, a store on the SDK does.
-"""
+"""The lean DynamoDB transport's retries: botocore's standard mode (the same retryable
+errors, jittered exponential backoff and retry quota), decided without I/O, so a lean store
+retries when, and as often as, a store on the SDK does."""
 
 from __future__ import annotations
 
@@ -15,31 +11,17 @@ from dataclasses import dataclass, field
 from .wire import Answer, error_response
 
 # botocore's standard retry mode (botocore/retries/standard.py): what another try may clear.
-_TRANSIENT_CODES = frozenset(
-    {"RequestTimeout", "RequestTimeoutException", "PriorRequestNotComplete"}
-)
+_TRANSIENT_CODES = "RequestTimeout RequestTimeoutException PriorRequestNotComplete"
 _TRANSIENT_STATUSES = frozenset({500, 502, 503, 504})
-_THROTTLING_CODES = frozenset(
-    {
-        "Throttling",
-        "ThrottlingException",
-        "ThrottledException",
-        "RequestThrottledException",
-        "TooManyRequestsException",
-        "ProvisionedThroughputExceededException",
-        "TransactionInProgressException",
-        "RequestLimitExceeded",
-        "BandwidthLimitExceeded",
-        "LimitExceededException",
-        "RequestThrottled",
-        "SlowDown",
-        "PriorRequestNotComplete",
-        "EC2ThrottledException",
-    }
+_THROTTLING_CODES = (
+    "Throttling ThrottlingException ThrottledException RequestThrottledException "
+    "TooManyRequestsException ProvisionedThroughputExceededException "
+    "TransactionInProgressException RequestLimitExceeded BandwidthLimitExceeded "
+    "LimitExceededException RequestThrottled SlowDown PriorRequestNotComplete "
+    "EC2ThrottledException"
 )
-# Modeled retryable in DynamoDB's service model.
-_MODELED_RETRYABLE = frozenset({"ReplicatedWriteConflictException"})
-_RETRYABLE_CODES = _TRANSIENT_CODES | _THROTTLING_CODES | _MODELED_RETRYABLE
+_MODELED_RETRYABLE = "ReplicatedWriteConflictException"  # in DynamoDB's service model
+_RETRYABLE_CODES = frozenset(f"{_TRANSIENT_CODES} {_THROTTLING_CODES} {_MODELED_RETRYABLE}".split())
 _MAX_BACKOFF_SECONDS = 20.0
 # The retry quota's costs (a timeout costs more: it held a connection for long).
 _RETRY_COST = 5
@@ -82,27 +64,17 @@ class RetryPolicy:
         return self.random() * min(2.0 ** (attempt - 1), _MAX_BACKOFF_SECONDS)
 
     def after_exception(self, attempt: int, error: BaseException) -> tuple[float | None, int]:
-        """Seconds to wait before the next try after ``error`` (``None``: raise it now),
-        and the quota that retry took."""
-        from botocore.exceptions import (
-            ConnectionError,
-            ConnectTimeoutError,
-            HTTPClientError,
-            ReadTimeoutError,
-        )
+        """Seconds to wait before the next try (``None``: raise it now), and the quota taken."""
+        from botocore import exceptions as boto
 
-        if not isinstance(error, (ConnectionError, HTTPClientError)):
+        if not isinstance(error, (boto.ConnectionError, boto.HTTPClientError)):
             return None, 0
-        cost = (
-            _TIMEOUT_RETRY_COST
-            if isinstance(error, (ConnectTimeoutError, ReadTimeoutError))
-            else _RETRY_COST
-        )
+        timed_out = isinstance(error, (boto.ConnectTimeoutError, boto.ReadTimeoutError))
+        cost = _TIMEOUT_RETRY_COST if timed_out else _RETRY_COST
         return self._delay(attempt, cost), cost
 
     def after_answer(self, attempt: int, answer: Answer) -> tuple[float | None, int]:
-        """Seconds to wait before the next try after an answer that was not a success, or
-        one whose checksum failed (``None``: take it as it is)."""
+        """:meth:`after_exception` for an answer (``None``: take it as it is)."""
         if answer.status < 300:
             retryable = answer.checksum_failed()
         elif answer.status in _TRANSIENT_STATUSES:

@@ -1,11 +1,6 @@
-"""The lean DynamoDB client for threads: kept-alive sockets in a pool, HTTP/1.1 spoken
-directly (one request at a time per connection, bodies by ``Content-Length`` or chunked).
-
-``client.put_item(**params)`` takes and returns what boto3's does and raises what it raises,
-for the five calls of the request path (``wire.OPERATIONS``); the request and answer
-handling is in ``wire`` and ``wire_client``. Not http.client: its header parsing (the email
-package) and its two sends per request cost as much CPU as the rest of the call.
-"""
+"""The lean DynamoDB client for threads: HTTP/1.1 on kept-alive sockets in a pool (one
+request at a time per connection, bodies by ``Content-Length`` or chunked). Not http.client:
+its header parsing and its two sends per request cost as much CPU as the rest of the call."""
 
 from __future__ import annotations
 
@@ -41,8 +36,7 @@ class _Connection:
             raise EOFError("the server closed the connection")
         self.pending += data
 
-    def until(self, delimiter: bytes) -> bytes:
-        """The bytes up to and including ``delimiter``."""
+    def until(self, delimiter: bytes) -> bytes:  # delimiter included
         while (end := self.pending.find(delimiter)) < 0:
             self._more()
         end += len(delimiter)
@@ -51,15 +45,13 @@ class _Connection:
         return data
 
     def exactly(self, size: int) -> bytes:
-        """The next ``size`` bytes."""
         while len(self.pending) < size:
             self._more()
         data = bytes(self.pending[:size])
         del self.pending[:size]
         return data
 
-    def to_end(self) -> bytes:
-        """Everything until the server closes the connection."""
+    def to_end(self) -> bytes:  # until the server closes the connection
         while data := self.sock.recv(_READ_SIZE):
             self.pending += data
         data = bytes(self.pending)
@@ -96,12 +88,9 @@ def _read_answer(connection: _Connection) -> tuple[int, dict[str, str], bytes]:
 
 
 class SyncWireClient(WireClient):
-    """The boto3 DynamoDB client's five calls of the request path, sent directly.
-    Thread-safe: each call takes a connection of its own from the pool (at most
-    ``max_pool_connections`` kept idle).
-
-    Any other attribute (``describe_table``, ``exceptions``, waiters) is the boto3 client's
-    that ``sdk`` returns, so the client stands in for boto3's wherever code expects one."""
+    """The boto3 DynamoDB client's five calls of the request path, sent directly; any other
+    attribute (``describe_table``, ``exceptions``, waiters) is the boto3 client's that ``sdk``
+    returns. Thread-safe: each call takes a connection of its own from the pool."""
 
     def __init__(
         self, config: WireConfig, credentials: Any, sdk: Callable[[], Any] | None = None
@@ -140,8 +129,6 @@ class SyncWireClient(WireClient):
             time.sleep(delay)
             attempt += 1
 
-    # -- one attempt: a connection, a request, an answer ------------------------------
-
     def _connection(self) -> _Connection:
         while True:
             try:
@@ -167,10 +154,8 @@ class SyncWireClient(WireClient):
         except Exception as error:
             if sock is not None:
                 sock.close()
-            failure = self._connect_failure(error)
-            if failure is None:
-                raise
-            raise failure from error
+            self._connect_failed(error)
+            raise
         sock.settimeout(config.read_timeout)
         return _Connection(sock)
 
@@ -182,10 +167,8 @@ class SyncWireClient(WireClient):
             status, answer_headers, data = _read_answer(connection)
         except BaseException as error:  # interrupted mid-answer: the state is unknown
             connection.close()
-            failure = self._exchange_failure(error, _CLOSED)
-            if failure is None:
-                raise
-            raise failure from error
+            self._exchange_failed(error, _CLOSED)
+            raise
         if self._keep(answer_headers, len(self._idle)):
             self._idle.append(connection)
         else:
