@@ -1,9 +1,5 @@
-"""PostgreSQL failures as ``StoreUnavailable``, each with a precise cause.
-
-The cause comes from the error's SQLSTATE when the server sent one, else from the kind of
-client error (a connection that could not be made or broke, a pool with no connection to
-give). Imported only once psycopg is: it names psycopg's classes.
-"""
+"""PostgreSQL failures as ``StoreUnavailable``: the cause from the SQLSTATE, else from the
+kind of client error. Imported only once psycopg is: it names psycopg's classes."""
 
 from __future__ import annotations
 
@@ -51,20 +47,14 @@ _CONNECT_PHRASES = (
 )
 
 
-def _connect_sqlstate(message: str) -> str:
-    for phrase, sqlstate in _CONNECT_PHRASES:
-        if phrase in message:
-            if sqlstate:
-                return sqlstate
-            return "3D000" if 'database "' in message else "28000"
-    return ""
-
-
 def sqlstate_of(error: BaseException) -> str:
     """The error's SQLSTATE, or the one its connection failure's message implies."""
-    sqlstate = getattr(error, "sqlstate", None) or ""
+    sqlstate: str = getattr(error, "sqlstate", None) or ""
     if not sqlstate and isinstance(error, psycopg.OperationalError):
-        sqlstate = _connect_sqlstate(str(error))
+        message = str(error)
+        for phrase, implied in _CONNECT_PHRASES:
+            if phrase in message:
+                return implied or ("3D000" if 'database "' in message else "28000")
     return sqlstate
 
 
@@ -94,12 +84,12 @@ def cause_of(error: BaseException) -> str:
 
 def unavailable(operation: str, error: BaseException, where: str, table: str) -> StoreUnavailable:
     """``error`` (raised by ``operation`` on the server at ``where``) as ``StoreUnavailable``."""
-    cause = cause_of(error)
+    cause, sqlstate = cause_of(error), sqlstate_of(error)
     detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     reasons = {
         "no_table": (
             f"no such table {table!r} on {where} (create it: store.create_table())"
-            if sqlstate_of(error) == "42P01"
+            if sqlstate == "42P01"
             else f"{detail} on {where}"
         ),
         "unreachable": f"cannot reach PostgreSQL at {where} ({detail})",
@@ -109,7 +99,7 @@ def unavailable(operation: str, error: BaseException, where: str, table: str) ->
     }
     return StoreUnavailable(
         f"PostgreSQL {operation} failed: {detail}",
-        code=sqlstate_of(error).removesuffix("-hba") or type(error).__name__,
+        code=sqlstate.removesuffix("-hba") or type(error).__name__,
         cause=cause,
         reason=reasons.get(cause, f"PostgreSQL at {where}: {detail}"),
     )

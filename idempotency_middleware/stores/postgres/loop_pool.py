@@ -1,15 +1,10 @@
 """A small asyncio connection pool with no background tasks, one per event loop.
 
-Why not psycopg_pool's ``AsyncConnectionPool`` for the store's own pools: it connects in
-worker tasks on the loop, and ``asyncio.run()`` cancels every task when its main coroutine
-ends; a worker cancelled in the middle of a connection attempt takes the cancellation for a
-failed attempt and schedules another, so ``asyncio.run()`` never returns (a server that
-stops right after a burst of requests hangs). Here a connection is made by the call that
-needs it, in its own task, and nothing runs on the loop between calls: a loop can end at
-any moment, and its connections are then closed without it (no I/O needed).
-
-It offers what the store uses of ``AsyncConnectionPool`` (``getconn``, ``putconn``,
-``drain``, ``close``), so a pool the user gives is driven the same way.
+Not psycopg_pool's ``AsyncConnectionPool``: it connects in worker tasks, and a worker that
+``asyncio.run()`` cancels mid-attempt takes it for a failed attempt and schedules another,
+so ``asyncio.run()`` never returns. Here the call that needs a connection makes it, nothing
+runs on the loop between calls, and a loop's connections close without it (no I/O). It offers
+what the store uses of ``AsyncConnectionPool``, so a pool the user gives is driven the same.
 """
 
 from __future__ import annotations
@@ -90,19 +85,15 @@ class LoopPool:
     async def drain(self) -> None:
         """Close every idle connection, and those in use when they come back."""
         self._drained_at = time.monotonic()
-        self.close_idle()
+        self.abandon(closed=self.closed)
 
     async def close(self) -> None:
         """Close the idle connections; those in use are closed when they come back."""
         self.abandon()
 
-    def abandon(self) -> None:
-        """:meth:`close`, without the loop (it may be closed)."""
-        self.closed = True
-        self.close_idle()
-
-    def close_idle(self) -> None:
-        """Close the idle connections without I/O on the loop (it may be closed)."""
+    def abandon(self, closed: bool = True) -> None:
+        """:meth:`close`, without I/O on the loop (it may be closed)."""
+        self.closed = closed
         while self._idle:
             self._discard(self._idle.pop()[0])
 

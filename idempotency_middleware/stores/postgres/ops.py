@@ -1,12 +1,8 @@
 """What ``PostgresStore`` sends, and what it makes of the answers: no I/O here.
 
-Each store operation is a *flow* (``kit.Flow``): a generator that yields the statements to
-run, one at a time, receives each one's :class:`Answer` (or the failure, as
-``StoreUnavailable``, at its ``yield``), and returns the operation's result. The transport
-runs a whole flow on one connection, so the decisions are written once for sync and async.
-Almost every flow is a single statement; the claim adds a second one only in the rare race
-described in :func:`claim`, a write may be followed by the piggybacked purge, and the table's
-creation runs in a :class:`Transaction`.
+Each operation is a flow (``kit.Flow``) of :class:`Statement` s, each answered with an
+:class:`Answer` (or its failure, as ``StoreUnavailable``, thrown in at its ``yield``); the
+transport runs a whole flow on one connection, so sync and async share every decision.
 
 Table layout (one row per key hash)::
 
@@ -45,7 +41,6 @@ from ..protocol import (
 from ..protocol import StoreUnavailable as StoreUnavailable
 
 T = TypeVar("T")
-
 logger = logging.getLogger(__name__)
 
 # A plain identifier, optionally schema-qualified; quoted when used.
@@ -158,12 +153,11 @@ class Statements:
             "SELECT key, status, fingerprint, owner, lock_expires_at, expires_at, "
             f"response, response_size, too_large FROM {quoted} WHERE key = %s"
         )
-        finish = (
+        self.complete = finish = (
             f"UPDATE {quoted} SET status = %(status)s, expires_at = %(expires_at)s, "
             "response = %(response)s, response_size = %(response_size)s, "
             "too_large = %(too_large)s WHERE key = %(key)s AND owner = %(owner)s"
         )
-        self.complete = finish
         # A deferred key's interim response, only over the claim still in progress (never
         # over the work's final response, which may land first); true when it was stored,
         # or when the key is still ours anyway (deferred already, or finished first).
@@ -191,18 +185,13 @@ class Statements:
         # A bounded batch: the keys of at most ``limit`` expired rows, skipping rows a claim
         # holds locked (a purge never waits for one), deleted by primary key with the
         # condition checked again on each row's latest version (a key reclaimed meanwhile
-        # stays).
-        self.purge = self._purge(quoted, "")
-        # After a completion, whose time carries no clock-skew margin: finished rows only.
-        self.purge_finished = self._purge(quoted, f" AND status <> '{_IN_PROGRESS}'")
-
-    @staticmethod
-    def _purge(quoted: str, extra: str) -> str:
-        return (
+        # stays). After a completion, whose time carries no clock-skew margin: finished rows.
+        self.purge, self.purge_finished = (
             f"DELETE FROM {quoted} WHERE key = ANY(ARRAY("
             f"SELECT key FROM {quoted} WHERE expires_at <= %(cutoff)s{extra} "
             "LIMIT %(limit)s FOR UPDATE SKIP LOCKED)) "
             f"AND expires_at <= %(cutoff)s{extra}"
+            for extra in ("", f" AND status <> '{_IN_PROGRESS}'")
         )
 
 
@@ -258,13 +247,10 @@ class PostgresOps:
     def claim(self, request: ClaimRequest) -> Flow[ClaimResult]:
         """Claim in one statement; ``Held`` with the holding row from the same statement.
 
-        Under READ COMMITTED, a conflicting row is locked and the upsert's WHERE is
-        evaluated on its latest version, but the statement's second branch reads its
-        snapshot, taken when the statement began. When a concurrent transaction inserted or
-        changed the row and committed meanwhile, that branch returns nothing (a row inserted
-        after the snapshot) or an older version of the row, which, being claimable where the
-        latest was not, is told apart: then the statement runs again with a new snapshot
-        (bounded: it takes a write committed during each run to need another).
+        Under READ COMMITTED the upsert's WHERE sees the row's latest version but the second
+        branch reads the statement's snapshot: when a concurrent write committed meanwhile,
+        it returns nothing or an older, claimable version. Then the statement runs again
+        with a new snapshot (bounded: each rerun needs another write committed during it).
         """
         params = {
             "key": request.key_hash,
@@ -367,11 +353,10 @@ class PostgresOps:
 
     def _create(self) -> Flow[None]:
         sql = self.sql
-        if (yield Statement(sql.schema_exists, sql.schema_names)).rows[0][0]:
-            return
-        yield Statement(sql.create_lock, (sql.table,))
-        yield Statement(sql.create_table, ())
-        yield Statement(sql.create_index, ())
+        if not (yield Statement(sql.schema_exists, sql.schema_names)).rows[0][0]:
+            yield Statement(sql.create_lock, (sql.table,))
+            yield Statement(sql.create_table, ())
+            yield Statement(sql.create_index, ())
 
     def purge_expired(self, cutoff: float) -> Flow[int]:
         """Delete every row expired before ``cutoff``, in batches; the count."""

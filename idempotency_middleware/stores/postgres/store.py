@@ -1,10 +1,5 @@
-"""``PostgresStore``: the store for services that run on PostgreSQL already.
-
-psycopg 3, sync and async alike (``transport.py``: a ``psycopg_pool.ConnectionPool``, and one
-small asyncio pool per event loop, each opened on first use). Every operation is one
-statement on an autocommit connection (one round trip); the SQL and the decisions live in
-``ops.py``, written once for both; everything else a store does is ``kit.KitStore``'s.
-"""
+"""``PostgresStore``: the store for services that run on PostgreSQL already. The SQL and
+its decisions are in ``ops.py``, the pools in ``transport.py``; the rest is ``KitStore``'s."""
 
 from __future__ import annotations
 
@@ -29,19 +24,18 @@ class PostgresStore(KitStore):
     and renewing are fenced by the claim's owner token. Times are the requests' own (double
     precision epoch seconds), never the server's clock.
 
-    Connections: ``min_size``/``max_size`` size the sync pool (the async pool of each event
-    loop connects on demand, up to ``max_size``); a call waits at most
-    ``pool_timeout_seconds`` for a free connection (``connect_timeout`` while the server is
-    not known to be reachable, so an outage answers fast), ``statement_timeout_seconds``
-    bounds each statement on the server (``None``: the server's setting; it is sent as a
-    startup option, which PgBouncer refuses unless ``ignore_startup_parameters`` lists
-    ``options``: behind it, pass ``None`` and set it on the role). Pass ``pool=``
-    (a ``psycopg_pool.ConnectionPool``) and/or ``async_pool=`` (an ``AsyncConnectionPool``,
-    used on its own event loop only) to bring your own: the store uses them as they are
-    (it switches a connection to autocommit while it holds it; the timeouts above are then
-    yours to set) and never closes them.
-    ``prepare_threshold`` is psycopg's (statements are prepared on a connection after that
-    many uses); behind PgBouncer in transaction mode older than 1.21, pass ``None``.
+    ``min_size``/``max_size`` size the sync pool (each event loop's async pool connects on
+    demand, up to ``max_size``); a call waits at most ``pool_timeout_seconds`` for a free
+    connection (``connect_timeout`` while the server is not known to be reachable, so an
+    outage answers fast). ``statement_timeout_seconds`` bounds each statement on the server
+    (``None``: the server's setting); it is a startup option, which PgBouncer refuses unless
+    ``ignore_startup_parameters`` lists ``options``: behind it, pass ``None`` and set it on
+    the role. ``pool=`` (a ``psycopg_pool.ConnectionPool``) and ``async_pool=`` (an
+    ``AsyncConnectionPool``, used on its own event loop only) bring your own: used as they
+    are (a connection is switched to autocommit while held; the timeouts are then yours to
+    set), never closed. ``prepare_threshold`` is psycopg's (statements are prepared on a
+    connection after that many uses); behind PgBouncer in transaction mode older than 1.21,
+    pass ``None``.
 
     Expired rows stay claimable at once; a bounded purge (``purge_batch_size`` rows) rides
     on a write at most once per ``purge_interval_seconds`` per process (``None`` disables
@@ -103,14 +97,11 @@ class PostgresStore(KitStore):
             f"/{parts.get('dbname') or parts.get('user') or ''}"
         )
         sql = Statements(table)  # (checks the name)
-        self.table = table
-        self.min_size, self.max_size = min_size, max_size
-        self.pool_timeout_seconds = pool_timeout_seconds
-        self.connect_timeout = connect_timeout
+        self.table, self.min_size, self.max_size = table, min_size, max_size
+        self.pool_timeout_seconds, self.connect_timeout = pool_timeout_seconds, connect_timeout
         self.statement_timeout_seconds = statement_timeout_seconds
         self.purge_interval_seconds = purge_interval_seconds
-        self.purge_batch_size = purge_batch_size
-        self.max_response_bytes = max_response_bytes
+        self.purge_batch_size, self.max_response_bytes = purge_batch_size, max_response_bytes
         self.connect_kwargs: dict[str, Any] = {
             "autocommit": True,
             "prepare_threshold": prepare_threshold,
@@ -126,19 +117,9 @@ class PostgresStore(KitStore):
         # server's own statement timeout (30 s where none is set) and a connection's time.
         statement = 30.0 if statement_timeout_seconds is None else statement_timeout_seconds
         self.answer_within = statement + max(1.0, connect_timeout)
-        config = PostgresConfig(
-            dsn,
-            self.where,
-            table,
-            self.connect_kwargs,
-            min_size,
-            max_size,
-            pool_timeout_seconds,
-            connect_timeout,
-            self.answer_within,
-            pool,
-            async_pool,
-        )
+        limits = (min_size, max_size, pool_timeout_seconds, connect_timeout, self.answer_within)
+        pools = (pool, async_pool)
+        config = PostgresConfig(dsn, self.where, table, self.connect_kwargs, *limits, *pools)
         super().__init__(
             PostgresOps(sql, max_response_bytes, purge_interval_seconds, purge_batch_size, clock),
             PostgresTransport(config),

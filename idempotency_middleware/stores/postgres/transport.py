@@ -1,11 +1,10 @@
-"""The transport of ``PostgresStore``: each flow runs on one pooled autocommit connection
-(its :class:`~.ops.Transaction` in a transaction), every statement under a deadline.
+"""Runs ``PostgresStore``'s flows, each on one pooled autocommit connection (a
+:class:`~.ops.Transaction` in a transaction), every statement under a deadline.
 
-Sync calls use a ``psycopg_pool.ConnectionPool``, opened on first use (again in a forked
-child). Async calls use one ``loop_pool.LoopPool`` per event loop (connections belong to the
-loop they were made on: two servers on their own threads, an ``asyncio.run(...)`` before the
-server starts), kept by a ``kit.LoopLocal``, closed with their loop (or without it, no I/O).
-psycopg's and the pools' failures come out as ``StoreUnavailable`` (``errors.py``)."""
+Sync: a ``psycopg_pool.ConnectionPool``, opened on first use (again in a forked child).
+Async: a ``loop_pool.LoopPool`` per event loop, since connections belong to the loop they
+were made on (two servers on their own threads, an ``asyncio.run(...)`` before the server).
+"""
 
 from __future__ import annotations
 
@@ -77,15 +76,13 @@ class PostgresTransport:
 
     @contextlib.contextmanager
     def _answering(self, operation: str) -> Iterator[None]:
-        """psycopg's and the pool's failures (``psycopg.Error``) as ``StoreUnavailable``."""
+        """psycopg's and the pool's failures as ``StoreUnavailable``."""
         import psycopg
 
         try:
             yield
         except psycopg.Error as error:
             raise self._unavailable(operation, error) from error
-
-    # -- sync ---------------------------------------------------------------------------
 
     def pool(self) -> ConnectionPool[Any]:
         """The sync pool, opened on first use."""
@@ -154,8 +151,7 @@ class PostgresTransport:
             return pool, pool.getconn(timeout=self.config.pool_timeout_seconds)
 
     def _probe(self) -> BaseException | None:
-        """Why the pool gave no connection while the server was not known reachable: the
-        error of a connection attempt of its own, or ``None`` when that one succeeds."""
+        """The error of a connection attempt of our own, or ``None`` when it succeeds."""
         import psycopg
 
         try:
@@ -165,7 +161,6 @@ class PostgresTransport:
         return None
 
     def run(self, operation: str, flow: Flow[T]) -> T:
-        """Run ``flow`` on one pooled connection."""
         pool, connection = self._acquire(operation)
         autocommit = connection.autocommit
         try:
@@ -207,8 +202,6 @@ class PostgresTransport:
             pool.close()
         self.loop_pools.release_closed_loops()
 
-    # -- async --------------------------------------------------------------------------
-
     async def _new_loop_pool(self) -> LoopPool:
         return LoopPool(self.config.dsn, self.config.connect_kwargs, self.config.max_size)
 
@@ -217,7 +210,6 @@ class PostgresTransport:
         return given if given is not None else await self.loop_pools.get()
 
     async def arun(self, operation: str, flow: Flow[T]) -> T:
-        """Run ``flow`` on one connection of the running loop's pool."""
         from psycopg_pool import PoolClosed
 
         pool = await self._loop_pool()
@@ -262,25 +254,20 @@ class PostgresTransport:
         return Answer(rows, cursor.rowcount)
 
     async def aclose(self) -> None:
-        """Close the running loop's pool (one the user gave stays open)."""
-        await self.loop_pools.aclose()
+        await self.loop_pools.aclose()  # (the running loop's; one the user gave stays open)
 
 
-# -- the deadline of every statement ------------------------------------------------------
-#
-# ``statement_timeout`` is the server's: a server that hangs (stopped, swapping, wedged) or a
-# network that drops packets without a reset never sends its answer, and a read waiting for
-# it would wait for ever. A watchdog thread shuts the socket of a statement down once its
-# deadline passed: the blocked read fails at once (sync or asyncio alike), psycopg marks the
-# connection broken, the pool drops it, and the store answers ``timed_out`` (503 on a claim).
-# Arming costs a dict insert under a lock; the thread wakes a few times a second.
+# ``statement_timeout`` is the server's: a hung server or a network that drops packets
+# without a reset never answers, and a read would wait for ever. So a watchdog thread shuts a
+# statement's socket down past its deadline: the blocked read fails at once (sync or asyncio),
+# psycopg marks the connection broken, the pool drops it, the store answers ``timed_out``.
 
 # How often the watchdog looks: a statement may outlive its deadline by this much.
 CHECK_INTERVAL_SECONDS = 0.25
 
 
 class Watchdog:
-    """Shuts down the sockets of statements past their deadlines."""
+    """Shuts down the sockets of statements past their deadlines (arming: a dict insert)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -330,18 +317,10 @@ class Watchdog:
                     del self._armed[token]
                     self._fired.add(token)
             for _, fd in late:
-                _shut_down(fd)
-
-
-def _shut_down(fd: int) -> None:
-    # shutdown() acts on the socket itself, so a duplicate of its descriptor reaches it
-    # without closing the descriptor psycopg still owns.
-    with contextlib.suppress(OSError):
-        duplicate = socket.socket(fileno=socket.dup(fd))
-        try:
-            duplicate.shutdown(socket.SHUT_RDWR)
-        finally:
-            duplicate.close()
+                # shutdown() acts on the socket itself, so a duplicate of its descriptor
+                # reaches it without closing the descriptor psycopg still owns.
+                with contextlib.suppress(OSError), socket.socket(fileno=socket.dup(fd)) as dup:
+                    dup.shutdown(socket.SHUT_RDWR)
 
 
 WATCHDOG = Watchdog()
