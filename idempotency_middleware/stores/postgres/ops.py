@@ -4,18 +4,7 @@ Each operation is a flow (``kit.Flow``) of :class:`Statement` s, each answered w
 :class:`Answer` (or its failure, as ``StoreUnavailable``, thrown in at its ``yield``); the
 transport runs a whole flow on one connection, so sync and async share every decision.
 
-Table layout (one row per key hash)::
-
-    key              text              primary key: the key hash the middleware claims
-    status           text              "in_progress" | "deferred" | "completed"
-    fingerprint      text              sha256 of the request
-    owner            text              token of the claim that wrote the row (fencing)
-    lock_expires_at  double precision  epoch seconds (the requests' clock, never the server's)
-    expires_at       double precision  epoch seconds; indexed, for the purge
-    response         bytea             records.encode_response, once completed
-    response_size    bigint            body size in bytes
-    too_large        boolean           completed, but the body was not kept
-    taken_over       boolean           this claim replaced a stale in-progress claim
+The table's layout is ``_TABLE``.
 """
 
 from __future__ import annotations
@@ -59,10 +48,20 @@ CREATE_ATTEMPTS = 3
 
 _IN_PROGRESS = Status.IN_PROGRESS.value
 _COMPLETED = Status.COMPLETED.value
-_COLUMNS = (
-    "key, status, fingerprint, owner, lock_expires_at, expires_at, "
-    "response, response_size, too_large, taken_over"
+# One row per key hash; times are epoch seconds of the requests' clock, never the server's.
+_TABLE = (
+    "key text PRIMARY KEY",  # the key hash the middleware claims
+    "status text NOT NULL",  # "in_progress" | "deferred" | "completed"
+    "fingerprint text NOT NULL",  # sha256 of the request
+    "owner text NOT NULL",  # token of the claim that wrote the row (fencing)
+    "lock_expires_at double precision NOT NULL",
+    "expires_at double precision NOT NULL",  # indexed, for the purge
+    "response bytea",  # records.encode_response, once completed
+    "response_size bigint NOT NULL DEFAULT 0",  # body size in bytes
+    "too_large boolean NOT NULL DEFAULT false",  # completed, but the body was not kept
+    "taken_over boolean NOT NULL DEFAULT false",  # the claim replaced a stale in-progress one
 )
+_COLUMNS = ", ".join(column.split()[0] for column in _TABLE)
 
 
 class Statement(NamedTuple):
@@ -101,17 +100,9 @@ class Statements:
         self.table = table
         bare = table.rsplit(".", 1)[-1]
         schema = f'"{table.split(".")[0]}".' if "." in table else ""
-        self.index_name = f"{bare}_expires_at"
-        self.create_table = (
-            f"CREATE TABLE IF NOT EXISTS {quoted} (key text PRIMARY KEY, "
-            "status text NOT NULL, fingerprint text NOT NULL, owner text NOT NULL, "
-            "lock_expires_at double precision NOT NULL, expires_at double precision NOT NULL, "
-            "response bytea, response_size bigint NOT NULL DEFAULT 0, "
-            "too_large boolean NOT NULL DEFAULT false, taken_over boolean NOT NULL DEFAULT false)"
-        )
-        self.create_index = (
-            f'CREATE INDEX IF NOT EXISTS "{self.index_name}" ON {quoted} (expires_at)'
-        )
+        self.index_name = index = f"{bare}_expires_at"
+        self.create_table = f"CREATE TABLE IF NOT EXISTS {quoted} ({', '.join(_TABLE)})"
+        self.create_index = f'CREATE INDEX IF NOT EXISTS "{index}" ON {quoted} (expires_at)'
         # Creators of the same table queue on one advisory lock, so two of them never race
         # on the catalogs (CREATE ... IF NOT EXISTS alone can fail with a unique violation
         # on pg_type when two sessions create the same table at once).
@@ -149,10 +140,7 @@ class Statements:
             f"response, response_size, too_large FROM {quoted} "
             "WHERE key = %(key)s AND NOT EXISTS (SELECT 1 FROM claimed)"
         )
-        self.select = (
-            "SELECT key, status, fingerprint, owner, lock_expires_at, expires_at, "
-            f"response, response_size, too_large FROM {quoted} WHERE key = %s"
-        )
+        self.select = f"SELECT {_COLUMNS.removesuffix(', taken_over')} FROM {quoted} WHERE key = %s"
         self.complete = finish = (
             f"UPDATE {quoted} SET status = %(status)s, expires_at = %(expires_at)s, "
             "response = %(response)s, response_size = %(response_size)s, "
@@ -168,14 +156,11 @@ class Statements:
         )
         # A deferral token's final response: fenced by the owner, on a key not completed.
         self.complete_final = f"{finish} AND status <> '{_COMPLETED}'"
-        self.release_deferred = (
-            f"DELETE FROM {quoted} WHERE key = %s AND owner = %s AND status <> '{_COMPLETED}'"
-        )
+        owned = f"DELETE FROM {quoted} WHERE key = %s AND owner = %s AND status "
+        self.release_deferred = f"{owned}<> '{_COMPLETED}'"
         # Only a claim still in progress: never a final response a deferral's worker stored
         # while the handler was still running.
-        self.release = (
-            f"DELETE FROM {quoted} WHERE key = %s AND owner = %s AND status = '{_IN_PROGRESS}'"
-        )
+        self.release = f"{owned}= '{_IN_PROGRESS}'"
         self.renew = (
             f"UPDATE {quoted} SET lock_expires_at = %(lock_expires_at)s, "
             "expires_at = %(lock_expires_at)s "
@@ -287,7 +272,6 @@ class PostgresOps:
             done = bool((yield Statement(self.sql.complete_interim, params)).rows[0][0])
         else:
             done = (yield Statement(self.sql.complete, params)).rowcount == 1
-        # (After a completion, whose time carries no clock-skew margin: finished rows only.)
         yield from self._purge_due(completion.now, self.sql.purge_finished)
         return done
 

@@ -2,18 +2,20 @@
 :class:`~.ops.Transaction` in a transaction), every statement under a deadline.
 
 Sync: a ``psycopg_pool.ConnectionPool``, opened on first use (again in a forked child).
-Async: a ``loop_pool.LoopPool`` per event loop, since connections belong to the loop they
+Async: a :class:`LoopPool` per event loop, since connections belong to the loop they
 were made on (two servers on their own threads, an ``asyncio.run(...)`` before the server).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import os
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -21,7 +23,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..kit import Flow, LoopLocal, adrive, drive
 from ..protocol import StoreUnavailable
-from .loop_pool import LoopPool
 from .ops import Answer, Statement, Transaction
 
 if TYPE_CHECKING:
@@ -29,6 +30,100 @@ if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 T = TypeVar("T")
+Request = Statement | Transaction
+
+# A connection idle longer than this is closed rather than reused: firewalls and servers
+# (idle_session_timeout) drop idle connections silently.
+MAX_IDLE_SECONDS = 300.0
+
+
+class LoopPool:
+    """At most ``max_size`` connections to ``dsn``, made on demand, reused while idle.
+
+    Not psycopg_pool's ``AsyncConnectionPool``: it connects in worker tasks, and a worker
+    that ``asyncio.run()`` cancels mid-attempt takes it for a failed attempt and schedules
+    another, so ``asyncio.run()`` never returns. Here the call that needs a connection makes
+    it, nothing runs on the loop between calls, and a loop's connections close without it
+    (no I/O). It offers what the store uses of ``AsyncConnectionPool``, so a pool the user
+    gives is driven the same way.
+    """
+
+    def __init__(self, dsn: str, kwargs: dict[str, Any], max_size: int) -> None:
+        self._dsn = dsn
+        self._kwargs = kwargs
+        self._slots = asyncio.Semaphore(max_size)
+        # Idle connections, each with the monotonic time it was given back.
+        self._idle: deque[tuple[psycopg.AsyncConnection[Any], float]] = deque()
+        self._drained_at = 0.0
+        self._made_at: dict[int, float] = {}
+        self.closed = False
+
+    async def getconn(self, timeout: float) -> psycopg.AsyncConnection[Any]:
+        """A connection (idle, else new); ``PoolTimeout`` when none is free in ``timeout``
+        seconds; a connection attempt's error as it is."""
+        import psycopg
+        from psycopg_pool import PoolClosed, PoolTimeout
+
+        if self.closed:
+            raise PoolClosed("the store's connection pool of this event loop is closed")
+        if self._slots.locked():  # (else acquiring takes no wait: no timer, no task)
+            try:
+                await asyncio.wait_for(self._slots.acquire(), timeout)
+            except TimeoutError:
+                raise PoolTimeout(f"no free connection within {timeout:.2f} s") from None
+        else:
+            await self._slots.acquire()
+        try:
+            stale_before = time.monotonic() - MAX_IDLE_SECONDS
+            while self._idle:
+                connection, since = self._idle.pop()  # the most recently used one
+                if since > stale_before:
+                    return connection
+                self._discard(connection)
+            connection = await psycopg.AsyncConnection.connect(self._dsn, **self._kwargs)
+            self._made_at[id(connection)] = time.monotonic()
+            return connection
+        except BaseException:
+            self._slots.release()
+            raise
+
+    async def putconn(self, connection: psycopg.AsyncConnection[Any]) -> None:
+        """Take a connection back: kept when sound and idle, closed otherwise."""
+        from psycopg.pq import TransactionStatus
+
+        drained = self._made_at.get(id(connection), 0.0) <= self._drained_at
+        if (
+            self.closed
+            or connection.broken
+            or connection.closed
+            or drained
+            # (a call cancelled mid-statement leaves its connection busy: not reusable)
+            or connection.info.transaction_status != TransactionStatus.IDLE
+        ):
+            self._discard(connection)
+        else:
+            self._idle.append((connection, time.monotonic()))
+        self._slots.release()
+
+    async def drain(self) -> None:
+        """Close every idle connection, and those in use when they come back."""
+        self._drained_at = time.monotonic()
+        self.abandon(closed=self.closed)
+
+    async def close(self) -> None:
+        """Close the idle connections; those in use are closed when they come back."""
+        self.abandon()
+
+    def abandon(self, closed: bool = True) -> None:
+        """:meth:`close`, without I/O on the loop (it may be closed)."""
+        self.closed = closed
+        while self._idle:
+            self._discard(self._idle.pop()[0])
+
+    def _discard(self, connection: psycopg.AsyncConnection[Any]) -> None:
+        self._made_at.pop(id(connection), None)
+        # libpq's own close: sends a Terminate on the socket and closes it, no loop needed.
+        connection.pgconn.finish()
 
 
 @dataclass(frozen=True)
@@ -102,7 +197,7 @@ class PostgresTransport:
         config = self.config
         with self._pool_lock:
             if self._pool is None or self._pool is stuck:
-                new: ConnectionPool[Any] = ConnectionPool(
+                self._pool = ConnectionPool(
                     config.dsn,
                     kwargs=config.connect_kwargs,
                     min_size=config.min_size,
@@ -111,8 +206,7 @@ class PostgresTransport:
                     name=f"idempotency-{config.table}",
                     open=False,
                 )
-                new.open(wait=False)
-                self._pool = new
+                self._pool.open(wait=False)
             pool = self._pool
         if stuck is not None:
             threading.Thread(target=stuck.close, name="idempotency-postgres-close").start()
@@ -182,9 +276,7 @@ class PostgresTransport:
         self.reachable = True
         return result
 
-    def _send(
-        self, operation: str, connection: psycopg.Connection[Any], request: Statement | Transaction
-    ) -> Any:
+    def _send(self, operation: str, connection: psycopg.Connection[Any], request: Request) -> Any:
         if isinstance(request, Transaction):
             with self._answering(operation), connection.transaction():
                 return drive(request.flow, partial(self._send, operation, connection))
@@ -239,10 +331,7 @@ class PostgresTransport:
         return result
 
     async def _asend(
-        self,
-        operation: str,
-        connection: psycopg.AsyncConnection[Any],
-        request: Statement | Transaction,
+        self, operation: str, connection: psycopg.AsyncConnection[Any], request: Request
     ) -> Any:
         if isinstance(request, Transaction):
             with self._answering(operation):
@@ -291,9 +380,7 @@ class Watchdog:
         try:
             yield
         except Exception as error:
-            with self._lock:
-                fired = token in self._fired
-            if fired:
+            if token in self._fired:  # (membership: atomic, no lock needed)
                 import psycopg
 
                 raise psycopg.errors.ConnectionTimeout(
