@@ -115,12 +115,9 @@ class Statements:
             f"(r.status <> '{_IN_PROGRESS}' AND r.expires_at <= %(now)s) "
             f"OR (r.status = '{_IN_PROGRESS}' AND r.lock_expires_at <= %(stale)s)"
         )
-        # The claim, one statement. The upsert inserts an absent key or replaces a
-        # claimable row (``taken_over`` says whether the replaced row was an in-progress
-        # claim: in DO UPDATE, ``r`` is the existing row); RETURNING reports it. When the
-        # upsert does not apply, the second branch returns the holding row in the same
-        # round trip. It reads the statement's snapshot, which may predate the row (see
-        # ``claim``).
+        # The upsert inserts an absent key or replaces a claimable row (in DO UPDATE, ``r``
+        # is the existing row: ``taken_over`` if it was in progress); else the second branch
+        # returns the holding row, from the statement's snapshot (see ``claim``).
         self.claim = (
             f"WITH claimed AS (INSERT INTO {quoted} AS r ({_COLUMNS}) "
             f"VALUES (%(key)s, '{_IN_PROGRESS}', %(fingerprint)s, %(owner)s, "
@@ -231,12 +228,9 @@ class PostgresOps:
 
     def claim(self, request: ClaimRequest) -> Flow[ClaimResult]:
         """Claim in one statement; ``Held`` with the holding row from the same statement.
-
-        Under READ COMMITTED the upsert's WHERE sees the row's latest version but the second
-        branch reads the statement's snapshot: when a concurrent write committed meanwhile,
-        it returns nothing or an older, claimable version. Then the statement runs again
-        with a new snapshot (bounded: each rerun needs another write committed during it).
-        """
+        Under READ COMMITTED the second branch reads the statement's snapshot: after a
+        concurrent commit it returns nothing or an older, claimable version, and the claim
+        runs again (bounded: each rerun needs another write committed during it)."""
         params = {
             "key": request.key_hash,
             "fingerprint": request.fingerprint,
@@ -343,7 +337,6 @@ class PostgresOps:
             yield Statement(sql.create_index, ())
 
     def purge_expired(self, cutoff: float) -> Flow[int]:
-        """Delete every row expired before ``cutoff``, in batches; the count."""
         params = {"cutoff": cutoff, "limit": self._purge_batch}
         total = 0
         while True:
@@ -353,7 +346,6 @@ class PostgresOps:
                 return total
 
     def _purge_due(self, cutoff: float, statement: str) -> Flow[None]:
-        """One batch of the purge riding on a write, when one is due."""
         if self._purge_interval is None:
             return
         with self._purge_lock:

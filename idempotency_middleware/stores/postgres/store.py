@@ -9,10 +9,11 @@ from ...breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD
 from ...clock import DEFAULT_CLOCK_SKEW_SECONDS, SYSTEM_CLOCK, Clock
 from ..kit import KitStore, require_modules
 from .ops import PostgresOps, Statements
-from .transport import PostgresConfig, PostgresTransport
 
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+    from .transport import PostgresTransport
 
 
 class PostgresStore(KitStore):
@@ -70,6 +71,8 @@ class PostgresStore(KitStore):
         require_modules(type(self).__name__, ("psycopg", "psycopg_pool"), "postgres")
         import psycopg
         from psycopg.conninfo import conninfo_to_dict
+
+        from .transport import PostgresConfig, PostgresTransport
 
         if dsn is None:
             given = pool if pool is not None else async_pool

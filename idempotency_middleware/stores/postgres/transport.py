@@ -4,6 +4,7 @@
 Sync: a ``psycopg_pool.ConnectionPool``, opened on first use (again in a forked child).
 Async: a :class:`LoopPool` per event loop, since connections belong to the loop they
 were made on (two servers on their own threads, an ``asyncio.run(...)`` before the server).
+Imported only once psycopg is (``PostgresStore`` checks for it first).
 """
 
 from __future__ import annotations
@@ -19,15 +20,16 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTimeout
 
 from ..kit import Flow, LoopLocal, adrive, drive
 from ..protocol import StoreUnavailable
+from .errors import unavailable
 from .ops import Answer, Statement, Transaction
-
-if TYPE_CHECKING:
-    import psycopg
-    from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 T = TypeVar("T")
 Request = Statement | Transaction
@@ -40,12 +42,10 @@ MAX_IDLE_SECONDS = 300.0
 class LoopPool:
     """At most ``max_size`` connections to ``dsn``, made on demand, reused while idle.
 
-    Not psycopg_pool's ``AsyncConnectionPool``: it connects in worker tasks, and a worker
-    that ``asyncio.run()`` cancels mid-attempt takes it for a failed attempt and schedules
-    another, so ``asyncio.run()`` never returns. Here the call that needs a connection makes
-    it, nothing runs on the loop between calls, and a loop's connections close without it
-    (no I/O). It offers what the store uses of ``AsyncConnectionPool``, so a pool the user
-    gives is driven the same way.
+    Not psycopg_pool's ``AsyncConnectionPool``: a worker task of it that ``asyncio.run()``
+    cancels mid-attempt schedules another, so ``asyncio.run()`` never returns. Here nothing
+    runs on the loop between calls, and a loop's connections close without it. Same
+    interface as ``AsyncConnectionPool``, so a pool the user gives is driven the same way.
     """
 
     def __init__(self, dsn: str, kwargs: dict[str, Any], max_size: int) -> None:
@@ -61,9 +61,6 @@ class LoopPool:
     async def getconn(self, timeout: float) -> psycopg.AsyncConnection[Any]:
         """A connection (idle, else new); ``PoolTimeout`` when none is free in ``timeout``
         seconds; a connection attempt's error as it is."""
-        import psycopg
-        from psycopg_pool import PoolClosed, PoolTimeout
-
         if self.closed:
             raise PoolClosed("the store's connection pool of this event loop is closed")
         if self._slots.locked():  # (else acquiring takes no wait: no timer, no task)
@@ -89,8 +86,6 @@ class LoopPool:
 
     async def putconn(self, connection: psycopg.AsyncConnection[Any]) -> None:
         """Take a connection back: kept when sound and idle, closed otherwise."""
-        from psycopg.pq import TransactionStatus
-
         drained = self._made_at.get(id(connection), 0.0) <= self._drained_at
         if (
             self.closed
@@ -111,11 +106,10 @@ class LoopPool:
         self.abandon(closed=self.closed)
 
     async def close(self) -> None:
-        """Close the idle connections; those in use are closed when they come back."""
         self.abandon()
 
     def abandon(self, closed: bool = True) -> None:
-        """:meth:`close`, without I/O on the loop (it may be closed)."""
+        """Close the idle connections (those in use when they come back), no I/O on the loop."""
         self.closed = closed
         while self._idle:
             self._discard(self._idle.pop()[0])
@@ -160,20 +154,14 @@ class PostgresTransport:
         )
 
     def wait_seconds(self) -> float:
-        """How long a call waits for a pooled connection."""
         timeout = self.config.pool_timeout_seconds
         return timeout if self.reachable else min(timeout, self.config.connect_timeout)
 
     def _unavailable(self, operation: str, error: BaseException) -> StoreUnavailable:
-        from .errors import unavailable
-
         return unavailable(operation, error, self.config.where, self.config.table)
 
     @contextlib.contextmanager
     def _answering(self, operation: str) -> Iterator[None]:
-        """psycopg's and the pool's failures as ``StoreUnavailable``."""
-        import psycopg
-
         try:
             yield
         except psycopg.Error as error:
@@ -192,8 +180,6 @@ class PostgresTransport:
 
     def _new_pool(self, stuck: ConnectionPool[Any] | None) -> ConnectionPool[Any]:
         """Open the sync pool, or replace ``stuck`` (closed in the background)."""
-        from psycopg_pool import ConnectionPool
-
         config = self.config
         with self._pool_lock:
             if self._pool is None or self._pool is stuck:
@@ -214,8 +200,6 @@ class PostgresTransport:
 
     def _acquire(self, operation: str) -> tuple[ConnectionPool[Any], psycopg.Connection[Any]]:
         """A pool and one of its connections, or ``StoreUnavailable`` saying why none."""
-        from psycopg_pool import PoolClosed, PoolTimeout
-
         pool = self.pool()
         given = pool is self.config.pool
         if not self.reachable and not given:
@@ -246,8 +230,6 @@ class PostgresTransport:
 
     def _probe(self) -> BaseException | None:
         """The error of a connection attempt of our own, or ``None`` when it succeeds."""
-        import psycopg
-
         try:
             psycopg.connect(self.config.dsn, **self.config.connect_kwargs).close()
         except psycopg.Error as failure:
@@ -302,8 +284,6 @@ class PostgresTransport:
         return given if given is not None else await self.loop_pools.get()
 
     async def arun(self, operation: str, flow: Flow[T]) -> T:
-        from psycopg_pool import PoolClosed
-
         pool = await self._loop_pool()
         with self._answering(operation):
             # (A connection attempt's own error says why: refused, bad password ...)
@@ -381,8 +361,6 @@ class Watchdog:
             yield
         except Exception as error:
             if token in self._fired:  # (membership: atomic, no lock needed)
-                import psycopg
-
                 raise psycopg.errors.ConnectionTimeout(
                     f"no answer within {seconds:.1f} s: the connection was broken off"
                 ) from error
