@@ -15,6 +15,7 @@ _CAUSES_BY_SQLSTATE = {
     "3F000": "no_table",  # invalid_schema_name
     "28P01": "bad_credentials",  # invalid_password
     "28000": "bad_credentials",  # invalid_authorization_specification (no such role)
+    "28000-hba": "access_denied",  # (no pg_hba.conf entry) the server's host rules refuse us
     "42501": "access_denied",  # insufficient_privilege
     "40001": "write_conflict",  # serialization_failure
     "40P01": "write_conflict",  # deadlock_detected
@@ -64,13 +65,10 @@ def cause_of(error: BaseException) -> str:
         return "throttled"
     if isinstance(error, PoolTimeout):
         return "timed_out"
-    if isinstance(error, PoolClosed):
-        return "unknown"  # a pool the user gave, closed by them
-    if not isinstance(error, psycopg.Error):
-        return "unknown"  # (never raised: only psycopg's and the pool's errors come here)
+    if isinstance(error, PoolClosed) or not isinstance(error, psycopg.Error):
+        # A pool the user gave, closed by them (only psycopg's and the pool's errors come here).
+        return "unknown"
     sqlstate = sqlstate_of(error)
-    if sqlstate == "28000-hba":
-        return "access_denied"  # the server's host rules refuse this client
     cause = _CAUSES_BY_SQLSTATE.get(sqlstate) or _CAUSES_BY_CLASS.get(sqlstate[:2])
     if cause is not None:
         return cause

@@ -3,8 +3,6 @@
 Each operation is a flow (``kit.Flow``) of :class:`Statement` s, each answered with an
 :class:`Answer` (or its failure, as ``StoreUnavailable``, thrown in at its ``yield``); the
 transport runs a whole flow on one connection, so sync and async share every decision.
-
-The table's layout is ``_TABLE``.
 """
 
 from __future__ import annotations
@@ -82,8 +80,7 @@ Flow = Generator[Statement, Answer, T]
 
 
 class Transaction(NamedTuple):
-    """Run ``flow`` in one transaction: answered with its result, or its failure (rolled
-    back) thrown in."""
+    """``flow`` in one transaction: answered with its result, or its failure (rolled back)."""
 
     flow: Flow[Any]
 

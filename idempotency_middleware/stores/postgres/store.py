@@ -26,23 +26,22 @@ class PostgresStore(KitStore):
     precision epoch seconds), never the server's clock.
 
     ``min_size``/``max_size`` size the sync pool (each event loop's async pool connects on
-    demand, up to ``max_size``); a call waits at most ``pool_timeout_seconds`` for a free
-    connection (``connect_timeout`` while the server is not known to be reachable, so an
-    outage answers fast). ``statement_timeout_seconds`` bounds each statement on the server
-    (``None``: the server's setting); it is a startup option, which PgBouncer refuses unless
-    ``ignore_startup_parameters`` lists ``options``: behind it, pass ``None`` and set it on
-    the role. ``pool=`` (a ``psycopg_pool.ConnectionPool``) and ``async_pool=`` (an
-    ``AsyncConnectionPool``, used on its own event loop only) bring your own: used as they
-    are (a connection is switched to autocommit while held; the timeouts are then yours to
-    set), never closed. ``prepare_threshold`` is psycopg's (statements are prepared on a
-    connection after that many uses); behind PgBouncer in transaction mode older than 1.21,
-    pass ``None``.
+    demand, up to ``max_size``); a call waits at most ``pool_timeout_seconds`` for a
+    connection (``connect_timeout`` until the server is known reachable: an outage answers
+    fast). ``statement_timeout_seconds`` bounds each statement on the server (``None``: the
+    server's setting); as a startup option, PgBouncer refuses it unless
+    ``ignore_startup_parameters`` lists ``options`` (else pass ``None``, set it on the role).
+    Your own ``pool=`` (``psycopg_pool.ConnectionPool``) and ``async_pool=``
+    (``AsyncConnectionPool``, on its own event loop only) are used as they are, a connection
+    in autocommit while held (the timeouts are then yours), and never closed.
+    ``prepare_threshold`` is psycopg's (prepare after that many uses on a connection); behind
+    PgBouncer in transaction mode older than 1.21, pass ``None``.
 
     Expired rows stay claimable at once; a bounded purge (``purge_batch_size`` rows) rides
     on a write at most once per ``purge_interval_seconds`` per process (``None`` disables
     it), and :meth:`purge_expired` runs it now. A failure becomes ``StoreUnavailable`` with
-    its cause (a claim answers 503); a broken connection drains the pool (its connections are
-    replaced), and the store works again once the server is back.
+    its cause (a claim answers 503); a broken connection drains the pool (its connections
+    are replaced), and the store works again once the server is back.
     """
 
     _ops: PostgresOps

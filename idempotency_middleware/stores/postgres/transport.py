@@ -1,11 +1,7 @@
-"""Runs ``PostgresStore``'s flows, each on one pooled autocommit connection (a
-:class:`~.ops.Transaction` in a transaction), every statement under a deadline.
-
-Sync: a ``psycopg_pool.ConnectionPool``, opened on first use (again in a forked child).
-Async: a :class:`LoopPool` per event loop, since connections belong to the loop they
-were made on (two servers on their own threads, an ``asyncio.run(...)`` before the server).
-Imported only once psycopg is (``PostgresStore`` checks for it first).
-"""
+"""Runs ``PostgresStore``'s flows, each on one pooled autocommit connection, every statement
+under a deadline. Sync: a ``psycopg_pool.ConnectionPool`` (a new one in a forked child);
+async: a :class:`LoopPool` per event loop, since connections belong to the loop they were
+made on. Imported only once psycopg is (``PostgresStore`` checks for it first)."""
 
 from __future__ import annotations
 
@@ -49,8 +45,7 @@ class LoopPool:
     """
 
     def __init__(self, dsn: str, kwargs: dict[str, Any], max_size: int) -> None:
-        self._dsn = dsn
-        self._kwargs = kwargs
+        self._connect = partial(psycopg.AsyncConnection.connect, dsn, **kwargs)
         self._slots = asyncio.Semaphore(max_size)
         # Idle connections, each with the monotonic time it was given back.
         self._idle: deque[tuple[psycopg.AsyncConnection[Any], float]] = deque()
@@ -77,7 +72,7 @@ class LoopPool:
                 if since > stale_before:
                     return connection
                 self._discard(connection)
-            connection = await psycopg.AsyncConnection.connect(self._dsn, **self._kwargs)
+            connection = await self._connect()
             self._made_at[id(connection)] = time.monotonic()
             return connection
         except BaseException:
@@ -139,9 +134,8 @@ class PostgresConfig:
 
 
 class PostgresTransport:
-    """Runs flows (``kit.Transport``). ``reachable``: whether the last call reached the
-    server; until one does, a call waits for a connection no longer than a connection
-    attempt may take, so an outage answers fast."""
+    """Runs flows (``kit.Transport``). ``reachable``: whether the last call reached the server;
+    until one does, a call waits no longer than a connection attempt, so an outage answers fast."""
 
     def __init__(self, config: PostgresConfig) -> None:
         self.config = config
@@ -157,15 +151,12 @@ class PostgresTransport:
         timeout = self.config.pool_timeout_seconds
         return timeout if self.reachable else min(timeout, self.config.connect_timeout)
 
-    def _unavailable(self, operation: str, error: BaseException) -> StoreUnavailable:
-        return unavailable(operation, error, self.config.where, self.config.table)
-
     @contextlib.contextmanager
     def _answering(self, operation: str) -> Iterator[None]:
         try:
             yield
         except psycopg.Error as error:
-            raise self._unavailable(operation, error) from error
+            raise unavailable(operation, error, self.config.where, self.config.table) from error
 
     def pool(self) -> ConnectionPool[Any]:
         """The sync pool, opened on first use."""
@@ -206,9 +197,9 @@ class PostgresTransport:
             # The server is not known to answer (a new store, or after an outage): a
             # connection attempt of our own says at once why not, where waiting for the
             # pool's workers would take the whole wait (they retry with backoff).
-            failure = self._probe()
+            failure = self._probe(operation)
             if failure is not None:
-                raise self._unavailable(operation, failure)
+                raise failure
         with self._answering(operation):
             try:
                 try:
@@ -220,20 +211,20 @@ class PostgresTransport:
             except PoolTimeout as error:
                 if self.reachable or given:
                     raise  # every connection is busy
-                failure = self._probe()
+                failure = self._probe(operation)
                 if failure is not None:  # (it went away since the first attempt)
-                    raise self._unavailable(operation, failure) from error
+                    raise failure from error
             # The server answers, but the pool is still waiting out its reconnection backoff
             # after an outage (up to minutes): a new pool serves at once.
             pool = self._new_pool(pool)
             return pool, pool.getconn(timeout=self.config.pool_timeout_seconds)
 
-    def _probe(self) -> BaseException | None:
-        """The error of a connection attempt of our own, or ``None`` when it succeeds."""
+    def _probe(self, operation: str) -> StoreUnavailable | None:
+        """The failure of a connection attempt of our own, or ``None`` when it succeeds."""
         try:
             psycopg.connect(self.config.dsn, **self.config.connect_kwargs).close()
         except psycopg.Error as failure:
-            return failure
+            return unavailable(operation, failure, self.config.where, self.config.table)
         return None
 
     def run(self, operation: str, flow: Flow[T]) -> T:
@@ -375,13 +366,10 @@ class Watchdog:
             time.sleep(CHECK_INTERVAL_SECONDS)
             now = time.monotonic()
             with self._lock:
-                late = [
-                    (token, fd) for token, (deadline, fd) in self._armed.items() if deadline <= now
-                ]
-                for token, _ in late:
-                    del self._armed[token]
-                    self._fired.add(token)
-            for _, fd in late:
+                late = [token for token, (deadline, _) in self._armed.items() if deadline <= now]
+                fds = [self._armed.pop(token)[1] for token in late]
+                self._fired.update(late)
+            for fd in fds:
                 # shutdown() acts on the socket itself, so a duplicate of its descriptor
                 # reaches it without closing the descriptor psycopg still owns.
                 with contextlib.suppress(OSError), socket.socket(fileno=socket.dup(fd)) as dup:
