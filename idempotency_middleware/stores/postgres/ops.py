@@ -1,9 +1,7 @@
-"""What ``PostgresStore`` sends, and what it makes of the answers: no I/O here.
-
-Each operation is a flow (``kit.Flow``) of :class:`Statement` s, each answered with an
-:class:`Answer` (or its failure, as ``StoreUnavailable``, thrown in at its ``yield``); the
-transport runs a whole flow on one connection, so sync and async share every decision.
-"""
+"""What ``PostgresStore`` sends and makes of the answers, no I/O: each operation is a flow
+(``kit.Flow``) of :class:`Statement` s, each answered with an :class:`Answer` (or its
+failure, as ``StoreUnavailable``, thrown in at its ``yield``). The transport runs a whole
+flow on one connection, so sync and async share every decision."""
 
 from __future__ import annotations
 
@@ -100,9 +98,8 @@ class Statements:
         self.index_name = index = f"{bare}_expires_at"
         self.create_table = f"CREATE TABLE IF NOT EXISTS {quoted} ({', '.join(_TABLE)})"
         self.create_index = f'CREATE INDEX IF NOT EXISTS "{index}" ON {quoted} (expires_at)'
-        # Creators of the same table queue on one advisory lock, so two of them never race
-        # on the catalogs (CREATE ... IF NOT EXISTS alone can fail with a unique violation
-        # on pg_type when two sessions create the same table at once).
+        # Creators of a table queue on an advisory lock: CREATE ... IF NOT EXISTS alone can
+        # fail with a unique violation on pg_type when two sessions create it at once.
         self.create_lock = "SELECT pg_advisory_xact_lock(1768189257, hashtext(%s))"
         # Whether both exist already: a role without CREATE on the schema can then still
         # call create_table() (the DDL would be refused before IF NOT EXISTS is looked at).
@@ -191,8 +188,7 @@ def row_to_record(row: Sequence[Any]) -> Record:
 
 
 def piggybacked(purge: str, cutoff: float, limit: int) -> Flow[int]:
-    """A purge batch riding on a write: its row count, 0 when it failed (the write it rides
-    on is done; a failed purge only waits for the next one)."""
+    """A purge batch riding on a (done) write: its row count, 0 if it failed (left to the next)."""
     try:
         return (yield Statement(purge, {"cutoff": cutoff, "limit": limit})).rowcount
     except StoreUnavailable as error:
@@ -224,10 +220,9 @@ class PostgresOps:
         self._next_purge = 0.0  # the first write of a process purges
 
     def claim(self, request: ClaimRequest) -> Flow[ClaimResult]:
-        """Claim in one statement; ``Held`` with the holding row from the same statement.
-        Under READ COMMITTED the second branch reads the statement's snapshot: after a
-        concurrent commit it returns nothing or an older, claimable version, and the claim
-        runs again (bounded: each rerun needs another write committed during it)."""
+        """Claim in one statement. Under READ COMMITTED its second branch (the holding row) reads
+        the statement's snapshot: after a concurrent commit it returns nothing or an older,
+        claimable version, and the claim runs again (each rerun needs another such commit)."""
         params = {
             "key": request.key_hash,
             "fingerprint": request.fingerprint,
@@ -257,7 +252,7 @@ class PostgresOps:
     def complete(self, completion: Completion) -> Flow[bool]:
         """Store the response, fenced by the owner (a deferral's interim one: see SQL)."""
         status = Status.DEFERRED if completion.deferred else Status.COMPLETED
-        params = self._finish(completion, completion.response, status, completion.streamed)
+        params = self._finish(completion, completion.response, status)
         params.update(expires_at=completion.expires_at, response_size=completion.body_size)
         if completion.deferred:
             done = bool((yield Statement(self.sql.complete_interim, params)).rows[0][0])
@@ -269,21 +264,17 @@ class PostgresOps:
     def complete_final(
         self, token: DeferredToken, response: StoredResponse, now: float
     ) -> Flow[bool]:
-        params = self._finish(token, response, Status.COMPLETED, False)
+        params = self._finish(token, response, Status.COMPLETED)
         params["expires_at"] = float(token.expires_at)
         return (yield Statement(self.sql.complete_final, params)).rowcount == 1
 
     def _finish(
-        self,
-        of: Completion | DeferredToken,
-        response: StoredResponse,
-        status: Status,
-        streamed: bool,
+        self, of: Completion | DeferredToken, response: StoredResponse, status: Status
     ) -> dict[str, Any]:
         """The parameters of a finishing write. The body is not kept (``too_large``) when it
         was streamed, is over ``max_response_bytes``, or encodes past bytea's 1 GB."""
-        limit = self._max_response_bytes
-        blob = None
+        limit, blob = self._max_response_bytes, None
+        streamed = isinstance(of, Completion) and of.streamed
         if not streamed and (limit is None or len(response.body) <= limit):
             blob = encode_response(response)
             if len(blob) > MAX_BYTEA_BYTES:
@@ -305,8 +296,9 @@ class PostgresOps:
         return (yield Statement(self.sql.renew, params)).rowcount == 1
 
     def release_unfinished(self, token: DeferredToken) -> Flow[bool]:
-        params = (token.key_hash, token.owner)
-        return (yield Statement(self.sql.release_deferred, params)).rowcount == 1
+        return (
+            yield Statement(self.sql.release_deferred, (token.key_hash, token.owner))
+        ).rowcount == 1
 
     def get(self, key_hash: str) -> Flow[Record | None]:
         rows = (yield Statement(self.sql.select, (key_hash,))).rows

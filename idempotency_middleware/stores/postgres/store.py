@@ -20,10 +20,9 @@ class PostgresStore(KitStore):
     """Idempotency store in one PostgreSQL table, shared by every host of a service.
 
     ``PostgresStore("postgresql://app@db/app")`` serves both middlewares and ``idempotent``.
-    The claim is one ``INSERT ... ON CONFLICT (key) DO UPDATE ... WHERE ... RETURNING``
-    statement that reports a takeover, or the holding row in the same round trip; finishing
-    and renewing are fenced by the claim's owner token. Times are the requests' own (double
-    precision epoch seconds), never the server's clock.
+    The claim is one ``INSERT ... ON CONFLICT ... RETURNING`` statement that reports a
+    takeover, or the holding row in the same round trip; finishing and renewing are fenced
+    by the claim's owner token. Times are the requests' (epoch seconds), never the server's.
 
     ``min_size``/``max_size`` size the sync pool (each event loop's async pool connects on
     demand, up to ``max_size``); a call waits at most ``pool_timeout_seconds`` for a
@@ -37,11 +36,11 @@ class PostgresStore(KitStore):
     ``prepare_threshold`` is psycopg's (prepare after that many uses on a connection); behind
     PgBouncer in transaction mode older than 1.21, pass ``None``.
 
-    Expired rows stay claimable at once; a bounded purge (``purge_batch_size`` rows) rides
-    on a write at most once per ``purge_interval_seconds`` per process (``None`` disables
-    it), and :meth:`purge_expired` runs it now. A failure becomes ``StoreUnavailable`` with
-    its cause (a claim answers 503); a broken connection drains the pool (its connections
-    are replaced), and the store works again once the server is back.
+    Expired rows stay claimable at once; a purge of ``purge_batch_size`` rows rides on a
+    write at most once per ``purge_interval_seconds`` per process (``None``: never);
+    :meth:`purge_expired` runs it now. A failure is ``StoreUnavailable`` with its cause (a
+    claim answers 503); a broken connection drains the pool, and the store recovers with
+    the server.
     """
 
     _ops: PostgresOps
@@ -136,9 +135,8 @@ class PostgresStore(KitStore):
     def purge_expired(
         self, now: float | None = None, *, clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS
     ) -> int:
-        """Delete every record expired at least ``clock_skew_seconds`` before ``now``
-        (default: the clock's time), in batches of ``purge_batch_size`` rows (each its own
-        short statement); the count."""
+        """Delete every record expired at least ``clock_skew_seconds`` before ``now`` (default:
+        the clock's), in short statements of ``purge_batch_size`` rows; the count."""
         cutoff = (self._clock.now() if now is None else now) - clock_skew_seconds
         return self._run("purge", self._ops.purge_expired(cutoff))
 

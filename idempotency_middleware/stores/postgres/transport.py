@@ -54,8 +54,7 @@ class LoopPool:
         self.closed = False
 
     async def getconn(self, timeout: float) -> psycopg.AsyncConnection[Any]:
-        """A connection (idle, else new); ``PoolTimeout`` when none is free in ``timeout``
-        seconds; a connection attempt's error as it is."""
+        """An idle connection, else a new one; ``PoolTimeout`` when none is free in time."""
         if self.closed:
             raise PoolClosed("the store's connection pool of this event loop is closed")
         if self._slots.locked():  # (else acquiring takes no wait: no timer, no task)
@@ -117,8 +116,7 @@ class LoopPool:
 
 @dataclass(frozen=True)
 class PostgresConfig:
-    """Where the server is and how long to wait for it; pools the user gave (``pool``,
-    ``async_pool``) are used as they are and never closed."""
+    """Where the server is and how long to wait for it; the user's pools, never closed."""
 
     dsn: str
     where: str  # for messages: host:port/dbname, never the password
@@ -194,9 +192,8 @@ class PostgresTransport:
         pool = self.pool()
         given = pool is self.config.pool
         if not self.reachable and not given:
-            # The server is not known to answer (a new store, or after an outage): a
-            # connection attempt of our own says at once why not, where waiting for the
-            # pool's workers would take the whole wait (they retry with backoff).
+            # Not known to answer (new store, or an outage): a connection attempt of our own
+            # says at once why not; the pool's workers retry with backoff, taking the wait.
             failure = self._probe(operation)
             if failure is not None:
                 raise failure
@@ -259,8 +256,7 @@ class PostgresTransport:
         return Answer(rows, cursor.rowcount)
 
     def close(self) -> None:
-        """Close the sync pool (one the user gave stays open; reopened on use), and let go
-        of the pools of event loops closed meanwhile."""
+        """Close the sync pool (reopened on use; the user's stays open) and closed loops'."""
         with self._pool_lock:
             pool, self._pool = self._pool, self.config.pool
         if pool is not None and pool is not self.config.pool:
@@ -270,19 +266,16 @@ class PostgresTransport:
     async def _new_loop_pool(self) -> LoopPool:
         return LoopPool(self.config.dsn, self.config.connect_kwargs, self.config.max_size)
 
-    async def _loop_pool(self) -> LoopPool | AsyncConnectionPool[Any]:
-        given = self.config.async_pool
-        return given if given is not None else await self.loop_pools.get()
-
     async def arun(self, operation: str, flow: Flow[T]) -> T:
-        pool = await self._loop_pool()
+        given = self.config.async_pool
+        pool = given if given is not None else await self.loop_pools.get()
         with self._answering(operation):
             # (A connection attempt's own error says why: refused, bad password ...)
             try:
                 connection = await pool.getconn(timeout=self.wait_seconds())
             except PoolClosed:
                 # aclose() ran meanwhile: the store reopens on use, as after any aclose().
-                pool = await self._loop_pool()
+                pool = given if given is not None else await self.loop_pools.get()
                 connection = await pool.getconn(timeout=self.wait_seconds())
         autocommit = connection.autocommit
         try:
@@ -317,10 +310,9 @@ class PostgresTransport:
         await self.loop_pools.aclose()  # (the running loop's; one the user gave stays open)
 
 
-# ``statement_timeout`` is the server's: a hung server or a network that drops packets
-# without a reset never answers, and a read would wait for ever. So a watchdog thread shuts a
-# statement's socket down past its deadline: the blocked read fails at once (sync or asyncio),
-# psycopg marks the connection broken, the pool drops it, the store answers ``timed_out``.
+# A hung server or a network dropping packets never answers (``statement_timeout`` is the
+# server's): a watchdog thread shuts a statement's socket down past its deadline, the read
+# fails at once (sync or asyncio), the pool drops the broken connection: ``timed_out``.
 
 # How often the watchdog looks: a statement may outlive its deadline by this much.
 CHECK_INTERVAL_SECONDS = 0.25
