@@ -7,6 +7,7 @@ response captured, send the answer. The attempt itself is ``engine.flow.attempt`
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, NamedTuple
 
 from . import asgi_messages as messages
@@ -179,7 +180,7 @@ class IdempotencyMiddleware:
             query_string=scope.get("query_string", b""),
             content_type=content_type,
             body=body,
-            request_view=lambda route: messages.request_view(scope, route),
+            request_view=partial(messages.request_view, scope),  # (no closure per request)
             now=self.options.clock.now(),
             owner=self._context.entropy.owner(),
         )
@@ -187,9 +188,9 @@ class IdempotencyMiddleware:
 
         async def run() -> Ran | None:
             nonlocal start
-            capture = messages.ResponseCapture(send)  # (built only when the app runs)
-            inner_receive = messages.replaying_receive(body, receive)
-            await self.app(messages.without_bypass(scope), inner_receive, capture.send)
+            # (Built only when the app runs; it also replays the body read to the app.)
+            capture = messages.ResponseCapture(send, body, receive)
+            await self.app(messages.without_bypass(scope), capture.receive, capture.send)
             ran = capture.ran()
             start = capture.start
             return ran
