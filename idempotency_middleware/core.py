@@ -188,7 +188,6 @@ def new_attempt(
 
 def begin_attempt(
     admitted: Admitted,
-    *,
     method: str,
     path: str,
     query_string: bytes | str,
@@ -201,7 +200,8 @@ def begin_attempt(
     """Namespace the key (method, route template, scope) and fingerprint the request.
 
     ``request_view(route)`` builds the view a ``scope`` callable receives; it is only called
-    when there is one. ``owner`` is a fresh token (``entropy.Entropy.owner``).
+    when there is one. ``owner`` is a fresh token (``entropy.Entropy.owner``). (Positional
+    arguments are accepted: a call by keyword costs more on every request.)
     """
     policy, route, key = admitted
     scope_value = policy.scope(request_view(route)) if policy.scope is not None else None
@@ -284,7 +284,6 @@ def completion_for(
     headers: Headers,
     body: bytes,
     now: float,
-    *,
     streamed_size: int | None = None,
     writes: tuple[dict[str, Any], ...] = (),
     deferred: bool = False,
