@@ -7,6 +7,7 @@ response captured, send the answer. The attempt itself is ``engine.flow.attempt`
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, NamedTuple
 
 from . import asgi_messages as messages
@@ -172,24 +173,26 @@ class IdempotencyMiddleware:
         except messages.ClientGone:
             return  # nobody to answer and nothing claimed
 
+        # (Positional: a call by keyword costs more, on every request.)
         attempt = core.begin_attempt(
             admitted,
-            method=scope["method"],
-            path=scope["path"],
-            query_string=scope.get("query_string", b""),
-            content_type=content_type,
-            body=body,
-            request_view=lambda route: messages.request_view(scope, route),
-            now=self.options.clock.now(),
-            owner=self._context.entropy.owner(),
+            scope["method"],  # method
+            scope["path"],  # path
+            scope.get("query_string", b""),  # query_string
+            content_type,
+            body,
+            partial(messages.request_view, scope),  # request_view (no closure per request)
+            self.options.clock.now(),  # now
+            self._context.entropy.owner(),  # owner
         )
         start: Message | None = None
 
         async def run() -> Ran | None:
             nonlocal start
-            capture = messages.ResponseCapture(send)  # (built only when the app runs)
-            inner_receive = messages.replaying_receive(body, receive)
-            await self.app(messages.without_bypass(scope), inner_receive, capture.send)
+            # (Built only when the app runs; it also replays the body read to the app.)
+            capture = messages.ResponseCapture(send, body, receive)
+            inner_scope = messages.without_bypass(scope) if "extensions" in scope else scope
+            await self.app(inner_scope, capture.receive, capture.send)
             ran = capture.ran()
             start = capture.start
             return ran

@@ -38,12 +38,32 @@ class ResponseCapture:
     """Buffers the app's response instead of sending it, except a streaming one (see
     ``records.STREAMING_MEDIA_TYPES``), which goes to the client live as it comes."""
 
-    __slots__ = ("_send", "buffer", "held", "live", "size", "start")
+    __slots__ = (
+        "_body",
+        "_receive",
+        "_replayed",
+        "_send",
+        "buffer",
+        "expected_size",
+        "first",
+        "held",
+        "live",
+        "size",
+        "start",
+    )
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, body: bytes = b"", receive: Receive | None = None) -> None:
         self._send = send
+        # The request body already read, replayed to the app by ``receive`` (a method: no
+        # closure per request), then whatever the server sends next.
+        self._body = body
+        self._receive = receive
+        self._replayed = False
         self.start: Message | None = None
-        self.buffer = BodyBuffer()
+        # Most bodies come in one chunk, kept as it is: the buffer is made at a second one.
+        self.first = b""
+        self.buffer: BodyBuffer | None = None
+        self.expected_size: int | None = None
         self.live = False
         self.held = False  # a stream held back until its transaction's writes land
         self.size = 0
@@ -52,7 +72,7 @@ class ResponseCapture:
         kind = message["type"]
         if kind == "http.response.start":
             self.start = message
-            self.live, self.buffer.expected_size = scan_response_headers(message.get("headers", []))
+            self.live, self.expected_size = scan_response_headers(message.get("headers", []))
             if self.live:
                 self.live = streams_now()
                 self.held = not self.live
@@ -63,9 +83,29 @@ class ResponseCapture:
                 self.size += len(message.get("body", b""))
                 await self._send(message)
                 return
-            self.buffer.add(message.get("body", b""))
+            chunk = message.get("body", b"")
+            if not chunk:
+                return
+            if self.buffer is not None:
+                self.buffer.add(chunk)
+            elif not self.first:
+                self.first = chunk
+            else:
+                self.buffer = BodyBuffer()
+                self.buffer.expected_size = self.expected_size
+                self.buffer.add(self.first)
+                self.buffer.add(chunk)
+                self.first = b""
         elif self.live:
             await self._send(message)
+
+    async def receive(self) -> Message:
+        """``replaying_receive(body, receive)`` as a method of the capture."""
+        if not self._replayed:
+            self._replayed = True
+            return {"type": "http.request", "body": self._body, "more_body": False}
+        assert self._receive is not None, "a capture built without receive replays nothing"
+        return await self._receive()
 
     def ran(self) -> Ran | None:
         """The app's answer once it returned (``None``: it sent nothing)."""
@@ -75,12 +115,13 @@ class ResponseCapture:
         headers = start.get("headers", [])
         if self.live:
             return Ran(start["status"], headers, b"", live=True, ended=True, size=self.size)
-        body = self.buffer.take()
+        body = self.first if self.buffer is None else self.buffer.take()
         if self.held:
             # A stream declares no length; sent whole, it gets one (as a replay does).
             headers = with_content_length(headers, len(body))
             self.start = {**start, "headers": headers}
-        return Ran(start["status"], headers, body)
+        # (Built with tuple.__new__, every field given: calling the class costs twice as much.)
+        return tuple.__new__(Ran, (start["status"], headers, body, False, True, 0, (), False))
 
 
 def read_headers(

@@ -47,11 +47,13 @@ class CurrentAttempt:
         "ttl_seconds",
     )
 
-    def __init__(self, claim: ClaimRequest, ttl_seconds: float, *, http: bool) -> None:
+    def __init__(
+        self, claim: ClaimRequest, ttl_seconds: float, http: bool, store: Any = None
+    ) -> None:
         self.claim = claim
         self.ttl_seconds = ttl_seconds
         self.http = http
-        self.store: Any = None  # set by the driver that runs the attempt
+        self.store: Any = store  # the store of the driver that runs the attempt
         self.transaction: Writes | None = None
         self.deferred = False
         self.live = False

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import NoReturn
 
 MAX_KEY_LENGTH = 255
 
@@ -39,7 +40,12 @@ def parse_idempotency_key(values: Sequence[bytes]) -> str | None:
     raw = values[0].strip(b" \t")
     if not raw:
         raise InvalidKey("The idempotency key is empty.")
-    key = _parse_sf_string(raw) if raw[:1] == b'"' else _parse_bare(raw)
+    if raw[:1] == b'"':
+        key = _parse_sf_string(raw)
+    elif raw.translate(None, _BARE_ALLOWED):
+        _refuse_bare(raw)
+    else:
+        key = raw.decode("ascii")  # a bare token (the usual key): checked in C, one call
     if not key:
         raise InvalidKey("The idempotency key is empty.")
     if len(key) > MAX_KEY_LENGTH:
@@ -47,15 +53,14 @@ def parse_idempotency_key(values: Sequence[bytes]) -> str | None:
     return key
 
 
-def _parse_bare(raw: bytes) -> str:
-    if raw.translate(None, _BARE_ALLOWED):
-        if b"," in raw:
-            raise InvalidKey("The idempotency key header carries more than one value.")
-        raise InvalidKey(
-            "The idempotency key must be visible ASCII; quote it as an RFC 8941 string "
-            "if it contains '\"' or '\\'."
-        )
-    return raw.decode("ascii")
+def _refuse_bare(raw: bytes) -> NoReturn:
+    """Why a bare value holding bytes outside ``_BARE_ALLOWED`` is no key."""
+    if b"," in raw:
+        raise InvalidKey("The idempotency key header carries more than one value.")
+    raise InvalidKey(
+        "The idempotency key must be visible ASCII; quote it as an RFC 8941 string "
+        "if it contains '\"' or '\\'."
+    )
 
 
 def _parse_sf_string(raw: bytes) -> str:

@@ -66,9 +66,8 @@ def _lease_ends_with_run(ran: Ran | None) -> bool:
 def _current(effect: Run, store: object) -> CurrentAttempt:
     """The attempt as the handler sees it while ``effect`` runs (``attempt_context``)."""
     attempt = effect.attempt
-    current = CurrentAttempt(attempt.claim, attempt.policy.ttl_seconds, http=effect.http)
-    current.store = store
-    return current
+    # (Positional: a call by keyword costs more, on every request.)
+    return CurrentAttempt(attempt.claim, attempt.policy.ttl_seconds, effect.http, store)
 
 
 def _with_requests(ran: Ran | None, current: CurrentAttempt) -> Ran | None:
@@ -214,7 +213,10 @@ class AsyncDriver:
                     value = await store.aclaim(effect)
                 elif type(effect) is Run:
                     assert run is not None, "a flow yielded Run with nothing to run"
-                    current = _current(effect, store)
+                    attempt = effect.attempt  # (_current, inlined: one call less per request)
+                    current = CurrentAttempt(
+                        attempt.claim, attempt.policy.ttl_seconds, effect.http, store
+                    )
                     entered = CURRENT.set(current)
                     try:
                         renewals.start(effect)
@@ -223,7 +225,7 @@ class AsyncDriver:
                             value = _with_requests(value, current)
                     finally:
                         # An ASGI response, live or not, has been sent when the app returns.
-                        renewals.stop(effect.attempt.claim.owner)
+                        renewals.stop(attempt.claim.owner)
                         current.finished = True
                         CURRENT.reset(entered)
                 elif type(effect) is Completion:
