@@ -129,13 +129,9 @@ def admit_request(
     refuse a declared length over the limit (``check_declared_length``)."""
     admitted = admit(options, policy, path, key_lines)
     if content_length is not None and type(admitted) is Admitted:
-        # check_declared_length, inlined: one call less on every request with a key.
-        try:
-            declared = int(content_length)
-        except ValueError:
-            return admitted  # the server rejects a malformed Content-Length itself
-        if declared > options.max_body_bytes:
-            return body_too_large(options)
+        too_large = check_declared_length(options, content_length)
+        if too_large is not None:
+            return too_large
     return admitted
 
 
