@@ -14,6 +14,7 @@ import dataclasses
 import itertools
 import os
 import re
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -379,6 +380,20 @@ def test_on_store_error_run_runs_the_function_unprotected(fstore: FunctionStore)
     wait_for_lost_claim_releases(fstore, down, calls=sent)
 
 
+def recover(store: Any, fault_proxy: FaultProxy, clock: FakeClock) -> None:
+    """The network comes back for a store whose failed claim's background releases (one per
+    ``LOST_CLAIM_RELEASE_DELAYS``, instant on the fake clock) all met the refusing network:
+    with the claim, six failures, so its breaker opens (the default threshold is five). Wait
+    for that, then let the cool-down pass, so the next call is its half-open probe, whatever
+    the order the releases and the test ran in."""
+    deadline = time.monotonic() + 30
+    while store.breaker_state != "open":
+        assert time.monotonic() < deadline, "the lost claim's releases never opened the breaker"
+        time.sleep(0.01)
+    fault_proxy.set("pass")
+    clock.advance(store.breaker.cooldown_seconds)
+
+
 @pytest.mark.parametrize("flavour", ["sync", "async"])
 def test_a_store_behind_a_refusing_network_fails_closed_then_recovers(
     flavour: str, fault_proxy: FaultProxy, moto_endpoint: str
@@ -399,7 +414,7 @@ def test_a_store_behind_a_refusing_network_fails_closed_then_recovers(
             sync_charge = idempotent(store=store, key="key", clock=clock)(charge)
             with pytest.raises(StoreUnavailableError):
                 sync_charge(key)
-            fault_proxy.set("pass")
+            recover(store, fault_proxy, clock)
             assert sync_charge(key) == "charged"
             assert sync_charge(key) == "charged"
     else:
@@ -413,7 +428,7 @@ def test_a_store_behind_a_refusing_network_fails_closed_then_recovers(
 
                 with pytest.raises(StoreUnavailableError):
                     await async_charge(key)
-                fault_proxy.set("pass")
+                await asyncio.to_thread(recover, store, fault_proxy, clock)
                 assert await async_charge(key) == "charged"
                 assert await async_charge(key) == "charged"
 
