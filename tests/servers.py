@@ -308,12 +308,8 @@ def _renewal_cut_off() -> StoreUnavailable:
     return StoreUnavailable("this owner's lease renewals cannot reach the store (test)")
 
 
-class SyncRenewalsCutOff:
-    """A real sync store whose lease renewals never get through: an owner cut off from it.
-
-    Claims, completions and releases go to the real store, so the fencing under test is the
-    store's own; only ``renew`` fails, as it would for an owner that lost its connection.
-    """
+class SyncPassThrough:
+    """A real sync store behind a wrapper that changes only what its subclass overrides."""
 
     def __init__(self, store: SyncStore) -> None:
         self._store = store
@@ -328,11 +324,11 @@ class SyncRenewalsCutOff:
         return self._store.release(key, owner)
 
     def renew(self, key: str, owner: str, lock_expires_at: float) -> bool:
-        raise _renewal_cut_off()
+        return self._store.renew(key, owner, lock_expires_at)
 
 
-class AsyncRenewalsCutOff:
-    """The async twin of :class:`SyncRenewalsCutOff`."""
+class AsyncPassThrough:
+    """The async twin of :class:`SyncPassThrough`."""
 
     def __init__(self, store: AsyncStore) -> None:
         self._store = store
@@ -345,6 +341,24 @@ class AsyncRenewalsCutOff:
 
     async def arelease(self, key: str, owner: str) -> bool:
         return await self._store.arelease(key, owner)
+
+    async def arenew(self, key: str, owner: str, lock_expires_at: float) -> bool:
+        return await self._store.arenew(key, owner, lock_expires_at)
+
+
+class SyncRenewalsCutOff(SyncPassThrough):
+    """A real sync store whose lease renewals never get through: an owner cut off from it.
+
+    Claims, completions and releases go to the real store, so the fencing under test is the
+    store's own; only ``renew`` fails, as it would for an owner that lost its connection.
+    """
+
+    def renew(self, key: str, owner: str, lock_expires_at: float) -> bool:
+        raise _renewal_cut_off()
+
+
+class AsyncRenewalsCutOff(AsyncPassThrough):
+    """The async twin of :class:`SyncRenewalsCutOff`."""
 
     async def arenew(self, key: str, owner: str, lock_expires_at: float) -> bool:
         raise _renewal_cut_off()
@@ -371,44 +385,26 @@ class Renewals:
             return self._condition.wait_for(lambda: self._count >= count, timeout)
 
 
-class SyncRenewalsCounted:
+class SyncRenewalsCounted(SyncPassThrough):
     """A real sync store whose successful lease renewals are counted in ``renewals``."""
 
     def __init__(self, store: SyncStore, renewals: Renewals) -> None:
-        self._store = store
+        super().__init__(store)
         self._renewals = renewals
 
-    def claim(self, request: ClaimRequest) -> ClaimResult:
-        return self._store.claim(request)
-
-    def complete(self, completion: Completion) -> bool:
-        return self._store.complete(completion)
-
-    def release(self, key: str, owner: str) -> bool:
-        return self._store.release(key, owner)
-
     def renew(self, key: str, owner: str, lock_expires_at: float) -> bool:
-        return self._renewals.record(self._store.renew(key, owner, lock_expires_at))
+        return self._renewals.record(super().renew(key, owner, lock_expires_at))
 
 
-class AsyncRenewalsCounted:
+class AsyncRenewalsCounted(AsyncPassThrough):
     """The async twin of :class:`SyncRenewalsCounted`."""
 
     def __init__(self, store: AsyncStore, renewals: Renewals) -> None:
-        self._store = store
+        super().__init__(store)
         self._renewals = renewals
 
-    async def aclaim(self, request: ClaimRequest) -> ClaimResult:
-        return await self._store.aclaim(request)
-
-    async def acomplete(self, completion: Completion) -> bool:
-        return await self._store.acomplete(completion)
-
-    async def arelease(self, key: str, owner: str) -> bool:
-        return await self._store.arelease(key, owner)
-
     async def arenew(self, key: str, owner: str, lock_expires_at: float) -> bool:
-        return self._renewals.record(await self._store.arenew(key, owner, lock_expires_at))
+        return self._renewals.record(await super().arenew(key, owner, lock_expires_at))
 
 
 class Harness:
