@@ -359,13 +359,17 @@ class Watchdog:
             now = time.monotonic()
             with self._lock:
                 late = [token for token, (deadline, _) in self._armed.items() if deadline <= now]
-                fds = [self._armed.pop(token)[1] for token in late]
-                self._fired.update(late)
-            for fd in fds:
-                # shutdown() acts on the socket itself, so a duplicate of its descriptor
-                # reaches it without closing the descriptor psycopg still owns.
-                with contextlib.suppress(OSError), socket.socket(fileno=socket.dup(fd)) as dup:
-                    dup.shutdown(socket.SHUT_RDWR)
+                # Shut down under the lock: the watched block cannot leave (its finally takes
+                # the lock) and hand its connection back to be closed meanwhile. Outside it,
+                # the descriptor could be closed and its number reused by a new connection,
+                # which would then be the one shut down ("server closed the connection").
+                for token in late:
+                    fd = self._armed.pop(token)[1]
+                    self._fired.add(token)
+                    # shutdown() acts on the socket itself, so a duplicate of its descriptor
+                    # reaches it without closing the descriptor psycopg still owns.
+                    with contextlib.suppress(OSError), socket.socket(fileno=socket.dup(fd)) as dup:
+                        dup.shutdown(socket.SHUT_RDWR)
 
 
 WATCHDOG = Watchdog()
