@@ -44,6 +44,7 @@ def send_welcome_email(record: dict[str, Any]) -> str:
     return f"sent to {address}"
 
 
+# --8<-- [start:handler]
 consumer = IdempotentConsumer(
     send_welcome_email,
     store=store,
@@ -56,6 +57,9 @@ consumer = IdempotentConsumer(
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     return process_lambda_batch(consumer, event)
+
+
+# --8<-- [end:handler]
 
 
 def local_dynamodb() -> Any:

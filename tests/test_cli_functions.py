@@ -5,6 +5,7 @@ written by real ``idempotent`` functions and consumers: ``show``, ``delete``, an
 from __future__ import annotations
 
 import io
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +137,25 @@ def test_options_that_address_no_key_are_usage_errors(
         main([*arguments, "--sqlite", str(path)])
     assert exited.value.code == EXIT_USAGE
     assert message in capsys.readouterr().err
+
+
+def test_the_redrive_commands_of_the_consumers_page_do_what_it_shows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    snippet = Path(__file__).resolve().parent.parent / "docs/snippets/consumers-redrive.txt"
+    commands = [line[2:] for line in snippet.read_text().splitlines() if line.startswith("$ ")]
+    monkeypatch.chdir(tmp_path)
+    with SQLiteStore(tmp_path / "orders.sqlite3") as store:
+        consumer = IdempotentConsumer(
+            lambda message: "shipped", store=store, key=lambda m: m["id"], name="orders.ship"
+        )
+        for key in ("m-1", "m-2"):
+            assert consumer.process({"id": key}).action == "ack"
+    (tmp_path / "dead-letter-keys.txt").write_text("m-1\nm-2\nm-3\n")
+
+    show, delete = (shlex.split(command)[1:] for command in commands)
+    assert main(show) == EXIT_OK
+    assert orjson.loads(capsys.readouterr().out)["status"] == "completed"
+    assert main(delete) == EXIT_OK
+    printed = capsys.readouterr().out.strip()
+    assert printed == snippet.read_text().strip().splitlines()[-1]
