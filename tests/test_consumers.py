@@ -15,16 +15,29 @@ from typing import Any
 import pytest
 
 from idempotency_middleware import (
+    DynamoDBStore,
     IdempotentConsumer,
     InvalidKeyError,
     KeyReusedError,
     MemoryStore,
     Outcome,
     StoreUnavailableError,
+    TransactionConflictError,
+    completion_transaction,
+    defer_completion,
 )
 from idempotency_middleware.consumers import message_payload
-from tests.function_stores import Events, FunctionStore, Hold, fresh_key, open_function_store
+from tests.conftest import REGION, new_table
+from tests.function_stores import (
+    DownStore,
+    Events,
+    FunctionStore,
+    Hold,
+    fresh_key,
+    open_function_store,
+)
 from tests.store_kinds import MEMORY_KINDS, SQLITE_KINDS, STORE_KINDS
+from tests.transaction_tables import create_business_tables
 
 VERDICT_KINDS = [*MEMORY_KINDS, *SQLITE_KINDS]
 
@@ -388,6 +401,69 @@ def test_a_redelivery_takes_over_from_a_dead_owner(fstore: FunctionStore) -> Non
     hold.open()
     assert first.result().action == "ack"  # its completion is fenced out, it still acks
     assert handler.runs == [delivered["id"]] * 2
+
+
+def test_a_handlers_transaction_commits_with_the_completion(moto_endpoint: str) -> None:
+    """On DynamoDB, the handler's writes land with its completion, once; a failed condition
+    writes nothing and makes the delivery a retry with the key released."""
+    with (
+        create_business_tables(moto_endpoint) as tables,
+        DynamoDBStore(
+            new_table(moto_endpoint), endpoint_url=moto_endpoint, region_name=REGION
+        ) as store,
+    ):
+        runs: list[str] = []
+
+        def place(message: dict[str, Any]) -> str:
+            runs.append(message["id"])
+            completion_transaction().put(
+                tables.orders_table,
+                {"id": message["order"]},
+                condition="attribute_not_exists(#id)",
+                names={"#id": "id"},
+            )
+            return str(message["order"])
+
+        consumer = IdempotentConsumer(place, store=store, key=lambda m: m["id"], name=fresh_key())
+        placed = {"id": "m-1", "order": "o-1"}
+        assert consumer.process(placed) == Outcome("ack", "o-1")
+        assert consumer.process(placed) == Outcome("ack", "o-1", replayed=True)
+        assert tables.order_ids() == ["o-1"]
+
+        clash = {"id": "m-2", "order": "o-1"}  # the order exists: the condition fails
+        outcome = consumer.process(clash)
+        assert outcome.action == "retry"
+        assert isinstance(outcome.error, TransactionConflictError)
+        assert runs == ["m-1", "m-2"]
+        assert consumer.process(clash).action == "retry"  # released: it ran again
+        assert runs == ["m-1", "m-2", "m-2"]
+
+
+def test_defer_completion_in_a_handler_is_refused_as_in_a_function() -> None:
+    def handle(message: Any) -> None:
+        defer_completion()
+
+    consumer = IdempotentConsumer(handle, store=MemoryStore(), key=str, name=fresh_key())
+
+    outcome = consumer.process("m-1")
+
+    assert outcome.action == "retry"
+    assert isinstance(outcome.error, LookupError)
+
+
+def test_on_store_error_run_acks_a_delivery_run_without_protection() -> None:
+    runs: list[str] = []
+
+    def handle(message: str) -> str:
+        runs.append(message)
+        return "done"
+
+    consumer = IdempotentConsumer(
+        handle, store=DownStore(), key=str, name=fresh_key(), on_store_error="run"
+    )
+
+    assert consumer.process("m-1") == Outcome("ack", "done")
+    assert runs == ["m-1"]
 
 
 # -- the default payload -------------------------------------------------------------------
