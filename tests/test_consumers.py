@@ -466,6 +466,26 @@ def test_on_store_error_run_acks_a_delivery_run_without_protection() -> None:
     assert runs == ["m-1"]
 
 
+def test_store_calls_per_delivery_new_two_redelivered_one_running_duplicate_one(
+    fstore: FunctionStore,
+) -> None:
+    counting = fstore.counting()
+    hold = fstore.hold()
+    consumer = consumer_for(fstore, Handler(), hold=hold, store=counting)
+    delivered = message()
+    method = consumer.aprocess if fstore.is_async else consumer.process
+    first = fstore.start(method, delivered)
+    fstore.wait_until(hold.entered.is_set, "the first delivery to run")
+
+    process(fstore, consumer, delivered)  # a duplicate while the first runs
+    assert counting.calls == {"claim": 2}
+    hold.open()
+    first.result()
+    assert counting.calls == {"claim": 2, "complete": 1}
+    process(fstore, consumer, delivered)  # redelivered after it completed
+    assert counting.calls == {"claim": 3, "complete": 1}
+
+
 # -- the default payload -------------------------------------------------------------------
 
 
@@ -584,3 +604,108 @@ def test_a_message_is_processed_once_then_forgotten_and_redriven_on_every_store(
         "ack", {"processed": delivered["id"]}
     )
     assert handler.runs == [delivered["id"]] * 2
+
+
+# -- the rarer paths -----------------------------------------------------------------------
+
+
+def test_an_async_on_exhausted_is_awaited() -> None:
+    given_up: list[str] = []
+
+    async def handle(message: str) -> None:
+        raise Boom(message)
+
+    async def on_exhausted(message: str, error: Exception) -> None:
+        given_up.append(message)
+
+    consumer = IdempotentConsumer(
+        handle,
+        store=MemoryStore(),
+        key=str,
+        name=fresh_key(),
+        max_attempts=1,
+        on_exhausted=on_exhausted,
+    )
+
+    assert asyncio.run(consumer.aprocess("m-1", 1)).action == "dead"
+    assert given_up == ["m-1"]
+
+
+def test_an_async_on_exhausted_for_a_sync_handler_is_a_type_error() -> None:
+    async def on_exhausted(message: str, error: Exception) -> None:
+        return None
+
+    with pytest.raises(TypeError, match="on_exhausted is a coroutine function"):
+        IdempotentConsumer(print, store=MemoryStore(), key=str, name="p", on_exhausted=on_exhausted)
+
+
+def test_a_result_too_large_to_keep_is_acked_and_its_redelivery_too_without_a_result() -> None:
+    runs: list[str] = []
+
+    def handle(message: str) -> str:
+        runs.append(message)
+        return "x" * 100
+
+    consumer = IdempotentConsumer(
+        handle, store=MemoryStore(max_response_bytes=10), key=str, name=fresh_key()
+    )
+
+    assert consumer.process("m-1") == Outcome("ack", "x" * 100)
+    assert consumer.process("m-1") == Outcome("ack", None, replayed=True)
+    assert runs == ["m-1"]
+
+
+def test_a_stored_result_that_cannot_be_read_is_dead_and_never_run_again() -> None:
+    runs: list[str] = []
+
+    def unreadable(data: bytes) -> Any:
+        raise ValueError("corrupt")
+
+    def handle(message: str) -> str:
+        runs.append(message)
+        return "done"
+
+    consumer = IdempotentConsumer(
+        handle,
+        store=MemoryStore(),
+        key=str,
+        name=fresh_key(),
+        serializer=(lambda value: b"done", unreadable),
+    )
+    consumer.process("m-1")
+
+    outcome = consumer.process("m-1")
+
+    assert outcome.action == "dead"
+    assert isinstance(outcome.error, ValueError)
+    assert runs == ["m-1"]
+
+
+class SyncDeleteOnly(MemoryStore):
+    """A store whose operator methods are sync only, as DynamoDBStore's."""
+
+    adelete = None  # type: ignore[assignment]
+
+
+class AsyncDeleteOnly(MemoryStore):
+    """A store whose operator methods are async only, as AsyncDynamoDBStore's."""
+
+    delete = None  # type: ignore[assignment]
+
+
+def test_aforget_runs_a_sync_only_delete_off_the_event_loop() -> None:
+    store = SyncDeleteOnly()
+    consumer = IdempotentConsumer(str.upper, store=store, key=str, name=fresh_key())
+    consumer.process("m-1")
+
+    assert asyncio.run(consumer.aforget("m-1")) is True
+    assert consumer.process("m-1").replayed is False
+
+
+def test_forget_on_a_store_without_a_sync_delete_says_to_use_aforget() -> None:
+    consumer = IdempotentConsumer(str.upper, store=AsyncDeleteOnly(), key=str, name=fresh_key())
+
+    with pytest.raises(TypeError, match="aforget"):
+        consumer.forget("m-1")
+    with pytest.raises(TypeError, match="non-empty str"):
+        asyncio.run(consumer.aforget(""))
