@@ -2,9 +2,10 @@
 
 Lambda hands a batch of SQS records to ``handler``; records it reports in
 ``batchItemFailures`` are redelivered, the others deleted (the event source mapping needs
-``FunctionResponseTypes: ["ReportBatchItemFailures"]``). A redelivered or duplicate record
-whose key already completed replays the stored result; one whose duplicate is still running
-elsewhere (``KeyInProgressError``) is reported as failed, so SQS retries it later.
+``FunctionResponseTypes: ["ReportBatchItemFailures"]``). ``process_lambda_batch`` gives each
+record a verdict: done or replayed (``ack``), to deliver again (``retry``: it failed, or its
+duplicate is still running elsewhere), or given up after ``max_attempts`` deliveries
+(``dead``: handed to ``on_exhausted``, not reported, so SQS deletes it).
 
 The store is built once per container, at import, from the function's environment:
 
@@ -15,21 +16,19 @@ The store is built once per container, at import, from the function's environmen
 from __future__ import annotations
 
 import json
-import logging
 import os
 from typing import Any
 
-from idempotency_middleware import DynamoDBStore, idempotent
-
-logger = logging.getLogger(__name__)
+from idempotency_middleware import DynamoDBStore, IdempotentConsumer, process_lambda_batch
 
 store = DynamoDBStore(
     os.environ.get("IDEMPOTENCY_TABLE", "idempotency"),
     endpoint_url=os.environ.get("DYNAMODB_ENDPOINT_URL"),  # unset in Lambda: the real one
 )
 
-# Stands in for the side effect (an email, a charge, a row in another system).
+# Stand in for the side effect (an email, a charge) and for a dead-letter table.
 sent_emails: list[str] = []
+given_up: list[str] = []
 
 
 def record_key(record: dict[str, Any]) -> str:
@@ -39,22 +38,28 @@ def record_key(record: dict[str, Any]) -> str:
     return str(attribute["stringValue"]) if attribute else str(record["messageId"])
 
 
-@idempotent(store=store, key=record_key, payload=lambda record: record["body"])
 def send_welcome_email(record: dict[str, Any]) -> str:
     address = json.loads(record["body"])["email"]  # a malformed body raises: not kept
     sent_emails.append(address)
     return f"sent to {address}"
 
 
+# --8<-- [start:handler]
+consumer = IdempotentConsumer(
+    send_welcome_email,
+    store=store,
+    key=record_key,  # the payload is the record's body: a redelivery is the same work
+    name="signups.welcome_email",
+    max_attempts=3,  # the queue's maxReceiveCount, or fewer
+    on_exhausted=lambda record, error: given_up.append(record["messageId"]),
+)
+
+
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    failures: list[dict[str, str]] = []
-    for record in event["Records"]:
-        try:
-            send_welcome_email(record)
-        except Exception:  # KeyInProgressError too: a duplicate still running elsewhere
-            logger.exception("record %s failed; SQS will retry it", record["messageId"])
-            failures.append({"itemIdentifier": record["messageId"]})
-    return {"batchItemFailures": failures}
+    return process_lambda_batch(consumer, event)
+
+
+# --8<-- [end:handler]
 
 
 def local_dynamodb() -> Any:
@@ -79,10 +84,21 @@ if __name__ == "__main__":
     server = None if os.environ.get("DYNAMODB_ENDPOINT_URL") else local_dynamodb()
     store.create_table()  # once, at deploy time (or `idempotency-middleware create-table`)
     key = {"IdempotencyKey": {"stringValue": "signup-42", "dataType": "String"}}
+
+    def record(message_id: str, body: str, attributes: dict[str, Any]) -> dict[str, Any]:
+        """An SQS record as Lambda delivers it, on its first delivery."""
+        return {
+            "messageId": message_id,
+            "body": body,
+            "messageAttributes": attributes,
+            "attributes": {"ApproximateReceiveCount": "1"},
+            "eventSource": "aws:sqs",
+        }
+
     records = [  # two sends of one signup (a producer retry), and a malformed message
-        {"messageId": "m-1", "body": '{"email": "ada@example.com"}', "messageAttributes": key},
-        {"messageId": "m-2", "body": '{"email": "ada@example.com"}', "messageAttributes": key},
-        {"messageId": "m-3", "body": "not json", "messageAttributes": {}},
+        record("m-1", '{"email": "ada@example.com"}', key),
+        record("m-2", '{"email": "ada@example.com"}', key),
+        record("m-3", "not json", {}),
     ]
     print(handler({"Records": records}, None))  # m-3 failed; one email sent
     print(handler({"Records": records}, None))  # Lambda's retry: m-3 again, no new email

@@ -25,6 +25,7 @@ from .actions import (
     OneTimeActions,
 )
 from .asgi import IdempotencyMiddleware
+from .consumers import IdempotentConsumer, Outcome
 from .deferred import defer_completion
 from .errors import (
     IdempotencyError,
@@ -37,7 +38,8 @@ from .errors import (
     TransactionRejectedError,
 )
 from .events import IdempotencyEvent
-from .functions import idempotent
+from .functions import IdempotentFunction, idempotent
+from .lambda_batches import aprocess_lambda_batch, process_lambda_batch
 from .request_view import HeaderView, RequestView
 from .rules import IdempotencyRule
 from .scopes import scope_by_header, scope_by_tenant_header
@@ -70,12 +72,15 @@ __all__ = [
     "IdempotencyMiddleware",
     "IdempotencyRule",
     "IdempotencyWSGIMiddleware",
+    "IdempotentConsumer",
+    "IdempotentFunction",
     "InvalidKeyError",
     "InvalidPinError",
     "KeyInProgressError",
     "KeyReusedError",
     "MemoryStore",
     "OneTimeActions",
+    "Outcome",
     "PostgresStore",
     "RedisStore",
     "RequestView",
@@ -87,9 +92,11 @@ __all__ = [
     "Transaction",
     "TransactionConflictError",
     "TransactionRejectedError",
+    "aprocess_lambda_batch",
     "completion_transaction",
     "defer_completion",
     "idempotent",
+    "process_lambda_batch",
     "scope_by_header",
     "scope_by_tenant_header",
 ]

@@ -1,8 +1,8 @@
 """Command line for operators: ``idempotency-middleware`` / ``python -m idempotency_middleware``.
 
     create-table   create the DynamoDB table (on-demand, TTL enabled), or the PostgreSQL one
-    show KEY       print the stored record of a client key, decoded
-    delete KEY     delete a record (to re-drive failed work)
+    show KEY       print the stored record of a client key (or, --function, a function's)
+    delete KEY     delete a record (to re-drive failed work); --keys-from FILE: many
     action show ID / action cancel ID   print or cancel a one-time action
     demo           run the demo (needs the [demo] extra)
 
@@ -19,7 +19,7 @@ from typing import Protocol
 
 import orjson
 
-from . import __version__
+from . import __version__, cli_functions
 from .keys import InvalidKey, parse_idempotency_key, storage_key
 from .records import Record
 from .stores.dynamodb import DynamoDBStore
@@ -71,12 +71,15 @@ def _store_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _key_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("key", help="the client's Idempotency-Key value (quoted or bare)")
+def _key_arguments(parser: argparse.ArgumentParser, *, deletes: bool = False) -> None:
+    parser.add_argument(
+        "key",
+        nargs="?",
+        help="the client's Idempotency-Key value (quoted or bare), or a function's key",
+    )
     parser.add_argument("--method", default="POST", help="HTTP method (default: POST)")
     parser.add_argument(
         "--route",
-        required=True,
         help="the matched rule's template (/orders/{order_id}) or, without a rule, the path",
     )
     parser.add_argument(
@@ -85,6 +88,7 @@ def _key_arguments(parser: argparse.ArgumentParser) -> None:
         help="the scope value your scope callable returned (e.g. 'h:<sha256>' for "
         "scope_by_header), if any",
     )
+    cli_functions.add_arguments(parser, deletes=deletes)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     _store_arguments(show)
 
     delete = command("delete", "delete the record of a key")
-    _key_arguments(delete)
+    _key_arguments(delete, deletes=True)
     _store_arguments(delete)
 
     from .actions import cli as action_cli
@@ -155,6 +159,10 @@ def _open_store(arguments: argparse.Namespace) -> OperatorStore:
 
 
 def _storage_key(arguments: argparse.Namespace) -> str:
+    if arguments.route is None:
+        raise _UsageError("give --route (an HTTP key) or --function NAME (a function's key)")
+    if arguments.key is None:
+        raise _UsageError("give the KEY")
     try:
         key = parse_idempotency_key([arguments.key.encode("utf-8", "surrogateescape")])
     except InvalidKey as error:
@@ -303,13 +311,18 @@ def _operate(store: OperatorStore, arguments: argparse.Namespace) -> int:
         from .actions import cli as action_cli
 
         return action_cli.run(store, arguments, not_found=EXIT_NOT_FOUND, refused=EXIT_REFUSED)
+    if cli_functions.applies(arguments):
+        try:
+            return cli_functions.operate(store, arguments, _print_record, EXIT_NOT_FOUND)
+        except cli_functions.FunctionUsageError as error:
+            raise _UsageError(str(error)) from None
     key = _storage_key(arguments)
     record = store.get(key)
     if record is None:
         print(f"no record for key hash {key}", file=sys.stderr)
         return EXIT_NOT_FOUND
     if arguments.command == "show":
-        print(orjson.dumps(record_as_json(record), option=orjson.OPT_INDENT_2).decode())
+        _print_record(record)
         return EXIT_OK
     if not store.delete(key):
         # Gone between our read and our delete (released, or another operator).
@@ -317,6 +330,11 @@ def _operate(store: OperatorStore, arguments: argparse.Namespace) -> int:
         return EXIT_NOT_FOUND
     print(f"deleted record {key} ({record.status.value})")
     return EXIT_OK
+
+
+def _print_record(record: object) -> None:
+    assert isinstance(record, Record)
+    print(orjson.dumps(record_as_json(record), option=orjson.OPT_INDENT_2).decode())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

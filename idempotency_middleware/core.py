@@ -76,7 +76,7 @@ _new = tuple.__new__
 # Events of a function call carry this as their ``method`` and its ``name`` as ``route``.
 CALL_METHOD = "CALL"
 # A function's keys are namespaced apart from every HTTP route: "@" is no HTTP method.
-_FUNCTION_NAMESPACE = "@function"
+FUNCTION_NAMESPACE = "@function"
 
 
 class Admitted(NamedTuple):
@@ -221,7 +221,7 @@ def call_attempt(
         policy,
         CALL_METHOD,
         name,
-        storage_key(_FUNCTION_NAMESPACE, name, None, key),
+        storage_key(FUNCTION_NAMESPACE, name, None, key),
         fingerprint,
         now,
         owner,

@@ -11,18 +11,16 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any, ParamSpec, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, cast, overload
 
 from . import core, refusals
-from .attempt_context import CURRENT
 from .clock import SYSTEM_CLOCK, Clock
 from .core import CALL_METHOD
 from .engine import flow
-from .engine.drivers import AsyncDriver, SyncDriver
 from .engine.effects import Ran
-from .engine.renewal import LoopRenewals, ThreadRenewals
 from .errors import InvalidKeyError
 from .events import EventHook
+from .function_attempts import FunctionAttempts, check_store, is_coroutine_callable
 from .options import (
     DEFAULT_CLOCK_SKEW_SECONDS,
     DEFAULT_LOCK_TIMEOUT_SECONDS,
@@ -31,16 +29,18 @@ from .options import (
 )
 from .payloads import fingerprint_arguments, fingerprint_payload
 from .records import StoredResponse
-from .results import ResultCodec, Serializer
+from .results import Serializer
 from .stores.protocol import AsyncStore, SyncStore
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 P = ParamSpec("P")
 R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
 
 # Parameters that are the instance or the class of a method, never part of the payload.
 _BOUND_PARAMETERS = frozenset({"self", "cls"})
-# A stored result is a response to the engine: this status, no headers, the result's bytes.
-_RESULT_STATUS = 200
 
 KeyFunction = Callable[..., Any]
 PayloadFunction = Callable[..., Any]
@@ -117,12 +117,14 @@ class _Decorator:
         self._options = options
 
     @overload
-    def __call__(self, function: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]: ...
+    def __call__(
+        self, function: Callable[P, Awaitable[R]]
+    ) -> IdempotentFunction[P, Awaitable[R]]: ...
 
     @overload
-    def __call__(self, function: Callable[P, R]) -> Callable[P, R]: ...
+    def __call__(self, function: Callable[P, R]) -> IdempotentFunction[P, R]: ...
 
-    def __call__(self, function: Callable[P, Any]) -> Callable[P, Any]:
+    def __call__(self, function: Callable[P, Any]) -> IdempotentFunction[P, Any]:
         if not callable(function):
             raise TypeError(f"idempotent decorates a function, got {function!r}")
         # (A callable object has no __qualname__ of its own: its class names it.)
@@ -138,23 +140,8 @@ class _Decorator:
                 f"idempotent {qualname}: a partial or a lambda has no name of its own to "
                 "keep its keys apart from others of its kind; pass name="
             )
-        is_async = inspect.iscoroutinefunction(function) or (
-            not inspect.isfunction(function)
-            and inspect.iscoroutinefunction(type(function).__call__)
-        )
-        store = self._store
-        if is_async and not isinstance(store, AsyncStore):
-            raise TypeError(
-                f"idempotent async function {qualname} needs an async store "
-                f"(AsyncDynamoDBStore, SQLiteStore, MemoryStore); {type(store).__name__} has "
-                "no aclaim/acomplete/arelease/arenew"
-            )
-        if not is_async and not isinstance(store, SyncStore):
-            raise TypeError(
-                f"idempotent function {qualname} needs a sync store "
-                f"(DynamoDBStore, SQLiteStore, MemoryStore); {type(store).__name__} has no "
-                "claim/complete/release/renew. For a coroutine function, use async def"
-            )
+        is_async = is_coroutine_callable(function)
+        check_store(self._store, is_async, f"idempotent function {qualname}")
         signature = inspect.signature(function)
         if isinstance(self._key, str) and self._key not in signature.parameters:
             raise TypeError(
@@ -163,120 +150,100 @@ class _Decorator:
                 f"{list(signature.parameters)}"
             )
         name = self._name or f"{function.__module__}.{qualname}"
-        door = _FunctionDoor(function, signature, name, self, is_async)
+        attempts = FunctionAttempts(
+            function,
+            name,
+            self._store,
+            self._serializer,
+            self._options,
+            is_async,
+            f"idempotent function {name}",
+        )
+        door = _FunctionDoor(function, signature, self._key, self._payload, attempts)
         if is_async:
 
             @functools.wraps(function)
             async def call_async(*args: Any, **kwargs: Any) -> Any:
                 return await door.acall(args, kwargs)
 
-            return call_async
+            wrapper: Any = call_async
+        else:
 
-        @functools.wraps(function)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return door.call(args, kwargs)
+            @functools.wraps(function)
+            def call(*args: Any, **kwargs: Any) -> Any:
+                return door.call(args, kwargs)
 
-        return call
+            wrapper = call
+        # Redrive: clear a key so the next call with it runs again.
+        wrapper.forget = attempts.forget
+        wrapper.aforget = attempts.aforget
+        return cast("IdempotentFunction[P, Any]", wrapper)
+
+
+class IdempotentFunction(Protocol[P, R_co]):
+    """What ``idempotent`` returns: the function, called as before, and the redrive pair."""
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co: ...
+
+    # A decorated method is still a function: looked up on an instance, it binds.
+    @overload
+    def __get__(self, instance: None, owner: type[Any] | None = None) -> Self: ...
+
+    @overload
+    def __get__(self, instance: object, owner: type[Any] | None = None) -> Callable[..., R_co]: ...
+
+    def __get__(self, instance: object, owner: type[Any] | None = None) -> Any: ...
+
+    def forget(self, key: str) -> bool:
+        """Delete ``key``'s record whatever its state (completed, running, abandoned), so the
+        next call with that key runs the function again; ``True`` when there was one. Needs a
+        store with a sync ``delete`` (every store but ``AsyncDynamoDBStore``)."""
+        ...
+
+    async def aforget(self, key: str) -> bool:
+        """``forget`` on the running event loop (every store)."""
+        ...
 
 
 class _FunctionDoor:
-    """One decorated function: its namespace, codec, policy and driver."""
+    """One decorated function: how its key and payload are read from a call's arguments."""
+
+    __slots__ = ("attempts", "function", "key", "name", "payload", "signature")
 
     def __init__(
         self,
         function: Callable[..., Any],
         signature: inspect.Signature,
-        name: str,
-        decorator: _Decorator,
-        is_async: bool,
+        key: str | KeyFunction,
+        payload: PayloadFunction | None,
+        attempts: FunctionAttempts,
     ) -> None:
-        options = decorator._options
         self.function = function
         self.signature = signature
-        self.name = name
-        self.key = decorator._key
-        self.payload = decorator._payload
-        self.codec = ResultCodec(function, decorator._serializer, name)
-        self.policy = options.default_policy._replace(route=self.name)
-        self.clock = options.clock
-        store = decorator._store
-        self.context = flow.Context.for_options(options, store, http=False)
-        self.async_driver: AsyncDriver | None = None
-        self.sync_driver: SyncDriver | None = None
-        if is_async:
-            async_store = cast(AsyncStore, store)
-            self.async_driver = AsyncDriver(
-                async_store,
-                options.clock,
-                LoopRenewals(async_store, self.context.reporter, options.clock),
-            )
-        else:
-            sync_store = cast(SyncStore, store)
-            self.sync_driver = SyncDriver(
-                sync_store,
-                options.clock,
-                ThreadRenewals(sync_store, self.context.reporter, options.clock),
-            )
+        self.key = key
+        self.payload = payload
+        self.attempts = attempts
+        self.name = attempts.name
 
     def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         attempt = self._attempt(args, kwargs)
+        function = self.function
         if attempt is None:
-            return self._unprotected(args, kwargs)
-        results: list[Any] = []
-
-        def run() -> Ran:
-            result = self.function(*args, **kwargs)
-            if inspect.isawaitable(result):
-                close = getattr(result, "close", None)
-                if close is not None:
-                    close()  # never awaited: no "was never awaited" warning on top
-                raise TypeError(
-                    f"idempotent function {self.name} returned an awaitable: decorate the "
-                    "async def itself (it then needs an async store)"
-                )
-            body = self.codec.encode(result)
-            results.append(result)
-            return Ran(_RESULT_STATUS, [], body)
-
-        assert self.sync_driver is not None
-        outcome = self.sync_driver.drive(flow.attempt(self.context, attempt), run)
+            return self.attempts.unprotected(lambda: function(*args, **kwargs))
+        outcome, result = self.attempts.drive(attempt, lambda: function(*args, **kwargs))
         if outcome is flow.RUN_UNPROTECTED:
-            return self._unprotected(args, kwargs)
-        return self._result(outcome, results)
+            return self.attempts.unprotected(lambda: function(*args, **kwargs))
+        return self._result(outcome, result)
 
     async def acall(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         attempt = self._attempt(args, kwargs)
+        function = self.function
         if attempt is None:
-            return await self._aunprotected(args, kwargs)
-        results: list[Any] = []
-
-        async def run() -> Ran:
-            result = await self.function(*args, **kwargs)
-            body = self.codec.encode(result)
-            results.append(result)
-            return Ran(_RESULT_STATUS, [], body)
-
-        assert self.async_driver is not None
-        outcome = await self.async_driver.drive(flow.attempt(self.context, attempt), run)
+            return await self.attempts.aunprotected(lambda: function(*args, **kwargs))
+        outcome, result = await self.attempts.adrive(attempt, lambda: function(*args, **kwargs))
         if outcome is flow.RUN_UNPROTECTED:
-            return await self._aunprotected(args, kwargs)
-        return self._result(outcome, results)
-
-    # A call run without a claim is no attempt: inside a covered request's handler it must
-    # not take the request's attempt for its own (its writes, a deferral).
-    def _unprotected(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        entered = CURRENT.set(None)
-        try:
-            return self.function(*args, **kwargs)
-        finally:
-            CURRENT.reset(entered)
-
-    async def _aunprotected(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        entered = CURRENT.set(None)
-        try:
-            return await self.function(*args, **kwargs)
-        finally:
-            CURRENT.reset(entered)
+            return await self.attempts.aunprotected(lambda: function(*args, **kwargs))
+        return self._result(outcome, result)
 
     def _attempt(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> core.Attempt | None:
         """The call's attempt; ``None`` when it runs unprotected (no key, not required)."""
@@ -285,7 +252,7 @@ class _FunctionDoor:
         arguments = bound.arguments
         key = arguments[self.key] if isinstance(self.key, str) else self.key(*args, **kwargs)
         if key is None or key == "":
-            if self.policy.required:
+            if self.attempts.policy.required:
                 raise InvalidKeyError(
                     f"idempotent function {self.name}: the key is "
                     f"{'missing (None)' if key is None else 'empty'}; pass one, or decorate "
@@ -304,22 +271,15 @@ class _FunctionDoor:
             )
         else:
             fingerprint = fingerprint_payload(self.name, self.payload(*args, **kwargs))
-        return core.call_attempt(
-            self.policy,
-            self.name,
-            key,
-            fingerprint,
-            self.clock.now(),
-            self.context.entropy.owner(),
-        )
+        return self.attempts.attempt(key, fingerprint)
 
-    def _result(self, outcome: flow.Outcome, results: list[Any]) -> Any:
+    def _result(self, outcome: flow.Outcome, result: Any) -> Any:
         if type(outcome) is Ran:
-            return results[0]
+            return result
         if type(outcome) is StoredResponse:
-            return self.codec.decode(outcome.body)
+            return self.attempts.codec.decode(outcome.body)
         assert type(outcome) is core.Refusal, outcome
         raise refusals.error_for(outcome, self.name)
 
 
-__all__ = ["CALL_METHOD", "idempotent"]
+__all__ = ["CALL_METHOD", "IdempotentFunction", "idempotent"]

@@ -112,10 +112,10 @@ def test_a_sync_function_returning_an_awaitable_is_a_type_error_with_the_key_rel
     handle = idempotent(store=store, key="key")(wrapper)
 
     with pytest.raises(TypeError, match="returned an awaitable: decorate the async def"):
-        handle("k-1")  # type: ignore[no-untyped-call]
+        handle("k-1")
     with pytest.raises(TypeError, match="returned an awaitable"):
         # Released: the retry ran (and failed) again; no KeyInProgressError.
-        handle("k-1")  # type: ignore[no-untyped-call]
+        handle("k-1")
 
 
 @pytest.mark.parametrize(

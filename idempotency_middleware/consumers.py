@@ -1,0 +1,339 @@
+"""``IdempotentConsumer``: the consumer door. A function door plus a verdict for the broker.
+
+A queue consumer must tell its broker what to do with each delivery: delete it (``ack``),
+let it come back later (``retry``), or give up on it (``dead``). The attempt is the one every
+door runs (``function_attempts`` over ``engine.flow.attempt``); this module only reads the
+key and the payload from the message and words the attempt's outcome as a verdict.
+``process`` never raises for a delivery: every situation is an ``Outcome``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from . import core, refusals
+from .clock import SYSTEM_CLOCK, Clock
+from .engine import flow
+from .engine.effects import Ran
+from .errors import InvalidKeyError
+from .events import EventHook
+from .function_attempts import FunctionAttempts, check_store, is_coroutine_callable
+from .options import (
+    DEFAULT_CLOCK_SKEW_SECONDS,
+    DEFAULT_LOCK_TIMEOUT_SECONDS,
+    DEFAULT_TTL_SECONDS,
+    Options,
+)
+from .payloads import fingerprint_payload
+from .records import StoredResponse
+from .results import Serializer
+from .stores.protocol import AsyncStore, SyncStore
+
+logger = logging.getLogger(__name__)
+
+Action = Literal["ack", "retry", "dead"]
+MessageFunction = Callable[[Any], Any]
+ExhaustedHook = Callable[[Any, Exception], Any]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What to tell the broker about one delivery.
+
+    ``action``: ``"ack"`` (done: delete the message), ``"retry"`` (deliver it again, after
+    ``retry_after`` seconds when known) or ``"dead"`` (give up on it: ``on_exhausted`` was
+    called). ``result`` is the handler's result, or the replayed one (``None`` unless
+    ``ack``); ``replayed`` when it comes from an earlier delivery; ``error`` the exception
+    behind a ``retry`` or ``dead`` (``None`` on ``ack``).
+    """
+
+    action: Action
+    result: Any = None
+    replayed: bool = False
+    error: Exception | None = None
+    retry_after: float | None = None
+
+
+def message_payload(message: Any) -> Any:
+    """What stays the same from one delivery of ``message`` to the next: an SQS message's
+    body (boto3's ``Body``, a Lambda record's ``body``: never its receipt handle or receive
+    count), else the message itself."""
+    if isinstance(message, Mapping):
+        if "Body" in message and "ReceiptHandle" in message:
+            return message["Body"]
+        if "body" in message and (
+            "receiptHandle" in message or message.get("eventSource") == "aws:sqs"
+        ):
+            return message["body"]
+    return message
+
+
+def _check_count(value: object, name: str, minimum: int) -> None:
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or value < minimum
+    ):
+        raise TypeError(f"{name} must be None or an int of at least {minimum}, got {value!r}")
+
+
+class IdempotentConsumer:
+    """Processes each message once, and says what the broker should do with each delivery.
+
+    ``handler`` (sync or async) takes one message; ``key`` takes the message and returns its
+    idempotency key (``str``); ``payload`` takes the message and returns what identifies the
+    work (default: ``message_payload``). ``max_attempts`` with a delivery count gives up on a
+    message whose handler keeps failing (``dead``, after ``on_exhausted(message, error)``).
+    The other options mean what they mean for ``idempotent``; a consumer and an
+    ``idempotent`` function with the same ``name`` share their keys.
+    """
+
+    def __init__(
+        self,
+        handler: Callable[[Any], Any],
+        *,
+        store: SyncStore | AsyncStore,
+        key: MessageFunction,
+        payload: MessageFunction | None = None,
+        name: str | None = None,
+        max_attempts: int | None = None,
+        on_exhausted: ExhaustedHook | None = None,
+        ttl_seconds: float = DEFAULT_TTL_SECONDS,
+        lock_timeout_seconds: float = DEFAULT_LOCK_TIMEOUT_SECONDS,
+        wait_seconds: float = 0,
+        serializer: Serializer | None = None,
+        on_store_error: str = "fail",
+        on_event: EventHook | None = None,
+        clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        options = Options.build(
+            required=True,
+            ttl_seconds=ttl_seconds,
+            lock_timeout_seconds=lock_timeout_seconds,
+            wait_seconds=wait_seconds,
+            on_store_error=on_store_error,
+            on_event=on_event,
+            clock=clock,
+            clock_skew_seconds=clock_skew_seconds,
+        )
+        if not callable(handler):
+            raise TypeError(f"IdempotentConsumer takes a handler (a callable), got {handler!r}")
+        qualname = getattr(handler, "__qualname__", type(handler).__qualname__)
+        if inspect.isgeneratorfunction(handler) or inspect.isasyncgenfunction(handler):
+            raise TypeError(
+                f"consumer handler {qualname} is a generator function: its result is an "
+                "iterator that cannot be stored; return a list"
+            )
+        if not callable(key):
+            raise TypeError(f"key must be a callable taking the message, got {key!r}")
+        if payload is not None and not callable(payload):
+            raise TypeError(f"payload must be a callable taking the message, got {payload!r}")
+        if name is not None and not (isinstance(name, str) and name):
+            raise TypeError(f"name must be a non-empty string, got {name!r}")
+        if name is None and (
+            isinstance(handler, functools.partial) or qualname.endswith("<lambda>")
+        ):
+            raise TypeError(
+                f"consumer handler {qualname}: a partial or a lambda has no name of its own "
+                "to keep its keys apart from others of its kind; pass name="
+            )
+        if serializer is not None and not (
+            isinstance(serializer, tuple)
+            and len(serializer) == 2
+            and all(map(callable, serializer))
+        ):
+            raise TypeError("serializer must be a (dumps, loads) pair of callables")
+        _check_count(max_attempts, "max_attempts", 1)
+        if on_exhausted is not None and not callable(on_exhausted):
+            raise TypeError(f"on_exhausted must be a callable or None, got {on_exhausted!r}")
+        self._is_async = is_coroutine_callable(handler)
+        if on_exhausted is not None and is_coroutine_callable(on_exhausted) and not self._is_async:
+            raise TypeError(
+                "on_exhausted is a coroutine function, but the handler is not: process() "
+                "cannot await it; make it a plain function"
+            )
+        name = name or f"{handler.__module__}.{qualname}"
+        check_store(store, self._is_async, f"consumer {name}'s handler")
+        self.name = name
+        self._handler = handler
+        self._key = key
+        self._payload = payload or message_payload
+        self._max_attempts = max_attempts
+        self._on_exhausted = on_exhausted
+        self._attempts = FunctionAttempts(
+            handler, name, store, serializer, options, self._is_async, f"consumer {name}"
+        )
+
+    def __repr__(self) -> str:
+        return f"IdempotentConsumer({self.name!r})"
+
+    # -- processing ----------------------------------------------------------------------
+
+    def process(self, message: Any, delivery_count: int | None = None) -> Outcome:
+        """Process one delivery of ``message`` (sync handlers); ``delivery_count`` is how
+        many times it has been delivered, this time included (``None``: unknown)."""
+        if self._is_async:
+            raise TypeError(
+                f"consumer {self.name} has a coroutine handler: use `await "
+                "consumer.aprocess(message)`"
+            )
+        _check_count(delivery_count, "delivery_count", 0)
+        try:
+            attempt = self._attempt(message)
+        except Exception as error:
+            return self._exhaust(message, error)
+        handler = self._handler
+        try:
+            outcome, result = self._attempts.drive(attempt, lambda: handler(message))
+            if outcome is flow.RUN_UNPROTECTED:
+                return Outcome("ack", self._attempts.unprotected(lambda: handler(message)))
+        except Exception as error:
+            return self._failed(message, error, delivery_count)
+        verdict = self._verdict(outcome, result)
+        if isinstance(verdict, Outcome):
+            return verdict
+        if verdict[0] == "dead":
+            return self._exhaust(message, verdict[1])
+        return self._failed(message, verdict[1], delivery_count)
+
+    async def aprocess(self, message: Any, delivery_count: int | None = None) -> Outcome:
+        """``process`` for a coroutine handler."""
+        if not self._is_async:
+            raise TypeError(
+                f"consumer {self.name} has a plain (sync) handler: use `consumer.process(message)`"
+            )
+        _check_count(delivery_count, "delivery_count", 0)
+        try:
+            attempt = self._attempt(message)
+        except Exception as error:
+            return await self._aexhaust(message, error)
+        handler = self._handler
+        try:
+            outcome, result = await self._attempts.adrive(attempt, lambda: handler(message))
+            if outcome is flow.RUN_UNPROTECTED:
+                ran = await self._attempts.aunprotected(lambda: handler(message))
+                return Outcome("ack", ran)
+        except Exception as error:
+            return await self._afailed(message, error, delivery_count)
+        verdict = self._verdict(outcome, result)
+        if isinstance(verdict, Outcome):
+            return verdict
+        if verdict[0] == "dead":
+            return await self._aexhaust(message, verdict[1])
+        return await self._afailed(message, verdict[1], delivery_count)
+
+    # -- redrive -------------------------------------------------------------------------
+
+    def forget(self, key: str) -> bool:
+        """Delete ``key``'s record whatever its state, so the next delivery with that key
+        runs the handler (a redrive from a dead-letter queue); ``True`` when there was one."""
+        return self._attempts.forget(key)
+
+    async def aforget(self, key: str) -> bool:
+        """``forget`` on the running event loop."""
+        return await self._attempts.aforget(key)
+
+    # -- the verdicts --------------------------------------------------------------------
+
+    def _attempt(self, message: Any) -> core.Attempt:
+        """The delivery's attempt; what the message cannot give (a key, a payload) raises."""
+        key = self._key(message)
+        if key is None or key == "":
+            raise InvalidKeyError(
+                f"consumer {self.name}: the message's key is "
+                f"{'missing (None)' if key is None else 'empty'}; it cannot be processed "
+                "idempotently"
+            )
+        if not isinstance(key, str):
+            raise InvalidKeyError(
+                f"consumer {self.name}: the key must be a str, got {type(key).__qualname__}; "
+                "convert it (key=lambda message: str(...))"
+            )
+        fingerprint = fingerprint_payload(self.name, self._payload(message))
+        return self._attempts.attempt(key, fingerprint)
+
+    def _verdict(
+        self, outcome: flow.Outcome, result: Any
+    ) -> Outcome | tuple[Literal["dead", "failed"], Exception]:
+        """The attempt's outcome as a verdict; ``("dead", error)`` when the message can
+        never be processed, ``("failed", error)`` when the handler's work did not land."""
+        if type(outcome) is Ran:
+            return Outcome("ack", result)
+        if type(outcome) is StoredResponse:
+            try:
+                return Outcome("ack", self._attempts.codec.decode(outcome.body), replayed=True)
+            except Exception as unreadable:
+                return ("dead", unreadable)  # a stored result that cannot be read: never re-run
+        assert type(outcome) is core.Refusal, outcome
+        reason = outcome.reason
+        if reason == "not_stored":
+            # Done, but its result was too large to keep: nothing to give back, nothing to run.
+            return Outcome("ack", None, replayed=True)
+        error = refusals.error_for(outcome, self.name)
+        if reason == "reused":
+            return ("dead", error)
+        if reason in ("transaction_conflict", "transaction_rejected"):
+            return ("failed", error)  # it ran, but nothing landed: the key was released
+        retry_after = outcome.retry_after or getattr(error, "retry_after", None) or 1
+        return Outcome("retry", error=error, retry_after=retry_after)
+
+    def _exhausted(self, delivery_count: int | None) -> bool:
+        return (
+            self._max_attempts is not None
+            and delivery_count is not None
+            and delivery_count >= self._max_attempts
+        )
+
+    def _failed(self, message: Any, error: Exception, delivery_count: int | None) -> Outcome:
+        if self._exhausted(delivery_count):
+            return self._exhaust(message, error)
+        logger.warning(
+            "consumer %s: the handler failed (%r); the message is to be retried",
+            self.name,
+            error,
+            exc_info=error,
+        )
+        return Outcome("retry", error=error)
+
+    async def _afailed(self, message: Any, error: Exception, delivery_count: int | None) -> Outcome:
+        if self._exhausted(delivery_count):
+            return await self._aexhaust(message, error)
+        return self._failed(message, error, None)
+
+    def _exhaust(self, message: Any, error: Exception) -> Outcome:
+        try:
+            if self._on_exhausted is not None:
+                self._on_exhausted(message, error)
+        except Exception as hook_error:
+            return self._hook_failed(hook_error)
+        return self._dead(error)
+
+    async def _aexhaust(self, message: Any, error: Exception) -> Outcome:
+        try:
+            if self._on_exhausted is not None:
+                called = self._on_exhausted(message, error)
+                if inspect.isawaitable(called):
+                    await called
+        except Exception as hook_error:
+            return self._hook_failed(hook_error)
+        return self._dead(error)
+
+    def _dead(self, error: Exception) -> Outcome:
+        logger.error("consumer %s: giving up on the message (%r)", self.name, error, exc_info=error)
+        return Outcome("dead", error=error)
+
+    def _hook_failed(self, error: Exception) -> Outcome:
+        logger.error(
+            "consumer %s: on_exhausted raised (%r); the message is to be retried",
+            self.name,
+            error,
+            exc_info=error,
+        )
+        return Outcome("retry", error=error)
+
+
+__all__ = ["Action", "IdempotentConsumer", "Outcome", "message_payload"]

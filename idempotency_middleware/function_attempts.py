@@ -1,0 +1,210 @@
+"""The attempt machinery of one named function: what ``idempotent`` functions and
+``IdempotentConsumer`` share.
+
+A function (or a consumer's handler) has a name, which namespaces its keys apart from every
+HTTP route, a codec for its results, a policy and a driver. Both doors build their attempt
+here and run it through ``engine.flow.attempt``: there is one attempt sequence, and this is
+only the part of its translation that the two doors word alike. They differ in how they read
+the key and the payload (a call's arguments, a message) and in how they word the outcome
+(a result or an exception; an ack, retry or dead verdict).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+from . import core
+from .attempt_context import CURRENT
+from .clock import Clock
+from .core import CALL_METHOD, FUNCTION_NAMESPACE
+from .engine import flow
+from .engine.drivers import AsyncDriver, SyncDriver
+from .engine.effects import Ran
+from .engine.renewal import LoopRenewals, ThreadRenewals
+from .keys import storage_key
+from .options import Options
+from .results import ResultCodec, Serializer
+from .stores.protocol import AsyncStore, SyncStore
+
+# A stored result is a response to the engine: this status, no headers, the result's bytes.
+RESULT_STATUS = 200
+
+
+def is_coroutine_callable(function: Callable[..., Any]) -> bool:
+    """A coroutine function, or a callable object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(function) or (
+        not inspect.isfunction(function) and inspect.iscoroutinefunction(type(function).__call__)
+    )
+
+
+def check_store(store: object, is_async: bool, what: str) -> None:
+    """``TypeError`` when ``store`` cannot serve ``what`` (a sync or a coroutine function)."""
+    if is_async and not isinstance(store, AsyncStore):
+        raise TypeError(
+            f"{what} is a coroutine function and needs an async store "
+            f"(AsyncDynamoDBStore, SQLiteStore, MemoryStore, RedisStore, PostgresStore); "
+            f"{type(store).__name__} has no aclaim/acomplete/arelease/arenew"
+        )
+    if not is_async and not isinstance(store, SyncStore):
+        raise TypeError(
+            f"{what} is a plain function and needs a sync store "
+            f"(DynamoDBStore, SQLiteStore, MemoryStore, RedisStore, PostgresStore); "
+            f"{type(store).__name__} has no claim/complete/release/renew. For a coroutine "
+            "function, use async def"
+        )
+
+
+def function_key_hash(name: str, key: str) -> str:
+    """The stored (hashed) key of ``key`` for function or consumer ``name``."""
+    return storage_key(FUNCTION_NAMESPACE, name, None, key)
+
+
+class FunctionAttempts:
+    """One named function's attempts: its policy, result codec, store and driver.
+    ``label`` names it in messages ("idempotent function orders.charge")."""
+
+    def __init__(
+        self,
+        function: Callable[..., Any],
+        name: str,
+        store: SyncStore | AsyncStore,
+        serializer: Serializer | None,
+        options: Options,
+        is_async: bool,
+        label: str,
+    ) -> None:
+        self.function = function
+        self.name = name
+        self.label = label  # how messages name it: "idempotent function NAME", "consumer NAME"
+        self.store = store
+        self.codec = ResultCodec(function, serializer, name)
+        self.policy = options.default_policy._replace(route=name)
+        self.clock: Clock = options.clock
+        self.context = flow.Context.for_options(options, store, http=False)
+        self.async_driver: AsyncDriver | None = None
+        self.sync_driver: SyncDriver | None = None
+        if is_async:
+            async_store = cast(AsyncStore, store)
+            self.async_driver = AsyncDriver(
+                async_store,
+                options.clock,
+                LoopRenewals(async_store, self.context.reporter, options.clock),
+            )
+        else:
+            sync_store = cast(SyncStore, store)
+            self.sync_driver = SyncDriver(
+                sync_store,
+                options.clock,
+                ThreadRenewals(sync_store, self.context.reporter, options.clock),
+            )
+
+    def attempt(self, key: str, fingerprint: str) -> core.Attempt:
+        """The attempt of one call (or delivery) with ``key`` and ``fingerprint``."""
+        return core.call_attempt(
+            self.policy,
+            self.name,
+            key,
+            fingerprint,
+            self.clock.now(),
+            self.context.entropy.owner(),
+        )
+
+    def drive(self, attempt: core.Attempt, call: Callable[[], Any]) -> tuple[flow.Outcome, Any]:
+        """Run ``attempt``, calling ``call()`` if it is claimed: the flow's outcome, and what
+        ``call`` returned (``None`` unless the outcome is ``Ran``). What ``call`` raised
+        propagates, with the key released."""
+        results: list[Any] = []
+
+        def run() -> Ran:
+            result = call()
+            if inspect.isawaitable(result):
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()  # never awaited: no "was never awaited" warning on top
+                raise TypeError(
+                    f"{self.label} returned an awaitable: decorate the async def itself "
+                    "(it then needs an async store)"
+                )
+            body = self.codec.encode(result)
+            results.append(result)
+            return Ran(RESULT_STATUS, [], body)
+
+        assert self.sync_driver is not None
+        outcome = self.sync_driver.drive(flow.attempt(self.context, attempt), run)
+        return outcome, results[0] if results else None
+
+    async def adrive(
+        self, attempt: core.Attempt, call: Callable[[], Awaitable[Any]]
+    ) -> tuple[flow.Outcome, Any]:
+        """``drive`` for a coroutine function."""
+        results: list[Any] = []
+
+        async def run() -> Ran:
+            result = await call()
+            body = self.codec.encode(result)
+            results.append(result)
+            return Ran(RESULT_STATUS, [], body)
+
+        assert self.async_driver is not None
+        outcome = await self.async_driver.drive(flow.attempt(self.context, attempt), run)
+        return outcome, results[0] if results else None
+
+    # A call run without a claim is no attempt: inside a covered request's handler it must
+    # not take the request's attempt for its own (its writes, a deferral).
+    def unprotected(self, call: Callable[[], Any]) -> Any:
+        entered = CURRENT.set(None)
+        try:
+            return call()
+        finally:
+            CURRENT.reset(entered)
+
+    async def aunprotected(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        entered = CURRENT.set(None)
+        try:
+            return await call()
+        finally:
+            CURRENT.reset(entered)
+
+    # -- redrive -------------------------------------------------------------------------
+
+    def forget(self, key: str) -> bool:
+        """Delete ``key``'s record whatever its state; ``True`` when there was one. The next
+        call (or delivery) with that key runs again."""
+        key_hash = function_key_hash(self.name, self._checked(key))
+        delete = getattr(self.store, "delete", None)
+        if delete is None:
+            raise TypeError(
+                f"{self.label}: {type(self.store).__name__} has no sync delete; "
+                f"use `await ....aforget({key!r})`"
+            )
+        return bool(delete(key_hash))
+
+    async def aforget(self, key: str) -> bool:
+        """``forget`` on the running event loop."""
+        key_hash = function_key_hash(self.name, self._checked(key))
+        adelete = getattr(self.store, "adelete", None)
+        if adelete is not None:
+            return bool(await adelete(key_hash))
+        delete = getattr(self.store, "delete", None)
+        if delete is None:
+            raise TypeError(f"{self.label}: {type(self.store).__name__} has no delete or adelete")
+        # A sync-only store (DynamoDBStore): its blocking call off the loop.
+        return bool(await asyncio.to_thread(delete, key_hash))
+
+    def _checked(self, key: object) -> str:
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"{self.label}: forget takes the key (a non-empty str), got {key!r}")
+        return key
+
+
+__all__ = [
+    "CALL_METHOD",
+    "RESULT_STATUS",
+    "FunctionAttempts",
+    "check_store",
+    "function_key_hash",
+    "is_coroutine_callable",
+]
