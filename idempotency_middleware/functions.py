@@ -32,7 +32,7 @@ from .options import (
 from .payloads import fingerprint_arguments, fingerprint_payload
 from .records import StoredResponse
 from .results import ResultCodec, Serializer
-from .stores.protocol import AsyncStore, SyncStore
+from .stores.protocol import A_SYNC_STORE, AN_ASYNC_STORE, AsyncStore, SyncStore
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -145,15 +145,14 @@ class _Decorator:
         store = self._store
         if is_async and not isinstance(store, AsyncStore):
             raise TypeError(
-                f"idempotent async function {qualname} needs an async store "
-                f"(AsyncDynamoDBStore, SQLiteStore, MemoryStore); {type(store).__name__} has "
-                "no aclaim/acomplete/arelease/arenew"
+                f"idempotent async function {qualname} needs {AN_ASYNC_STORE}; "
+                f"{type(store).__name__} has no aclaim/acomplete/arelease/arenew"
             )
         if not is_async and not isinstance(store, SyncStore):
             raise TypeError(
-                f"idempotent function {qualname} needs a sync store "
-                f"(DynamoDBStore, SQLiteStore, MemoryStore); {type(store).__name__} has no "
-                "claim/complete/release/renew. For a coroutine function, use async def"
+                f"idempotent function {qualname} needs {A_SYNC_STORE}; "
+                f"{type(store).__name__} has no claim/complete/release/renew. For a coroutine "
+                "function, use async def"
             )
         signature = inspect.signature(function)
         if isinstance(self._key, str) and self._key not in signature.parameters:
