@@ -211,3 +211,21 @@ def test_show_and_delete_work_on_an_sqlite_store(
     assert orjson.loads(capsys.readouterr().out)["status"] == "in_progress"
     assert main(["delete", *args]) == EXIT_OK
     assert main(["show", *args]) == EXIT_NOT_FOUND
+
+
+def test_show_takes_a_quoted_key_with_spaces_and_tells_a_bare_one_to_quote(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from idempotency_middleware import SQLiteStore
+
+    path = str(tmp_path / "idem.sqlite3")
+    hashed = storage_key("POST", "/orders", None, "abc def")
+    with SQLiteStore(path) as store:
+        store.claim(ClaimRequest(hashed, "fp", "owner", time.time(), lock_timeout_seconds=30))
+
+    assert main(["show", '"abc def"', "--route", "/orders", "--sqlite", path]) == EXIT_OK
+    assert orjson.loads(capsys.readouterr().out)["key_hash"] == hashed
+    with pytest.raises(SystemExit) as exit_info:
+        main(["show", "abc def", "--route", "/orders", "--sqlite", path])
+    assert exit_info.value.code == EXIT_USAGE
+    assert "invalid key: The idempotency key has a space" in capsys.readouterr().err
