@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
+import httpx
 import orjson
 import pytest
 
@@ -229,3 +232,30 @@ def test_show_takes_a_quoted_key_with_spaces_and_tells_a_bare_one_to_quote(
         main(["show", "abc def", "--route", "/orders", "--sqlite", path])
     assert exit_info.value.code == EXIT_USAGE
     assert "invalid key: The idempotency key has a space" in capsys.readouterr().err
+
+
+def test_show_prints_the_content_length_the_handler_sent_where_it_sent_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # What the command line page says: Content-Length is stored where the handler put it
+    # (header order is kept), and a replay sends the body's length in its place.
+    from idempotency_middleware import IdempotencyWSGIMiddleware, SQLiteStore
+    from tests.servers import serve_wsgi
+
+    def app(environ: object, start_response: Any) -> list[bytes]:
+        start_response("201 Created", [("X-First", "1"), ("Content-Length", "2"), ("X-Last", "")])
+        return [b"ok"]
+
+    path = str(tmp_path / "idem.sqlite3")
+    with SQLiteStore(path) as store:
+        middleware = IdempotencyWSGIMiddleware(app, store=store)
+        with contextlib.closing(middleware), serve_wsgi(middleware) as url:
+            for _ in range(2):
+                replay = httpx.post(f"{url}/orders", headers={"Idempotency-Key": "k-1"})
+    assert replay.headers["idempotent-replayed"] == "true"
+    assert replay.headers["content-length"] == "2"
+
+    assert main(["show", "k-1", "--route", "/orders", "--sqlite", path]) == EXIT_OK
+    shown = orjson.loads(capsys.readouterr().out)["response"]["headers"]
+    assert [name.lower() for name, _ in shown] == ["x-first", "content-length", "x-last"]
+    assert shown[1][1] == "2"
