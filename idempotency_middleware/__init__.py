@@ -1,4 +1,5 @@
-"""Make any non-GET HTTP endpoint safe to retry with an ``Idempotency-Key`` header.
+"""Make POST and PATCH endpoints (by default; PUT and DELETE when opted in), message consumers
+and functions safe to retry with an ``Idempotency-Key`` header or a key of your own.
 
 boto3 and aioboto3 are imported only when a DynamoDB store first connects, so a Flask app
 needs only boto3 and a FastAPI app only aioboto3.

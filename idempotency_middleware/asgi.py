@@ -20,7 +20,7 @@ from .engine.renewal import LoopRenewals
 from .options import MiddlewareOptions, Options
 from .records import StoredResponse
 from .rules import IdempotencyRule
-from .stores.protocol import AsyncStore
+from .stores.protocol import AN_ASYNC_STORE, AsyncStore
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -67,7 +67,8 @@ class IdempotencyMiddleware:
     """Make covered requests (POST and PATCH by default) safe to retry.
 
     ``app.add_middleware(IdempotencyMiddleware, store=AsyncDynamoDBStore("idempotency"))``.
-    The store must be async (``AsyncDynamoDBStore``, ``SQLiteStore`` or ``MemoryStore``).
+    The store must be async: ``AsyncDynamoDBStore``, ``RedisStore``, ``PostgresStore``,
+    ``SQLiteStore`` or ``MemoryStore``.
     The options (``options.MiddlewareOptions``) are listed in the documentation (Options).
     """
 
@@ -76,8 +77,8 @@ class IdempotencyMiddleware:
     ) -> None:
         if not isinstance(store, AsyncStore):
             raise TypeError(
-                f"IdempotencyMiddleware needs an async store (AsyncDynamoDBStore, SQLiteStore, "
-                f"MemoryStore); {type(store).__name__} has no aclaim/acomplete/arelease/arenew. "
+                f"IdempotencyMiddleware needs {AN_ASYNC_STORE}; "
+                f"{type(store).__name__} has no aclaim/acomplete/arelease/arenew. "
                 "For a sync store use IdempotencyWSGIMiddleware."
             )
         self.app = app

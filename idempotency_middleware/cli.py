@@ -1,6 +1,7 @@
 """Command line for operators: ``idempotency-middleware`` / ``python -m idempotency_middleware``.
 
-    create-table   create the DynamoDB table (on-demand, TTL enabled), or the PostgreSQL one
+    create-table   create the DynamoDB table (on-demand, TTL enabled), or the PostgreSQL
+                   one, or the SQLite file: the only command that creates anything
     show KEY       print the stored record of a client key (or, --function, a function's)
     delete KEY     delete a record (to re-drive failed work); --keys-from FILE: many
     action show ID / action cancel ID   print or cancel a one-time action
@@ -12,8 +13,12 @@ Exit codes: ``EXIT_CODES_HELP`` below (printed by ``--help``).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import os
+import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from typing import Protocol
 
@@ -39,7 +44,8 @@ EXIT_CODES_HELP = """exit codes:
   3  store unreachable or failing (unreachable, timed out, throttled, server error,
      SQLite locked or I/O error): retry later
   4  store misconfigured (no such table, no region, no or rejected credentials, access
-     denied, SQLite file cannot be opened, missing extra): fix what the message says
+     denied, SQLite file missing or cannot be opened, missing extra): fix what the
+     message says
   5  the action cannot be canceled: it was consumed, or it expired
 """
 
@@ -272,12 +278,45 @@ def describe_failure(
     return f"store unavailable: {error.reason}: retry later"
 
 
+# The commands that may create the store's file or table; every other one only reads or
+# deletes, and is refused a store that does not exist rather than making an empty one.
+_CREATING_COMMANDS = frozenset({"create-table"})
+
+
+def _missing_sqlite_file(arguments: argparse.Namespace) -> str | None:
+    """Why ``--sqlite PATH`` names no database, for a command that must not create one.
+
+    sqlite3 creates a missing file on connecting, and the store its table: a mistyped path
+    would print ``no record`` from a new, empty database instead of saying it is wrong.
+    """
+    path = arguments.sqlite
+    if not path or arguments.command in _CREATING_COMMANDS or os.path.isfile(path):
+        return None
+    return (
+        f"no SQLite database file at {path!r}: check the path (a new database is made by "
+        f"`idempotency-middleware create-table --sqlite {shlex.quote(path)}`)"
+    )
+
+
 def _run(arguments: argparse.Namespace) -> int:
     if arguments.command == "demo":
         # The demo package names the missing extra itself (demo.main).
         from .demo import main as demo_main
 
-        return demo_main()
+        return demo_main(missing_extra=EXIT_MISCONFIGURED)
+    # A bad key is a usage error whatever the store: said before the store is opened.
+    key = None
+    if cli_functions.applies(arguments):
+        try:
+            cli_functions.check(arguments)
+        except cli_functions.FunctionUsageError as error:
+            raise _UsageError(str(error)) from None
+    elif arguments.command in ("show", "delete"):
+        key = _storage_key(arguments)
+    missing = _missing_sqlite_file(arguments)
+    if missing is not None:
+        print(missing, file=sys.stderr)
+        return EXIT_MISCONFIGURED
     try:
         store = _open_store(arguments)
     except ModuleNotFoundError as error:
@@ -288,7 +327,7 @@ def _run(arguments: argparse.Namespace) -> int:
         # A --redis URL or --postgres DSN that is not one (the store says what it expects).
         raise _UsageError(str(error)) from None
     try:
-        return _operate(store, arguments)
+        return _operate(store, arguments, key)
     except StoreUnavailable as error:
         print(describe_failure(error, store, arguments), file=sys.stderr)
         return EXIT_MISCONFIGURED if error.misconfigured else EXIT_STORE
@@ -296,7 +335,7 @@ def _run(arguments: argparse.Namespace) -> int:
         store.close()
 
 
-def _operate(store: OperatorStore, arguments: argparse.Namespace) -> int:
+def _operate(store: OperatorStore, arguments: argparse.Namespace, key: str | None) -> int:
     if arguments.command == "create-table":
         store.create_table()
         if arguments.sqlite or arguments.redis or arguments.postgres:
@@ -316,7 +355,7 @@ def _operate(store: OperatorStore, arguments: argparse.Namespace) -> int:
             return cli_functions.operate(store, arguments, _print_record, EXIT_NOT_FOUND)
         except cli_functions.FunctionUsageError as error:
             raise _UsageError(str(error)) from None
-    key = _storage_key(arguments)
+    assert key is not None  # (show and delete: _run parsed it)
     record = store.get(key)
     if record is None:
         print(f"no record for key hash {key}", file=sys.stderr)
@@ -337,11 +376,27 @@ def _print_record(record: object) -> None:
     print(orjson.dumps(record_as_json(record), option=orjson.OPT_INDENT_2).decode())
 
 
+@contextlib.contextmanager
+def _pool_log_silenced() -> Iterator[None]:
+    """psycopg_pool logs each failed connection attempt itself, from its worker thread
+    (``error connecting in 'idempotency-...'``), before the store gives up: the command's
+    own message says what failed and what to do, so the pool's line is only noise ahead of
+    it. Silenced while the command runs (``main`` may run inside a test's process)."""
+    pool_logger = logging.getLogger("psycopg.pool")
+    was_disabled = pool_logger.disabled
+    pool_logger.disabled = True
+    try:
+        yield
+    finally:
+        pool_logger.disabled = was_disabled
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     arguments = parser.parse_args(argv)
     try:
-        return _run(arguments)
+        with _pool_log_silenced():
+            return _run(arguments)
     except _UsageError as error:
         arguments.command_parser.error(str(error))  # exits with EXIT_USAGE
     return EXIT_OK

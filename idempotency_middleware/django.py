@@ -30,7 +30,7 @@ from .engine.renewal import ThreadRenewals
 from .options import MiddlewareOptions, Options
 from .problems import Problem
 from .records import Headers, StoredResponse
-from .stores.protocol import SyncStore
+from .stores.protocol import A_SYNC_STORE, SyncStore
 
 __all__ = ["SETTING", "IdempotencyDjangoMiddleware", "problem_response", "replay_response"]
 
@@ -175,7 +175,7 @@ def _store(value: object) -> SyncStore:
         value = value()  # a store class or a zero-argument factory
     if not isinstance(value, SyncStore):
         raise ImproperlyConfigured(
-            f'{SETTING}["store"] must be a sync store (DynamoDBStore, SQLiteStore, MemoryStore); '
+            f'{SETTING}["store"] must be {A_SYNC_STORE}; '
             f"{type(value).__name__} has no claim/complete/release/renew. An async store "
             "(AsyncDynamoDBStore) goes with IdempotencyMiddleware around Django's ASGI "
             "application instead."

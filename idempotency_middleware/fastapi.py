@@ -311,11 +311,11 @@ _PROBLEM_SCHEMA: dict[str, Any] = {
 }
 
 # What a client may send: a bare key (visible ASCII but , " \) or an RFC 8941 string (any
-# visible ASCII, with " and \ escaped), 1-255 characters once unquoted; the parser
+# visible ASCII or space, with " and \ escaped), 1-255 characters once unquoted; the parser
 # (keys.parse_idempotency_key) accepts exactly these. The quotes and escapes make the
 # header longer than the key: 255 escaped characters in quotes are 512.
 KEY_PATTERN = (
-    rf'^(?:[!#-+\--\[\]-~]{{1,{MAX_KEY_LENGTH}}}|"(?:[!#-\[\]-~]|\\["\\]){{1,{MAX_KEY_LENGTH}}}")$'
+    rf'^(?:[!#-+\--\[\]-~]{{1,{MAX_KEY_LENGTH}}}|"(?:[ !#-\[\]-~]|\\["\\]){{1,{MAX_KEY_LENGTH}}}")$'
 )
 _KEY_HEADER_MAX_LENGTH = 2 * MAX_KEY_LENGTH + 2
 
@@ -349,7 +349,8 @@ def _document_operation(operation: dict[str, Any], options: Options, policy: Pol
                 "Makes the request safe to retry: the first request with a key runs, and a "
                 "retry with the same key and the same request gets the first response again "
                 "(with Idempotent-Replayed: true). 1-255 visible ASCII characters, bare or as "
-                'an RFC 8941 string ("..."); use a new key (a UUID) for each new request.'
+                'an RFC 8941 string ("...", which may also hold spaces); use a new key (a '
+                "UUID) for each new request."
                 + ("" if policy.required else " Without it, the request is not protected.")
             ),
             "schema": {

@@ -27,7 +27,7 @@ from .engine.renewal import LoopRenewals, ThreadRenewals
 from .keys import storage_key
 from .options import Options
 from .results import ResultCodec, Serializer
-from .stores.protocol import AsyncStore, SyncStore
+from .stores.protocol import A_SYNC_STORE, AN_ASYNC_STORE, AsyncStore, SyncStore
 
 # A stored result is a response to the engine: this status, no headers, the result's bytes.
 RESULT_STATUS = 200
@@ -44,14 +44,12 @@ def check_store(store: object, is_async: bool, what: str) -> None:
     """``TypeError`` when ``store`` cannot serve ``what`` (a sync or a coroutine function)."""
     if is_async and not isinstance(store, AsyncStore):
         raise TypeError(
-            f"{what} is a coroutine function and needs an async store "
-            f"(AsyncDynamoDBStore, SQLiteStore, MemoryStore, RedisStore, PostgresStore); "
+            f"{what} is a coroutine function and needs {AN_ASYNC_STORE}; "
             f"{type(store).__name__} has no aclaim/acomplete/arelease/arenew"
         )
     if not is_async and not isinstance(store, SyncStore):
         raise TypeError(
-            f"{what} is a plain function and needs a sync store "
-            f"(DynamoDBStore, SQLiteStore, MemoryStore, RedisStore, PostgresStore); "
+            f"{what} is a plain function and needs {A_SYNC_STORE}; "
             f"{type(store).__name__} has no claim/complete/release/renew. For a coroutine "
             "function, use async def"
         )

@@ -18,7 +18,7 @@ from .engine.effects import Ran, StreamEnd
 from .engine.renewal import ThreadRenewals
 from .options import MiddlewareOptions, Options
 from .records import StoredResponse
-from .stores.protocol import SyncStore
+from .stores.protocol import A_SYNC_STORE, SyncStore
 from .wsgi_environ import Environ, StartResponse, WSGIApp
 
 if TYPE_CHECKING:
@@ -31,7 +31,8 @@ class IdempotencyWSGIMiddleware:
     """Make covered requests (POST and PATCH by default) safe to retry.
 
     Flask: ``app.wsgi_app = IdempotencyWSGIMiddleware(app.wsgi_app, store=DynamoDBStore(...))``.
-    The store must be sync (``DynamoDBStore``, ``SQLiteStore`` or ``MemoryStore``).
+    The store must be sync: ``DynamoDBStore``, ``RedisStore``, ``PostgresStore``,
+    ``SQLiteStore`` or ``MemoryStore``.
     """
 
     def __init__(
@@ -39,8 +40,8 @@ class IdempotencyWSGIMiddleware:
     ) -> None:
         if not isinstance(store, SyncStore):
             raise TypeError(
-                f"IdempotencyWSGIMiddleware needs a sync store (DynamoDBStore, SQLiteStore, "
-                f"MemoryStore); {type(store).__name__} has no claim/complete/release/renew. "
+                f"IdempotencyWSGIMiddleware needs {A_SYNC_STORE}; "
+                f"{type(store).__name__} has no claim/complete/release/renew. "
                 "For an async store use IdempotencyMiddleware."
             )
         self.app = wsgi_app

@@ -55,6 +55,9 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
     if request.param == "sqlite":
         path = tmp_path / "cli.sqlite3"
         with SQLiteStore(path) as store:
+            # The file exists, as a deployed store's does (the command line refuses a path
+            # that names no file rather than creating an empty database).
+            store.create_table()
             yield Backend(["--sqlite", str(path)], store)
         return
     endpoint: str = request.getfixturevalue("moto_endpoint")

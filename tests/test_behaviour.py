@@ -22,6 +22,7 @@ from idempotency_middleware import (
     IdempotencyRule,
     scope_by_tenant_header,
 )
+from idempotency_middleware.keys import QUOTE_IT
 from idempotency_middleware.records import Record
 from idempotency_middleware.stores.protocol import ClaimRequest, ClaimResult, Completion
 from idempotency_middleware.testing import FakeClock
@@ -256,6 +257,28 @@ def test_quoted_and_bare_forms_of_a_key_are_the_same_key(harness: Harness) -> No
     assert replayed(quoted)
     assert quoted.content == bare.content
     assert harness.calls(POST_ORDERS) == 1
+
+
+def test_a_quoted_key_with_spaces_and_escapes_is_one_key_and_its_bare_form_is_told_to_quote(
+    harness: Harness,
+) -> None:
+    # The IETF draft's key is an sf-string: a space is one of its characters, and `"` and `\`
+    # are escaped. A bare key cannot hold them, and its 400 gives the quoted form.
+    client = harness.serve()
+    key = f'order {uuid.uuid4().hex[:8]} \\"for\\" a\\\\b'  # on the wire: \" and \\
+
+    first = client.post("/orders", json=ORDER, headers={HEADER: f'"{key}"'})
+    retry = client.post("/orders", json=ORDER, headers={HEADER: f'"{key}"'})
+    bare = client.post("/orders", json=ORDER, headers={HEADER: "order 42"})
+    spaced = client.post("/orders", json=ORDER, headers={HEADER: f'" {key}"'})
+
+    assert first.status_code == 201, first.text
+    assert replayed(retry)
+    assert retry.content == first.content
+    assert assert_problem(bare, 400)["detail"] == QUOTE_IT
+    assert '"abc def"' in QUOTE_IT
+    assert spaced.status_code == 201 and not replayed(spaced)  # a leading space is kept
+    assert harness.calls(POST_ORDERS) == 2
 
 
 # --- new key and replay ----------------------------------------------------------------------

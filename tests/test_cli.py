@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
+import httpx
 import orjson
 import pytest
 
@@ -211,3 +214,48 @@ def test_show_and_delete_work_on_an_sqlite_store(
     assert orjson.loads(capsys.readouterr().out)["status"] == "in_progress"
     assert main(["delete", *args]) == EXIT_OK
     assert main(["show", *args]) == EXIT_NOT_FOUND
+
+
+def test_show_takes_a_quoted_key_with_spaces_and_tells_a_bare_one_to_quote(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from idempotency_middleware import SQLiteStore
+
+    path = str(tmp_path / "idem.sqlite3")
+    hashed = storage_key("POST", "/orders", None, "abc def")
+    with SQLiteStore(path) as store:
+        store.claim(ClaimRequest(hashed, "fp", "owner", time.time(), lock_timeout_seconds=30))
+
+    assert main(["show", '"abc def"', "--route", "/orders", "--sqlite", path]) == EXIT_OK
+    assert orjson.loads(capsys.readouterr().out)["key_hash"] == hashed
+    with pytest.raises(SystemExit) as exit_info:
+        main(["show", "abc def", "--route", "/orders", "--sqlite", path])
+    assert exit_info.value.code == EXIT_USAGE
+    assert "invalid key: The idempotency key has a space" in capsys.readouterr().err
+
+
+def test_show_prints_the_content_length_the_handler_sent_where_it_sent_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # What the command line page says: Content-Length is stored where the handler put it
+    # (header order is kept), and a replay sends the body's length in its place.
+    from idempotency_middleware import IdempotencyWSGIMiddleware, SQLiteStore
+    from tests.servers import serve_wsgi
+
+    def app(environ: object, start_response: Any) -> list[bytes]:
+        start_response("201 Created", [("X-First", "1"), ("Content-Length", "2"), ("X-Last", "")])
+        return [b"ok"]
+
+    path = str(tmp_path / "idem.sqlite3")
+    with SQLiteStore(path) as store:
+        middleware = IdempotencyWSGIMiddleware(app, store=store)
+        with contextlib.closing(middleware), serve_wsgi(middleware) as url:
+            for _ in range(2):
+                replay = httpx.post(f"{url}/orders", headers={"Idempotency-Key": "k-1"})
+    assert replay.headers["idempotent-replayed"] == "true"
+    assert replay.headers["content-length"] == "2"
+
+    assert main(["show", "k-1", "--route", "/orders", "--sqlite", path]) == EXIT_OK
+    shown = orjson.loads(capsys.readouterr().out)["response"]["headers"]
+    assert [name.lower() for name, _ in shown] == ["x-first", "content-length", "x-last"]
+    assert shown[1][1] == "2"

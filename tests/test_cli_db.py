@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 import uuid
 
@@ -90,6 +92,27 @@ def test_an_unreachable_server_exits_3_saying_so(
     error = capsys.readouterr().err
     assert "Connection refused" in error
     assert f"check {option[0]} and the network" in error
+
+
+@pytest.mark.parametrize("command", [["create-table"], ["show", "k", "--route", "/orders"]])
+def test_an_unreachable_postgres_prints_only_the_command_line_s_own_message(
+    command: list[str],
+) -> None:
+    # The real command: psycopg_pool's own log line ("error connecting in ...") went to
+    # stderr through logging's last-resort handler, ahead of the message that says what to do.
+    dsn = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres"
+    result = subprocess.run(
+        [sys.executable, "-m", "idempotency_middleware", *command, "--postgres", dsn],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == EXIT_STORE
+    assert result.stderr.startswith("store cannot reach PostgreSQL at 127.0.0.1:"), result.stderr
+    assert result.stderr.endswith(": check --postgres and the network\n")
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stdout == ""
 
 
 @pytest.mark.parametrize(

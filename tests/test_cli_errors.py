@@ -4,11 +4,13 @@ that disappears between ``delete``'s read and its delete, and a store that fails
 A failing store is told apart, in the real command run in a subprocess with the AWS settings
 of its environment under the test's control: a misconfiguration (no table, no region, no or
 rejected credentials, access denied, a file that cannot be opened) exits 4 saying what to
-fix; an outage (unreachable, throttled, a failing file) exits 3.
+fix; an outage (unreachable, throttled, a failing file) exits 3. An SQLite path that names
+no file exits 4 too, in every command but ``create-table``, and no database is created.
 """
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 import uuid
@@ -25,6 +27,7 @@ from idempotency_middleware.cli import (
     EXIT_OK,
     EXIT_STORE,
     EXIT_USAGE,
+    build_parser,
     main,
 )
 from idempotency_middleware.keys import storage_key
@@ -222,3 +225,85 @@ def test_an_invalid_key_prints_the_usage_of_its_subcommand(tmp_path: Path) -> No
     assert result.returncode == EXIT_USAGE
     assert result.stderr.startswith("usage: idempotency-middleware show [-h]")
     assert "idempotency-middleware show: error: invalid key:" in result.stderr
+
+
+# --- an SQLite path that names no database ----------------------------------------------------
+
+
+def leaf_commands(
+    parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """Every runnable command of the command line (``action show`` is one) with its parser."""
+    subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subparsers:
+        yield prefix, parser
+        return
+    for name, sub in subparsers[0].choices.items():
+        yield from leaf_commands(sub, (*prefix, name))
+
+
+# Each command that takes --sqlite, as it would be typed (the key or id and its options) but
+# for the store option. Only create-table may create the database.
+NOT_CREATING = {
+    ("show",): ["show", "f-1", "--route", "/orders"],
+    ("delete",): ["delete", "f-1", "--route", "/orders"],
+    ("action", "show"): ["action", "show", "act-1"],
+    ("action", "cancel"): ["action", "cancel", "act-1"],
+}
+
+
+def test_every_command_taking_an_sqlite_path_is_either_creating_or_checked_below() -> None:
+    with_sqlite = {
+        command
+        for command, parser in leaf_commands(build_parser())
+        if any("--sqlite" in action.option_strings for action in parser._actions)
+    }
+    assert with_sqlite == set(NOT_CREATING) | {("create-table",)}
+
+
+@pytest.mark.parametrize("command", sorted(NOT_CREATING), ids=" ".join)
+def test_a_command_that_does_not_create_refuses_a_missing_sqlite_file_and_creates_nothing(
+    command: tuple[str, ...], tmp_path: Path
+) -> None:
+    # The issue's typo: a directory that does not exist, run from the project's directory.
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "idempotency_middleware"),
+            *NOT_CREATING[command],
+            *("--sqlite", "app2/idem.sqlite"),
+        ],
+        cwd=tmp_path,
+        env=aws_environment(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == EXIT_MISCONFIGURED
+    assert result.stderr == (
+        "no SQLite database file at 'app2/idem.sqlite': check the path (a new database is "
+        "made by `idempotency-middleware create-table --sqlite app2/idem.sqlite`)\n"
+    )
+    assert result.stdout == ""
+    assert not (tmp_path / "app2").exists()
+
+
+def test_a_missing_sqlite_file_in_an_existing_directory_is_not_created_either(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "typo.sqlite3"
+    result = run_cli(aws_environment(tmp_path), "show", "k", "--route", "/o", "--sqlite", str(path))
+    assert result.returncode == EXIT_MISCONFIGURED
+    assert result.stderr.startswith(f"no SQLite database file at '{path}': check the path")
+    assert not path.exists()
+
+
+def test_create_table_creates_the_sqlite_file_which_show_then_reads(tmp_path: Path) -> None:
+    path = tmp_path / "idem.sqlite3"
+    environment = aws_environment(tmp_path)
+    created = run_cli(environment, "create-table", "--sqlite", str(path))
+    assert created.returncode == 0, created.stderr
+    assert path.is_file()
+    shown = run_cli(environment, "show", "k", "--route", "/o", "--sqlite", str(path))
+    assert shown.returncode == EXIT_NOT_FOUND
+    assert shown.stderr.startswith("no record for key hash ")

@@ -133,6 +133,7 @@ def test_keys_from_standard_input(
 def test_options_that_address_no_key_are_usage_errors(
     path: Path, arguments: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    assert main(["create-table", "--sqlite", str(path)]) == 0  # (it refuses a missing file)
     with pytest.raises(SystemExit) as exited:
         main([*arguments, "--sqlite", str(path)])
     assert exited.value.code == EXIT_USAGE

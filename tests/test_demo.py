@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 from idempotency_middleware import demo
+from idempotency_middleware.cli import EXIT_CODES_HELP, EXIT_MISCONFIGURED
 from idempotency_middleware.demo.runner import CallLog, Walkthrough, print_table
 from tests.servers import serve_wsgi
 
@@ -59,7 +60,9 @@ def test_without_the_demo_extra_the_demo_names_the_extra_to_install() -> None:
         timeout=60,
         check=False,
     )
-    assert result.returncode == 2, result.stdout + result.stderr
+    # The code the help gives for a missing extra (4, a misconfiguration), not a usage error.
+    assert result.returncode == EXIT_MISCONFIGURED == 4, result.stdout + result.stderr
+    assert "missing extra" in EXIT_CODES_HELP.split("\n  4  ")[1].split("\n  5  ")[0]
     assert result.stderr == (
         "the demo needs the [demo] extra (moto is not installed): "
         'pip install "idempotency-middleware[demo]"\n'
@@ -72,7 +75,7 @@ def test_an_import_error_of_the_demo_itself_is_not_taken_for_a_missing_extra(
 ) -> None:
     monkeypatch.setitem(sys.modules, "idempotency_middleware.demo.runner", None)
     with pytest.raises(ModuleNotFoundError) as raised:
-        demo.main()
+        demo.main(missing_extra=4)
     assert raised.value.name == "idempotency_middleware.demo.runner"
 
 

@@ -650,7 +650,13 @@ def test_without_the_setting_the_middleware_is_improperly_configured() -> None:
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({"store": AsyncDynamoDBStore("idem", region_name=REGION)}, "must be a sync store"),
+        (
+            {"store": AsyncDynamoDBStore("idem", region_name=REGION)},
+            re.escape(
+                "must be a sync store (DynamoDBStore, RedisStore, PostgresStore, SQLiteStore, "
+                "MemoryStore); AsyncDynamoDBStore has no claim"
+            ),
+        ),
         ({"store": "tests.test_django.no_such_store"}, "no_such_store"),
         ({"store": MemoryStore(), "ttl": 60}, r"unknown options \['ttl'\]"),
         ({"store": MemoryStore(), "ttl_seconds": -1}, "ttl_seconds"),

@@ -17,7 +17,8 @@ they show.
   JSON.
 - **HTTP**: the problem responses are what the middleware answers a reused key (with
   ``problem_base_url``) and what a wrong PIN gets: status, headers and body.
-- **Command line**: a missing table is answered with the page's message and exit status.
+- **Command line**: a missing table and a missing SQLite file are answered with the page's
+  messages and exit statuses.
 - **Logs**: the store-failure lines on the observability page have the shape the middleware
   writes (made here by a store that cannot open its file).
 """
@@ -295,6 +296,26 @@ def test_the_command_line_answers_a_missing_table_as_its_page_shows(
     expected = message.replace("eu-west-1", REGION).replace(endpoint, moto_endpoint)
     assert (result.stdout + result.stderr).strip() == expected
     assert result.returncode == int(status)
+
+
+def test_the_command_line_refuses_a_missing_sqlite_file_as_its_page_shows(
+    tmp_path: Path,
+) -> None:
+    """operating-cli-3.txt: the command, its message and its exit status, and no file made."""
+    command, message, _, status = (SNIPPETS / "operating-cli-3.txt").read_text().splitlines()
+    arguments = shlex.split(command.removeprefix("$ "))
+    result = subprocess.run(
+        [sys.executable, "-m", "idempotency_middleware", *arguments[1:]],
+        cwd=tmp_path,
+        env=environment(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (result.stdout + result.stderr).strip() == message
+    assert result.returncode == int(status)
+    assert list(tmp_path.iterdir()) == []
 
 
 def shown_response(name: str) -> tuple[str, dict[str, str], dict[str, Any]]:

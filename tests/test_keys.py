@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from idempotency_middleware.keys import (
     MAX_KEY_LENGTH,
+    QUOTE_IT,
     InvalidKey,
     parse_idempotency_key,
     storage_key,
@@ -18,10 +19,12 @@ from idempotency_middleware.keys import (
 PURE = settings(max_examples=200, deadline=None)
 
 VISIBLE_ASCII = "".join(chr(code) for code in range(0x21, 0x7F))
+# An sf-string's characters (RFC 8941: %x20-7E, `"` and `\` escaped): a quoted key's.
+PRINTABLE_ASCII = " " + VISIBLE_ASCII
 BARE_ALPHABET = "".join(char for char in VISIBLE_ASCII if char not in ',"\\')
 
 bare_keys = st.text(alphabet=BARE_ALPHABET, min_size=1, max_size=MAX_KEY_LENGTH)
-any_valid_keys = st.text(alphabet=VISIBLE_ASCII, min_size=1, max_size=MAX_KEY_LENGTH)
+any_valid_keys = st.text(alphabet=PRINTABLE_ASCII, min_size=1, max_size=MAX_KEY_LENGTH)
 
 
 def sf_string(key: str) -> bytes:
@@ -150,16 +153,36 @@ def test_non_ascii_bytes_are_refused(raw: bytes) -> None:
         parse_one(raw)
 
 
-@pytest.mark.parametrize("raw", [b"a b", b'"a b"', b'" ab"', b'"ab "'])
-def test_space_inside_the_key_is_refused(raw: bytes) -> None:
-    with pytest.raises(InvalidKey):
-        parse_one(raw)
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [(b'"a b"', "a b"), (b'" ab"', " ab"), (b'"ab "', "ab "), (b'"a \\" b"', 'a " b')],
+)
+def test_a_quoted_key_may_hold_spaces_kept_as_they_are(raw: bytes, key: str) -> None:
+    # The IETF draft's key is an sf-string, whose characters include the space.
+    assert parse_one(raw) == key
 
 
-@pytest.mark.parametrize("raw", [b'a"b', b"a\\b", b'abc"'])
-def test_bare_key_with_quote_or_backslash_is_refused(raw: bytes) -> None:
-    with pytest.raises(InvalidKey):
+def test_spaces_inside_quotes_make_another_key_than_without() -> None:
+    assert parse_one(b'" abc"') != parse_one(b'"abc"') == parse_one(b"abc")
+
+
+@pytest.mark.parametrize("raw", [b"a b", b"abc def", b'a"b', b"a\\b", b'abc"', b'a "b"'])
+def test_a_bare_key_with_a_space_quote_or_backslash_is_told_to_quote_it(raw: bytes) -> None:
+    with pytest.raises(InvalidKey) as raised:
         parse_one(raw)
+    assert raised.value.detail == QUOTE_IT
+    # The form the message gives is one that parses.
+    assert parse_one(b'"abc def"') == "abc def"
+    assert '"abc def"' in QUOTE_IT
+
+
+@pytest.mark.parametrize("raw", [b"a b\x01", "a bé".encode()])
+def test_a_bare_key_with_a_space_and_a_character_no_key_may_hold_is_not_told_to_quote_it(
+    raw: bytes,
+) -> None:
+    with pytest.raises(InvalidKey) as raised:
+        parse_one(raw)
+    assert raised.value.detail != QUOTE_IT
 
 
 @pytest.mark.parametrize(
@@ -216,7 +239,7 @@ def test_parse_never_raises_anything_but_invalid_key(raw: bytes) -> None:
         return
     assert key is not None
     assert 1 <= len(key) <= MAX_KEY_LENGTH
-    assert all(char in VISIBLE_ASCII for char in key)
+    assert all(char in PRINTABLE_ASCII for char in key)
 
 
 def test_invalid_key_is_a_value_error_with_a_detail() -> None:

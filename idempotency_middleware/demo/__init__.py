@@ -18,7 +18,9 @@ DEPENDENCIES = frozenset(
 )
 
 
-def main() -> int:
+def main(*, missing_extra: int) -> int:
+    """Run the demo; its exit code, or ``missing_extra`` (the command line's code for a
+    misconfiguration) when the ``[demo]`` extra is not installed."""
     try:
         from .runner import main as run
     except ModuleNotFoundError as error:
@@ -30,5 +32,5 @@ def main() -> int:
             f'pip install "idempotency-middleware[{EXTRA}]"',
             file=sys.stderr,
         )
-        return 2
+        return missing_extra
     return run()
