@@ -8,17 +8,13 @@ A backend writes three things:
   are written once for sync and async (the flow idea of httpx's auth).
 - a **transport** (:class:`Transport`): runs a flow, sync (``run``) and async (``arun``),
   turning the backend's failures into :class:`StoreUnavailable` (``cause``, ``reason``).
-  A transport that sends one request at a time gets both from :func:`drive` and
-  :func:`adrive`; one that needs a connection or a transaction around the whole flow runs it
-  itself.
+  :func:`drive` and :func:`adrive` serve a transport that sends one request at a time.
 - the **public class**, a :class:`KitStore`: configuration, and nothing the kit does.
 
-:class:`KitStore` writes every public method once over those: the sync and async protocol
-(``claim`` ... ``arenew``), the deferred pair (token checks included), the operator
-interface, the circuit breaker's accounting and the half-open probe, and both context
-managers. :class:`LoopLocal` keeps per-event-loop clients (asyncio connections belong to the
-loop they were made on), closed with their loop; :func:`require_modules` names the extra
-that installs a backend's client library.
+:class:`KitStore` writes every public method once over those: the store protocol, the
+deferred pair, the operator interface and ``check``, the circuit breaker's accounting and
+probe, both context managers. :class:`LoopLocal` keeps per-event-loop clients, closed with
+their loop; :func:`require_modules` names the extra that installs a backend's library.
 """
 
 from __future__ import annotations
@@ -27,19 +23,19 @@ import asyncio
 import importlib.util
 import logging
 import threading
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Generator, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Generator
 from typing import Any, Generic, Protocol, TypeVar
 
 from ..breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD, BreakerOwner, CircuitBreaker
 from ..clock import SYSTEM_CLOCK, Clock
-from ..errors import IdempotencyError
+from ..errors import FIXES, IdempotencyError
 from ..records import Record, StoredResponse
-from .closing import ClosingStore
 from .protocol import (
     ClaimRequest,
     ClaimResult,
     Completion,
     DeferredToken,
+    HeaderPairs,
     StoreUnavailable,
     parse_token,
     prepare_final,
@@ -47,6 +43,7 @@ from .protocol import (
 
 T = TypeVar("T")
 V = TypeVar("V")
+Self = TypeVar("Self", bound="ClosingStore")
 
 logger = logging.getLogger(__name__)
 
@@ -108,8 +105,7 @@ async def adrive(flow: Flow[T], send: Callable[[Any], Awaitable[Any]]) -> T:
 
 
 class Transport(Protocol):
-    """Runs a backend's flows. ``operation`` names the store operation, for the messages
-    of the :class:`StoreUnavailable` it raises when the backend cannot answer."""
+    """Runs a backend's flows; ``operation`` names the store operation in its errors."""
 
     def run(self, operation: str, flow: Flow[T]) -> T: ...
 
@@ -121,9 +117,9 @@ class Transport(Protocol):
 
 
 class Operations(Protocol):
-    """A backend's flows, one per store operation (see the store protocol for what each
-    must guarantee). ``complete_final`` and ``release_unfinished`` finish deferred keys; a
-    backend without deferral sets ``supports_deferral = False``."""
+    """A backend's flows, one per store operation (the store protocol says what each must
+    guarantee). A backend without deferral sets ``supports_deferral = False``; one may add
+    a read-only ``check()`` flow (else :meth:`KitStore.check` reads an unused key)."""
 
     supports_deferral: bool
 
@@ -149,6 +145,39 @@ class Operations(Protocol):
 
 
 # -- the store ----------------------------------------------------------------------------
+
+# The key the default check reads: no claim makes it (claims use hex digests).
+UNUSED_KEY = "store-check"
+
+
+def unusable(store: object, error: StoreUnavailable) -> StoreUnavailable:
+    """``error`` as a failed check says it: which store, why, and the fix."""
+    fix = FIXES.get(error.cause)
+    message = f"{type(store).__name__} is not usable: {error.reason}" + (f"; {fix}" if fix else "")
+    return StoreUnavailable(message, code=error.code, cause=error.cause, reason=error.reason)
+
+
+class ClosingStore:
+    """Both context managers: ``close()`` after ``with``, ``await aclose()`` after
+    ``async with``."""
+
+    def close(self) -> None:  # pragma: no cover - every store defines its own
+        raise NotImplementedError
+
+    async def aclose(self) -> None:  # pragma: no cover - every store defines its own
+        raise NotImplementedError
+
+    def __enter__(self: Self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self: Self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
 
 class KitStore(ClosingStore, BreakerOwner):
@@ -247,7 +276,7 @@ class KitStore(ClosingStore, BreakerOwner):
     # -- deferred completion ----------------------------------------------------------
 
     def _final(
-        self, token: str, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes
+        self, token: str, status: int, headers: HeaderPairs, body: bytes
     ) -> Flow[bool] | None:
         if not self._ops.supports_deferral:
             raise NotImplementedError(f"{type(self).__name__} does not support deferred completion")
@@ -266,7 +295,7 @@ class KitStore(ClosingStore, BreakerOwner):
         self,
         token: str,
         status: int,
-        headers: Iterable[tuple[bytes, bytes]] = (),
+        headers: HeaderPairs = (),
         body: bytes = b"",
     ) -> bool:
         """Store the final response of work deferred with ``defer_completion()``; ``False``
@@ -279,7 +308,7 @@ class KitStore(ClosingStore, BreakerOwner):
         self,
         token: str,
         status: int,
-        headers: Iterable[tuple[bytes, bytes]] = (),
+        headers: HeaderPairs = (),
         body: bytes = b"",
     ) -> bool:
         """:meth:`complete_deferred`, awaited."""
@@ -321,6 +350,37 @@ class KitStore(ClosingStore, BreakerOwner):
     async def acreate_table(self) -> None:
         """:meth:`create_table`, awaited."""
         await self._arun("create_table", self._ops.create_table())
+
+    def _check_flow(self) -> Flow[object]:
+        check = getattr(self._ops, "check", None)
+        return check() if check is not None else self._ops.get(UNUSED_KEY)
+
+    def check(self) -> None:
+        """Check that the store is usable, reading only: the table exists with the key (and
+        TTL) the store expects, the credentials are accepted, the SQLite file can be
+        written, the server answers. For a health check, or at start-up (the middlewares'
+        ``check_store=True``). It neither waits for nor counts in the circuit breaker.
+
+        Raises:
+            StoreUnavailableError: the store is not usable; ``cause`` and ``reason`` say
+                why, the message also says what to fix (``"no_table"``: create it).
+
+        Example:
+            ``store.check()``, or ``await store.acheck()``: ``None`` when usable, else
+            ``StoreUnavailableError: DynamoDBStore is not usable: no such table
+            'idempotency'; create it: store.create_table(), ...``
+        """
+        try:
+            self._transport.run("check", self._check_flow())
+        except StoreUnavailable as error:
+            raise unusable(self, error) from error
+
+    async def acheck(self) -> None:
+        """:meth:`check`, awaited; raises ``StoreUnavailableError`` as it does."""
+        try:
+            await self._transport.arun("check", self._check_flow())
+        except StoreUnavailable as error:
+            raise unusable(self, error) from error
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -489,6 +549,7 @@ class LoopLocal(Generic[V]):
 
 
 __all__ = [
+    "ClosingStore",
     "Flow",
     "KitStore",
     "LoopLocal",
@@ -498,4 +559,5 @@ __all__ = [
     "drive",
     "finish_without_loop",
     "require_modules",
+    "unusable",
 ]

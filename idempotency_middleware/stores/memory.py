@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
 
 from ..breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD, BreakerOwner, CircuitBreaker
 from ..clock import SYSTEM_CLOCK, Clock
@@ -14,6 +13,7 @@ from .protocol import (
     ClaimRequest,
     ClaimResult,
     Completion,
+    HeaderPairs,
     Held,
     parse_token,
     prepare_final,
@@ -27,15 +27,14 @@ _new = tuple.__new__
 class MemoryStore(BreakerOwner):
     """A dict behind a lock. One instance is safe to share across threads and event loops.
 
-    Every operation is a few dict operations under a ``threading.Lock``, never held across
-    an ``await``, so the async methods call the sync ones directly. (Not a ``KitStore``: with
-    no I/O there is nothing to send and no failure for a breaker to count, and a flow per
-    call would cost the request path more than the dict work itself.)
+    Each operation is a few dict operations under a ``threading.Lock``, never held across an
+    ``await``, so the async methods call the sync ones. (Not a ``KitStore``: a flow per call
+    would cost more than the dict work, and there is no failure for a breaker to count.)
 
     ``max_response_bytes`` mimics a backend's item limit (``None``: keep every response);
-    expired records are dropped at most once per ``purge_interval_seconds``. ``clock`` says
-    when the first purge is due; later ones follow the claims' own ``now``. It takes the
-    circuit breaker's options like every store, but never fails, so its breaker stays closed.
+    expired records are dropped at most once per ``purge_interval_seconds``, the first purge
+    due by ``clock``, later ones by the claims' own ``now``. It takes the breaker's options
+    like every store, but never fails: its breaker stays closed, and ``check()`` passes.
     """
 
     def __init__(
@@ -157,11 +156,9 @@ class MemoryStore(BreakerOwner):
         self,
         token: str,
         status: int,
-        headers: Iterable[tuple[bytes, bytes]] = (),
+        headers: HeaderPairs = (),
         body: bytes = b"",
     ) -> bool:
-        """Store the final response of work deferred with ``defer_completion()``; ``False``
-        when the token no longer applies (completed, expired, taken over)."""
         prepared = prepare_final(token, status, headers, body, self._clock.now())
         if prepared is None:
             return False
@@ -183,8 +180,6 @@ class MemoryStore(BreakerOwner):
             return True
 
     def release_deferred(self, token: str) -> bool:
-        """Forget a deferred key whose work did not happen; ``False`` when the token no
-        longer applies."""
         parsed = parse_token(token)
         with self._lock:
             if not _deferred_by(self._records.get(parsed.key_hash), parsed.owner):
@@ -196,14 +191,12 @@ class MemoryStore(BreakerOwner):
         self,
         token: str,
         status: int,
-        headers: Iterable[tuple[bytes, bytes]] = (),
+        headers: HeaderPairs = (),
         body: bytes = b"",
     ) -> bool:
-        """:meth:`complete_deferred` (no I/O: called directly)."""
         return self.complete_deferred(token, status, headers, body)
 
     async def arelease_deferred(self, token: str) -> bool:
-        """:meth:`release_deferred` (no I/O: called directly)."""
         return self.release_deferred(token)
 
     def _purge(self, now: float, clock_skew_seconds: float) -> None:
@@ -219,17 +212,18 @@ class MemoryStore(BreakerOwner):
     # -- operators --------------------------------------------------------------------
 
     def get(self, key_hash: str) -> Record | None:
-        """The record under ``key_hash`` as stored (expired or not), for operators and tests."""
         with self._lock:
             return self._records.get(key_hash)
 
     def delete(self, key_hash: str) -> bool:
-        """Remove a record whoever owns it; ``True`` when there was one."""
         with self._lock:
             return self._records.pop(key_hash, None) is not None
 
     def create_table(self) -> None:
-        """Nothing to create: here for the operator interface every store shares."""
+        """Nothing to create."""
+
+    def check(self) -> None:
+        """Nothing to check: a dict is always usable."""
 
     def __len__(self) -> int:
         with self._lock:
@@ -248,15 +242,16 @@ class MemoryStore(BreakerOwner):
         return self.renew(key_hash, owner, lock_expires_at)
 
     async def aget(self, key_hash: str) -> Record | None:
-        """:meth:`get` (no I/O: called directly)."""
         return self.get(key_hash)
 
     async def adelete(self, key_hash: str) -> bool:
-        """:meth:`delete` (no I/O: called directly)."""
         return self.delete(key_hash)
 
     async def acreate_table(self) -> None:
-        """:meth:`create_table`: nothing to create."""
+        """Nothing to create."""
+
+    async def acheck(self) -> None:
+        """Nothing to check."""
 
 
 def _deferred_by(record: Record | None, owner: str) -> bool:

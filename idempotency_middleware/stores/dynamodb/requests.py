@@ -485,3 +485,21 @@ def ttl_enabled(describe_ttl_response: dict[str, Any], layout: TableLayout) -> b
     return description.get("TimeToLiveStatus") in ("ENABLED", "ENABLING") and (
         description.get("AttributeName") == layout.ttl_attribute
     )
+
+
+def schema_problem(
+    layout: TableLayout, table: dict[str, Any], describe_ttl_response: dict[str, Any]
+) -> str | None:
+    """What makes a described table unlike the one ``create_table()`` makes, or ``None``."""
+    name, key = layout.table_name, layout.key_attribute
+    keys = [(part["AttributeName"], part["KeyType"]) for part in table.get("KeySchema", ())]
+    types = {a["AttributeName"]: a["AttributeType"] for a in table.get("AttributeDefinitions", ())}
+    if keys != [(key, "HASH")] or types.get(key) != "S":
+        shown = ", ".join(f"{attribute} ({kind})" for attribute, kind in keys)
+        return f"table {name!r} is keyed by {shown}, not by the string partition key {key!r} alone"
+    if not ttl_enabled(describe_ttl_response, layout):
+        return (
+            f"table {name!r} has no TTL on {layout.ttl_attribute!r}, so expired records are "
+            "never deleted (store.create_table() enables it)"
+        )
+    return None

@@ -88,7 +88,7 @@ class DynamoDBStore(DynamoDBStoreBase):
     transport by default: see ``transport``).
 
     ``store.close()`` or ``with store:`` releases its connections.
-    The operator interface: ``store.create_table()``, ``get``, ``delete``.
+    The operator interface: ``store.create_table()``, ``check``, ``get``, ``delete``.
     """
 
     _libraries = ("boto3", "botocore")
@@ -98,7 +98,7 @@ class DynamoDBStore(DynamoDBStoreBase):
     # Sync only, as boto3 is: the ASGI middleware (and the async protocols) refuse it.
     aclaim = acomplete = arelease = arenew = None  # type: ignore[assignment]
     acomplete_deferred = arelease_deferred = None  # type: ignore[assignment]
-    aget = adelete = acreate_table = None  # type: ignore[assignment]
+    aget = adelete = acreate_table = acheck = None  # type: ignore[assignment]
 
     @property
     def client(self) -> Any:
@@ -125,7 +125,7 @@ class AsyncDynamoDBStore(DynamoDBStoreBase):
     An aiobotocore client only works on the event loop it was made on: the store keeps one
     set of clients per loop that uses it, closed when ``asyncio.run`` ends the loop.
     ``await store.aclose()`` or ``async with store:`` releases the running loop's.
-    The operator interface: ``await store.acreate_table()``, ``aget``, ``adelete``.
+    The operator interface: ``await store.acreate_table()``, ``acheck``, ``aget``, ``adelete``.
     """
 
     _libraries = ("aioboto3", "aiobotocore")
@@ -134,7 +134,7 @@ class AsyncDynamoDBStore(DynamoDBStoreBase):
     _transport: AsyncTransport
     # Async only, as aioboto3 is: the WSGI middleware (and the sync protocols) refuse it.
     claim = complete = release = renew = None  # type: ignore[assignment]
-    complete_deferred = release_deferred = get = delete = None  # type: ignore[assignment]
+    complete_deferred = release_deferred = get = delete = check = None  # type: ignore[assignment]
 
     async def client(self) -> Any:
         """The request path's DynamoDB client of the running event loop (the lean

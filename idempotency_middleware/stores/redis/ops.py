@@ -297,6 +297,8 @@ class RedisOps:
     def delete(self, key_hash: str) -> Flow[bool]:
         return bool((yield ("delete", self.prefix + key_hash)))
 
-    def create_table(self) -> Flow[None]:
-        """Nothing to create in Redis: checks that the server answers (``PING``)."""
+    def check(self) -> Flow[None]:
+        """``PING``: the server answers."""
         yield ("ping",)
+
+    create_table = check  # nothing to create in Redis

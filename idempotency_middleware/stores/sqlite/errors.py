@@ -61,3 +61,8 @@ def unavailable(operation: str, error: sqlite3.Error, path: str) -> StoreUnavail
         cause=cause,
         reason=reasons[cause],
     )
+
+
+def refused(cause: str, reason: str) -> StoreUnavailable:
+    """A check's finding about the file, before SQLite is asked."""
+    return StoreUnavailable(f"SQLite check failed: {reason}", cause=cause, reason=reason)

@@ -22,11 +22,12 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar, cast
+from urllib.parse import quote
 
 from ..kit import Flow
 from ..protocol import StoreUnavailable
 from ..threaded import WorkerThreads
-from .errors import is_busy, is_unavailable, unavailable
+from .errors import is_busy, is_unavailable, refused, unavailable
 from .ops import OFF_LOOP, PURGE, Later, Reply, Statement, Steps
 
 T = TypeVar("T")
@@ -35,6 +36,7 @@ logger = logging.getLogger(__package__)
 # Inline flows between two checkpoints (SQLite's own auto-checkpoint: about 1000 pages,
 # several hundred small writes).
 CHECKPOINT_EVERY = 256
+CHECK = "check"
 _NOT_WAL = "SQLite database %s is in %s journal mode, not WAL: writers will block readers"
 
 
@@ -204,6 +206,8 @@ class SQLiteTransport:
 
     def run(self, operation: str, flow: Flow[T], request: Any = None) -> T:
         """Run ``flow`` on a pooled connection (from ``request``: where an inline run stopped)."""
+        if operation == CHECK:
+            return self._check(flow)
         try:
             connection, generation = self._pool.take()
             try:
@@ -249,8 +253,37 @@ class SQLiteTransport:
         except StopIteration as done:
             return True, done.value
 
+    def _check(self, flow: Flow[T]) -> T:
+        """Check the file as it is, never creating it: its directory exists, it (or, before
+        the first use makes it, its directory) is writable, and it opens as a database."""
+        path = self._settings.path
+        folder = os.path.dirname(os.path.abspath(path))
+        exists = os.path.exists(path)
+        if not os.path.isdir(folder):
+            raise refused(
+                "cannot_open", f"directory {folder!r} of database {path!r} does not exist"
+            )
+        # (The directory too: SQLite writes its WAL and shared-memory files beside the file.)
+        for target in (path, folder) if exists else (folder,):
+            if not os.access(target, os.W_OK):
+                raise refused("access_denied", f"{target!r} is not writable by this process")
+        if not exists:
+            flow.close()
+            return None  # type: ignore[return-value]  # (check flows return None)
+        try:
+            connection = sqlite3.connect(f"file:{quote(path)}?mode=rw", uri=True, timeout=0)
+            try:
+                result: T = self._steps(connection, flow, None, inline=False)[1]
+            finally:
+                close_quietly(connection)
+        except sqlite3.Error as error:
+            self._raise(CHECK, error)
+        return result
+
     async def arun(self, operation: str, flow: Flow[T]) -> T:
         """Run ``flow`` inline as long as it need not wait for a lock; the rest on a thread."""
+        if operation == CHECK:
+            return await self._threads.run(self._check, flow)
         if not self._inline or (self._wal_restart_due and operation != "get"):
             # (The first write after a checkpoint restarts the WAL, syncing its header.)
             self._wal_restart_due = False
