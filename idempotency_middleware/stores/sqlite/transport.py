@@ -260,9 +260,7 @@ class SQLiteTransport:
         folder = os.path.dirname(os.path.abspath(path))
         exists = os.path.exists(path)
         if not os.path.isdir(folder):
-            raise refused(
-                "cannot_open", f"directory {folder!r} of database {path!r} does not exist"
-            )
+            raise refused("cannot_open", f"directory {folder!r} (of {path!r}) does not exist")
         # (The directory too: SQLite writes its WAL and shared-memory files beside the file.)
         for target in (path, folder) if exists else (folder,):
             if not os.access(target, os.W_OK):
