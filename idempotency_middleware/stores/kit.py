@@ -183,6 +183,7 @@ class ClosingStore:
 class KitStore(ClosingStore, BreakerOwner):
     """Every public store method, written once over a backend's ``ops`` and ``transport``.
 
+    Each method does what the protocols (protocol.py) say; ``a``-prefixed ones are awaited.
     The circuit breaker counts each operation: one the backend answered (a failed
     condition, a refused transaction included) closes it, a :class:`StoreUnavailable`
     counts as a failure when its cause is an outage. Claims are the only calls it refuses
@@ -193,7 +194,6 @@ class KitStore(ClosingStore, BreakerOwner):
         self,
         ops: Operations,
         transport: Transport,
-        *,
         clock: Clock = SYSTEM_CLOCK,
         breaker_threshold: int = DEFAULT_THRESHOLD,
         breaker_cooldown_seconds: float = DEFAULT_COOLDOWN_SECONDS,
@@ -203,16 +203,17 @@ class KitStore(ClosingStore, BreakerOwner):
         self._transport = transport
         self._clock = clock
 
-    # -- accounting -------------------------------------------------------------------
+    def _failed(self, error: Exception) -> None:
+        if isinstance(error, StoreUnavailable):
+            self.breaker.failed(error)
+        elif isinstance(error, IdempotencyError):
+            self.breaker.succeeded()  # refused as written: an answer
 
     def _run(self, operation: str, flow: Flow[T]) -> T:
         try:
             result = self._transport.run(operation, flow)
-        except StoreUnavailable as error:
-            self.breaker.failed(error)
-            raise
-        except IdempotencyError:
-            self.breaker.succeeded()  # refused as written: an answer
+        except Exception as error:
+            self._failed(error)
             raise
         self.breaker.succeeded()
         return result
@@ -220,19 +221,13 @@ class KitStore(ClosingStore, BreakerOwner):
     async def _arun(self, operation: str, flow: Flow[T]) -> T:
         try:
             result = await self._transport.arun(operation, flow)
-        except StoreUnavailable as error:
-            self.breaker.failed(error)
-            raise
-        except IdempotencyError:
-            self.breaker.succeeded()
+        except Exception as error:
+            self._failed(error)
             raise
         self.breaker.succeeded()
         return result
 
-    # -- the store protocol -----------------------------------------------------------
-
     def claim(self, request: ClaimRequest) -> ClaimResult:
-        """Claim ``request.key_hash``, or the record of whoever holds it."""
         if self.breaker.admit():  # the half-open breaker's probe
             try:
                 return self._run("claim", self._ops.claim(request))
@@ -241,7 +236,6 @@ class KitStore(ClosingStore, BreakerOwner):
         return self._run("claim", self._ops.claim(request))
 
     async def aclaim(self, request: ClaimRequest) -> ClaimResult:
-        """:meth:`claim`, awaited."""
         if self.breaker.admit():
             try:
                 return await self._arun("claim", self._ops.claim(request))
@@ -250,105 +244,74 @@ class KitStore(ClosingStore, BreakerOwner):
         return await self._arun("claim", self._ops.claim(request))
 
     def complete(self, completion: Completion) -> bool:
-        """Store the response; ``False`` when the claim is no longer ``owner``'s."""
         return self._run("complete", self._ops.complete(completion))
 
     async def acomplete(self, completion: Completion) -> bool:
-        """:meth:`complete`, awaited."""
         return await self._arun("complete", self._ops.complete(completion))
 
     def release(self, key_hash: str, owner: str) -> bool:
-        """Delete the claim; ``False`` when it is no longer ``owner``'s."""
         return self._run("release", self._ops.release(key_hash, owner))
 
     async def arelease(self, key_hash: str, owner: str) -> bool:
-        """:meth:`release`, awaited."""
         return await self._arun("release", self._ops.release(key_hash, owner))
 
     def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
-        """Extend an in-progress claim; ``False`` when it is no longer ``owner``'s."""
         return self._run("renew", self._ops.renew(key_hash, owner, lock_expires_at))
 
     async def arenew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
-        """:meth:`renew`, awaited."""
         return await self._arun("renew", self._ops.renew(key_hash, owner, lock_expires_at))
 
-    # -- deferred completion ----------------------------------------------------------
+    def _deferrals(self) -> Operations:
+        if not self._ops.supports_deferral:
+            raise NotImplementedError(f"{type(self).__name__} does not support deferred completion")
+        return self._ops
 
     def _final(
         self, token: str, status: int, headers: HeaderPairs, body: bytes
     ) -> Flow[bool] | None:
-        if not self._ops.supports_deferral:
-            raise NotImplementedError(f"{type(self).__name__} does not support deferred completion")
-        now = self._clock.now()
+        ops, now = self._deferrals(), self._clock.now()
         prepared = prepare_final(token, status, headers, body, now)
         if prepared is None:
             return None  # expired: nothing to write
-        return self._ops.complete_final(*prepared, now)
+        return ops.complete_final(*prepared, now)
 
     def _unfinished(self, token: str) -> Flow[bool]:
-        if not self._ops.supports_deferral:
-            raise NotImplementedError(f"{type(self).__name__} does not support deferred completion")
-        return self._ops.release_unfinished(parse_token(token))
+        return self._deferrals().release_unfinished(parse_token(token))
 
     def complete_deferred(
-        self,
-        token: str,
-        status: int,
-        headers: HeaderPairs = (),
-        body: bytes = b"",
+        self, token: str, status: int, headers: HeaderPairs = (), body: bytes = b""
     ) -> bool:
-        """Store the final response of work deferred with ``defer_completion()``; ``False``
-        when the token no longer applies (completed, expired, taken over), ``ValueError``
-        when it is malformed."""
         flow = self._final(token, status, headers, body)
         return False if flow is None else self._run("complete_deferred", flow)
 
     async def acomplete_deferred(
-        self,
-        token: str,
-        status: int,
-        headers: HeaderPairs = (),
-        body: bytes = b"",
+        self, token: str, status: int, headers: HeaderPairs = (), body: bytes = b""
     ) -> bool:
-        """:meth:`complete_deferred`, awaited."""
         flow = self._final(token, status, headers, body)
         return False if flow is None else await self._arun("complete_deferred", flow)
 
     def release_deferred(self, token: str) -> bool:
-        """Forget a deferred key whose work did not happen; ``False`` when the token no
-        longer applies."""
         return self._run("release_deferred", self._unfinished(token))
 
     async def arelease_deferred(self, token: str) -> bool:
-        """:meth:`release_deferred`, awaited."""
         return await self._arun("release_deferred", self._unfinished(token))
 
-    # -- operators --------------------------------------------------------------------
-
     def get(self, key_hash: str) -> Record | None:
-        """The record under ``key_hash`` as stored (expired or not)."""
         return self._run("get", self._ops.get(key_hash))
 
     async def aget(self, key_hash: str) -> Record | None:
-        """:meth:`get`, awaited."""
         return await self._arun("get", self._ops.get(key_hash))
 
     def delete(self, key_hash: str) -> bool:
-        """Remove a record whoever owns it (to re-drive failed work); ``True`` when there
-        was one."""
         return self._run("delete", self._ops.delete(key_hash))
 
     async def adelete(self, key_hash: str) -> bool:
-        """:meth:`delete`, awaited."""
         return await self._arun("delete", self._ops.delete(key_hash))
 
     def create_table(self) -> None:
-        """Create the store's table or schema; safe to call when it already exists."""
         self._run("create_table", self._ops.create_table())
 
     async def acreate_table(self) -> None:
-        """:meth:`create_table`, awaited."""
         await self._arun("create_table", self._ops.create_table())
 
     def _check_flow(self) -> Flow[object]:
@@ -381,8 +344,6 @@ class KitStore(ClosingStore, BreakerOwner):
             await self._transport.arun("check", self._check_flow())
         except StoreUnavailable as error:
             raise unusable(self, error) from error
-
-    # -- lifecycle --------------------------------------------------------------------
 
     def close(self) -> None:
         """Release the store's connections; using it again reconnects."""
@@ -546,18 +507,3 @@ class LoopLocal(Generic[V]):
         """The values of the loops that have one now (for a sync close without a loop)."""
         with self._lock:
             return [entry.value for entry in self._entries.values() if entry.ready is None]  # type: ignore[misc]
-
-
-__all__ = [
-    "ClosingStore",
-    "Flow",
-    "KitStore",
-    "LoopLocal",
-    "Operations",
-    "Transport",
-    "adrive",
-    "drive",
-    "finish_without_loop",
-    "require_modules",
-    "unusable",
-]

@@ -22,6 +22,7 @@ from .protocol import (
 # Records are built with tuple.__new__ (every field given): calling the NamedTuple class runs
 # its Python-level __new__, about twice the instructions.
 _new = tuple.__new__
+IN_PROGRESS = Status.IN_PROGRESS
 
 
 class MemoryStore(BreakerOwner):
@@ -124,28 +125,25 @@ class MemoryStore(BreakerOwner):
             )
             return True
 
+    def _claim_of(self, key_hash: str, owner: str) -> Record | None:
+        """``owner``'s claim still in progress (never a final response a deferral's worker
+        stored while the handler was still running); under the lock."""
+        existing = self._records.get(key_hash)
+        if existing is None or existing.owner != owner or existing.status is not IN_PROGRESS:
+            return None
+        return existing
+
     def release(self, key_hash: str, owner: str) -> bool:
         with self._lock:
-            existing = self._records.get(key_hash)
-            # Only a claim still in progress: never a final response a deferral's worker
-            # stored while the handler was still running.
-            if (
-                existing is None
-                or existing.owner != owner
-                or existing.status is not Status.IN_PROGRESS
-            ):
+            if self._claim_of(key_hash, owner) is None:
                 return False
             del self._records[key_hash]
             return True
 
     def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
         with self._lock:
-            existing = self._records.get(key_hash)
-            if (
-                existing is None
-                or existing.owner != owner
-                or existing.status is not Status.IN_PROGRESS
-            ):
+            existing = self._claim_of(key_hash, owner)
+            if existing is None:
                 return False
             self._records[key_hash] = existing._replace(
                 lock_expires_at=lock_expires_at, expires_at=lock_expires_at
@@ -153,11 +151,7 @@ class MemoryStore(BreakerOwner):
             return True
 
     def complete_deferred(
-        self,
-        token: str,
-        status: int,
-        headers: HeaderPairs = (),
-        body: bytes = b"",
+        self, token: str, status: int, headers: HeaderPairs = (), body: bytes = b""
     ) -> bool:
         prepared = prepare_final(token, status, headers, body, self._clock.now())
         if prepared is None:
@@ -188,28 +182,19 @@ class MemoryStore(BreakerOwner):
             return True
 
     async def acomplete_deferred(
-        self,
-        token: str,
-        status: int,
-        headers: HeaderPairs = (),
-        body: bytes = b"",
+        self, token: str, status: int, headers: HeaderPairs = (), body: bytes = b""
     ) -> bool:
         return self.complete_deferred(token, status, headers, body)
 
     async def arelease_deferred(self, token: str) -> bool:
         return self.release_deferred(token)
 
-    def _purge(self, now: float, clock_skew_seconds: float) -> None:
+    def _purge(self, now: float, skew: float) -> None:
         self._next_purge = now + self._purge_interval
-        expired = [
-            kh
-            for kh, record in self._records.items()
-            if record.is_claimable(now, clock_skew_seconds)
-        ]
-        for key_hash in expired:
+        for key_hash in [
+            k for k, record in self._records.items() if record.is_claimable(now, skew)
+        ]:
             del self._records[key_hash]
-
-    # -- operators --------------------------------------------------------------------
 
     def get(self, key_hash: str) -> Record | None:
         with self._lock:

@@ -72,8 +72,6 @@ class ThreadedStore(ClosingStore, abc.ABC):
             raise ValueError("async_threads must be positive")
         self._threads = WorkerThreads(async_threads, thread_name_prefix)
 
-    # -- the sync half: what a subclass writes ----------------------------------------
-
     # (What each must do: the protocols' docstrings, in protocol.py.)
     @abc.abstractmethod
     def claim(self, request: ClaimRequest) -> ClaimResult: ...
@@ -111,11 +109,6 @@ class ThreadedStore(ClosingStore, abc.ABC):
 
     def release_deferred(self, token: str) -> bool:
         raise NotImplementedError(f"{type(self).__name__} does not support deferred completion")
-
-    # -- the async half, derived --------------------------------------------------------
-
-    def _thread_pool(self) -> concurrent.futures.ThreadPoolExecutor:
-        return self._threads.pool()
 
     async def _in_thread(self, call: Callable[..., T], *args: Any) -> T:
         return await self._threads.run(call, *args)
@@ -157,8 +150,6 @@ class ThreadedStore(ClosingStore, abc.ABC):
     async def acheck(self) -> None:
         """:meth:`check`, off the event loop."""
         await self._in_thread(self.check)
-
-    # -- lifecycle --------------------------------------------------------------------
 
     def close(self) -> None:
         """Stop the worker threads after their current call; using the store restarts them."""

@@ -74,12 +74,9 @@ class DynamoDBStoreBase(KitStore):
             table_name, settings, overflow, clock, lean, session, dict(client_kwargs or {})
         )
         self.layout = TableLayout(table_name, key_attribute, ttl_attribute)
+        breaker = (clock, breaker_threshold, breaker_cooldown_seconds)
         super().__init__(
-            DynamoDBOps(self.layout, overflow, clock),
-            self._transport_class(config),
-            clock=clock,
-            breaker_threshold=breaker_threshold,
-            breaker_cooldown_seconds=breaker_cooldown_seconds,
+            DynamoDBOps(self.layout, overflow, clock), self._transport_class(config), *breaker
         )
 
 

@@ -121,12 +121,11 @@ class PostgresStore(KitStore):
         limits = (min_size, max_size, pool_timeout_seconds, connect_timeout, self.answer_within)
         pools = (pool, async_pool)
         config = PostgresConfig(dsn, self.where, table, self.connect_kwargs, *limits, *pools)
+        breaker = (clock, breaker_threshold, breaker_cooldown_seconds)
         super().__init__(
             PostgresOps(sql, max_response_bytes, purge_interval_seconds, purge_batch_size, clock),
             PostgresTransport(config),
-            clock=clock,
-            breaker_threshold=breaker_threshold,
-            breaker_cooldown_seconds=breaker_cooldown_seconds,
+            *breaker,
         )
 
     def __repr__(self) -> str:

@@ -109,13 +109,8 @@ class SQLiteStore(KitStore):
         settings = Settings(
             path, busy_timeout_seconds, synchronous, max_idle_connections, async_threads, inline
         )
-        super().__init__(
-            ops,
-            SQLiteTransport(settings, ops.sql.schema),
-            clock=clock,
-            breaker_threshold=breaker_threshold,
-            breaker_cooldown_seconds=breaker_cooldown_seconds,
-        )
+        breaker = (clock, breaker_threshold, breaker_cooldown_seconds)
+        super().__init__(ops, SQLiteTransport(settings, ops.sql.schema), *breaker)
         self._ops: SQLiteOps = ops
         self._transport: SQLiteTransport
 
