@@ -1,20 +1,12 @@
 """The store kit: what every store shares, written once.
 
-A backend writes three things:
-
-- **operations** (:class:`Operations`): one *flow* per store operation, a generator that
-  yields the requests to send, receives each one's reply (or has the backend's failure
-  thrown in at the ``yield``), and returns the operation's result. No I/O: the decisions
-  are written once for sync and async (the flow idea of httpx's auth).
-- a **transport** (:class:`Transport`): runs a flow, sync (``run``) and async (``arun``),
-  turning the backend's failures into :class:`StoreUnavailable` (``cause``, ``reason``).
-  :func:`drive` and :func:`adrive` serve a transport that sends one request at a time.
-- the **public class**, a :class:`KitStore`: configuration, and nothing the kit does.
-
-:class:`KitStore` writes every public method once over those: the store protocol, the
-deferred pair, the operator interface and ``check``, the circuit breaker's accounting and
-probe, both context managers. :class:`LoopLocal` keeps per-event-loop clients, closed with
-their loop; :func:`require_modules` names the extra that installs a backend's library.
+A backend writes **operations** (:class:`Operations`: one *flow* per store operation, a
+generator that yields requests, receives replies or has failures thrown in, and returns
+the result: no I/O, the flow idea of httpx's auth), a **transport** (:class:`Transport`:
+runs a flow sync and async, :func:`drive`/:func:`adrive` for one request at a time, and
+turns failures into :class:`StoreUnavailable`), and the **public class**, a
+:class:`KitStore`, which writes every public method once over those (breaker accounting
+and probe included). :class:`LoopLocal` keeps per-event-loop clients.
 """
 
 from __future__ import annotations
@@ -356,8 +348,7 @@ class KitStore(ClosingStore, BreakerOwner):
 
 # -- per-event-loop clients ---------------------------------------------------------------
 
-# How many bare yields a closing coroutine may make when it is run with no event loop
-# (``finish_without_loop``); aiobotocore's close of a client on a closed loop makes one.
+# Bare yields a coroutine closing without a loop may make (aiobotocore's client makes one).
 _STEPS_WITHOUT_LOOP = 100
 
 
@@ -421,7 +412,6 @@ class LoopLocal(Generic[V]):
         self._current: _Entry[V] | None = None
 
     async def get(self) -> V:
-        """The running loop's value, made on first use."""
         current = self._current
         if current is not None and current.loop is asyncio.get_running_loop():
             return current.value  # type: ignore[return-value]  # ready: set before current
@@ -504,6 +494,5 @@ class LoopLocal(Generic[V]):
         await entry.watcher.aclose()  # forgets the value and closes it
 
     def values(self) -> list[V]:
-        """The values of the loops that have one now (for a sync close without a loop)."""
         with self._lock:
             return [entry.value for entry in self._entries.values() if entry.ready is None]  # type: ignore[misc]

@@ -51,9 +51,8 @@ class MemoryStore(BreakerOwner):
         self._records: dict[str, Record] = {}
         self._lock = threading.Lock()
         self._max_response_bytes = max_response_bytes
-        # Expired records are dropped at most once per interval, piggybacked on a claim, so
-        # memory stays bounded by what the TTL keeps. (Timed by the claims' own clock: the
-        # hot path reads no clock of its own.)
+        # Purged on a claim at most once per interval, by the claims' own clock (the hot path
+        # reads none): memory stays bounded by what the TTL keeps.
         self._purge_interval = purge_interval_seconds
         self._next_purge = clock.now() + purge_interval_seconds
         self._clock = clock
@@ -70,23 +69,11 @@ class MemoryStore(BreakerOwner):
             if existing is not None and not existing.is_claimable(now, skew):
                 return Held(existing)
             # (request.lock_expires_at, computed here: a property call costs more than the
-            # sum, and tuple.__new__ half what calling the NamedTuple class does.)
-            lock_expires_at = now + lock_timeout_seconds
-            self._records[key_hash] = _new(
-                Record,
-                (
-                    key_hash,
-                    Status.IN_PROGRESS,
-                    fingerprint,
-                    owner,
-                    lock_expires_at,
-                    lock_expires_at,  # an in-progress claim expires with its lock
-                    None,
-                    False,
-                    0,
-                ),
-            )
-            if existing is not None and existing.status is Status.IN_PROGRESS:
+            # sum. An in-progress claim expires with its lock.)
+            lock = now + lock_timeout_seconds
+            claim = (key_hash, IN_PROGRESS, fingerprint, owner, lock, lock, None, False, 0)
+            self._records[key_hash] = _new(Record, claim)
+            if existing is not None and existing.status is IN_PROGRESS:
                 return TAKEN_OVER
             return CLAIMED
 
@@ -104,25 +91,16 @@ class MemoryStore(BreakerOwner):
             existing = self._records.get(key_hash)
             if existing is None or existing.owner != owner:
                 return False
-            if deferred and existing.status is not Status.IN_PROGRESS:
+            if deferred and existing.status is not IN_PROGRESS:
                 # Deferred already (this completion again), or the work's final response
                 # landed first: done either way, and the final response is kept.
                 return True
             # Built directly: NamedTuple._replace costs several times as much.
-            self._records[key_hash] = _new(
-                Record,
-                (
-                    existing.key_hash,
-                    Status.DEFERRED if deferred else Status.COMPLETED,
-                    existing.fingerprint,
-                    existing.owner,
-                    existing.lock_expires_at,
-                    now + ttl_seconds,
-                    None if too_large else response,
-                    too_large,
-                    size,
-                ),
-            )
+            key, _, fingerprint, holder, lock = existing[:5]
+            status = Status.DEFERRED if deferred else Status.COMPLETED
+            kept, expires = None if too_large else response, now + ttl_seconds
+            record = (key, status, fingerprint, holder, lock, expires, kept, too_large, size)
+            self._records[key_hash] = _new(Record, record)
             return True
 
     def _claim_of(self, key_hash: str, owner: str) -> Record | None:

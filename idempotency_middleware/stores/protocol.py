@@ -209,12 +209,10 @@ class DeferredToken(NamedTuple):
 
 
 def new_token(key_hash: str, owner: str, expires_at: float) -> str:
-    """The token for ``owner``'s claim on ``key_hash``, expiring at ``expires_at``."""
     return f"{key_hash}.{owner}.{math.ceil(expires_at)}"
 
 
 def parse_token(token: object) -> DeferredToken:
-    """The parts of a token; ``ValueError`` when it is not one."""
     if not isinstance(token, str):
         raise ValueError(f"a deferred completion token is a str, got {type(token).__name__}")
     match = _TOKEN.fullmatch(token)

@@ -21,9 +21,8 @@ T = TypeVar("T")
 
 
 class WorkerThreads:
-    """A store's threads for its blocking calls: ``size`` of them at most, named
-    ``name_prefix``..., started on first use, again in a forked child (a pool's threads do
-    not survive ``fork()``), and after :meth:`close`."""
+    """A store's threads (``size`` at most), started on first use, again in a forked child
+    (a pool's threads do not survive ``fork()``), and after :meth:`close`."""
 
     def __init__(self, size: int, name_prefix: str) -> None:
         self._size = size
@@ -33,7 +32,6 @@ class WorkerThreads:
         self._lock = threading.Lock()
 
     def pool(self) -> concurrent.futures.ThreadPoolExecutor:
-        """The running pool, started if need be."""
         executor = self._executor
         if executor is not None and self._pid == os.getpid():
             return executor
@@ -46,7 +44,6 @@ class WorkerThreads:
             return self._executor
 
     async def run(self, call: Callable[..., T], *args: Any) -> T:
-        """``call(*args)`` on one of the threads, awaited."""
         return await asyncio.get_running_loop().run_in_executor(self.pool(), call, *args)
 
     def close(self) -> None:
@@ -58,9 +55,8 @@ class WorkerThreads:
 
 
 class ThreadedStore(ClosingStore, abc.ABC):
-    """Implement the sync store protocol and operator interface (``claim``, ``complete``,
-    ``release``, ``renew``, ``get``, ``delete``, ``create_table``); get their async forms
-    (``aclaim`` ... ``acreate_table``), ``close``/``aclose`` and both context managers.
+    """Implement the sync store protocol and operator interface (``claim`` ... ``get``,
+    ``delete``, ``create_table``); get their async forms and both context managers.
 
     ``check()`` reads an unused key, unless the subclass checks more. ``async_threads``
     bounds the threads running async calls. A subclass with resources of its own extends
@@ -110,13 +106,10 @@ class ThreadedStore(ClosingStore, abc.ABC):
     def release_deferred(self, token: str) -> bool:
         raise NotImplementedError(f"{type(self).__name__} does not support deferred completion")
 
-    async def _in_thread(self, call: Callable[..., T], *args: Any) -> T:
-        return await self._threads.run(call, *args)
-
     async def _run_async(self, call: Callable[..., T], *args: Any) -> T:
         """How the async methods run their sync twins: on the store's threads. A store
         whose calls can run on the loop without waiting overrides this."""
-        return await self._in_thread(call, *args)
+        return await self._threads.run(call, *args)
 
     async def aclaim(self, request: ClaimRequest) -> ClaimResult:
         return await self._run_async(self.claim, request)
@@ -145,11 +138,11 @@ class ThreadedStore(ClosingStore, abc.ABC):
         return await self._run_async(self.delete, key_hash)
 
     async def acreate_table(self) -> None:
-        await self._in_thread(self.create_table)
+        await self._threads.run(self.create_table)
 
     async def acheck(self) -> None:
         """:meth:`check`, off the event loop."""
-        await self._in_thread(self.check)
+        await self._threads.run(self.check)
 
     def close(self) -> None:
         """Stop the worker threads after their current call; using the store restarts them."""

@@ -370,7 +370,6 @@ def plan_final_completion(
 
 
 def release_deferred_request(layout: TableLayout, token: DeferredToken) -> dict[str, Any]:
-    """DeleteItem of a deferred (or still in-progress) key."""
     return {
         **_keyed(layout, token.key_hash),
         "ConditionExpression": "#owner = :owner AND #status <> :completed",
@@ -424,7 +423,6 @@ def get_request(layout: TableLayout, key_hash: str) -> dict[str, Any]:
 
 
 def delete_request(layout: TableLayout, key_hash: str) -> dict[str, Any]:
-    """An unconditional DeleteItem; ALL_OLD tells whether there was an item."""
     return {**_keyed(layout, key_hash), "ReturnValues": "ALL_OLD"}
 
 
@@ -450,17 +448,9 @@ def item_to_record(layout: TableLayout, item: Item, overflow_blob: bytes | None 
             blob is None and overflow_reference(item) is not None
         )
         size = int(item.get("response_size", {}).get("N", "0"))
-    return Record(
-        key_hash,
-        Status(item["status"]["S"]),
-        item["fingerprint"]["S"],
-        item["owner"]["S"],
-        float(item["lock_expires_at"]["N"]),
-        float(item["expires_at"]["N"]),
-        response,
-        missing,
-        size,
-    )
+    deadlines = float(item["lock_expires_at"]["N"]), float(item["expires_at"]["N"])
+    status, fingerprint, owner = (item[name]["S"] for name in ("status", "fingerprint", "owner"))
+    return Record(key_hash, Status(status), fingerprint, owner, *deadlines, response, missing, size)
 
 
 def create_table_request(layout: TableLayout) -> dict[str, Any]:

@@ -60,14 +60,8 @@ class DynamoDBStoreBase(KitStore):
         transport: Transport = "auto",
     ) -> None:
         require_modules(type(self).__name__, self._libraries, self._extra)
-        settings = ClientSettings(
-            endpoint_url,
-            region_name,
-            connect_timeout,
-            read_timeout,
-            max_attempts,
-            max_pool_connections,
-        )
+        limits = (connect_timeout, read_timeout, max_attempts, max_pool_connections)
+        settings = ClientSettings(endpoint_url, region_name, *limits)
         overflow = OverflowSettings(s3_bucket, s3_prefix, s3_endpoint_url) if s3_bucket else None
         lean = lean_transport(transport, session, client_kwargs)
         config = DynamoDBConfig(

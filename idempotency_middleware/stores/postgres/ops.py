@@ -173,16 +173,16 @@ class Statements:
 
 
 def row_to_record(row: Sequence[Any]) -> Record:
-    """A ``Record`` from a row of ``Statements.select``'s columns."""
     key_hash, status, fingerprint, owner, lock_expires_at, expires_at, blob, size, too_large = row
+    response = decode_response(bytes(blob)) if blob is not None else None
+    deadlines = float(lock_expires_at), float(expires_at)
     return Record(
         key_hash,
         Status(status),
         fingerprint,
         owner,
-        float(lock_expires_at),
-        float(expires_at),
-        decode_response(bytes(blob)) if blob is not None else None,
+        *deadlines,
+        response,
         bool(too_large),
         int(size),
     )

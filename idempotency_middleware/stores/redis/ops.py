@@ -167,7 +167,6 @@ def ttl_ms(deadline: float, now: float, grace_seconds: float) -> int:
 
 
 def pairs(flat: list[bytes]) -> dict[bytes, bytes]:
-    """A script's HGETALL reply (a flat list of names and values) as a dict."""
     return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
@@ -177,16 +176,12 @@ def record_from_hash(key_hash: str, fields: dict[bytes, bytes]) -> Record | None
     if status is None:
         return None
     blob = fields.get(b"response")
+    response = decode_response(blob) if blob is not None else None
+    deadlines = float(fields[b"lock_expires_at"]), float(fields[b"expires_at"])
+    fingerprint, owner = fields[b"fingerprint"].decode(), fields[b"owner"].decode()
+    size, too_large = int(fields.get(b"response_size", b"0")), fields.get(b"too_large") == b"1"
     return Record(
-        key_hash,
-        Status(status.decode()),
-        fields[b"fingerprint"].decode(),
-        fields[b"owner"].decode(),
-        float(fields[b"lock_expires_at"]),
-        float(fields[b"expires_at"]),
-        decode_response(blob) if blob is not None else None,
-        fields.get(b"too_large") == b"1",
-        int(fields.get(b"response_size", b"0")),
+        key_hash, Status(status.decode()), fingerprint, owner, *deadlines, response, too_large, size
     )
 
 

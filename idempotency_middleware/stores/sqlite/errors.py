@@ -35,7 +35,6 @@ def _primary_code(error: sqlite3.Error) -> int | None:
 
 
 def is_busy(error: BaseException) -> bool:
-    """Another connection's lock was in the way (SQLITE_BUSY, SQLITE_LOCKED)."""
     return isinstance(error, sqlite3.Error) and _primary_code(error) in (5, 6)
 
 

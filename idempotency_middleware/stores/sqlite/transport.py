@@ -1,13 +1,10 @@
 """SQLiteStore's transport: a flow runs on one pooled connection, sync, or awaited.
 
-An awaited flow first runs *inline*, on the event loop's thread, on a connection whose busy
-timeout is zero: with WAL and ``synchronous=NORMAL`` a claim or a completion is a few
-page-cache writes and no fsync, cheaper than the hand-off to a worker thread and back (which
-cost about half of a new key). When a statement would have to wait (another worker holds the
-write lock: ``SQLITE_BUSY`` at once, the statement changed nothing), the flow goes on from
-that statement on the store's threads, which wait up to the busy timeout; so does a flow
-that asks to (``OFF_LOOP``). An inline connection never opens itself on the loop, nor
-checkpoints (``wal_autocheckpoint = 0``: threads do, every ``CHECKPOINT_EVERY`` inline flows).
+An awaited flow first runs *inline*, on the loop's thread, on a connection whose busy
+timeout is zero (with WAL and ``synchronous=NORMAL`` a write is a few page-cache writes, no
+fsync: cheaper than a hand-off to a thread, which cost half a new key). From a statement
+that would wait for a lock (``SQLITE_BUSY`` at once), or ``OFF_LOOP``, it goes on on the
+store's threads. Inline connections are never opened on the loop, nor checkpoint there.
 """
 
 from __future__ import annotations
@@ -98,7 +95,6 @@ class ConnectionPool:
             self._generation += 1
 
     def take_idle(self) -> tuple[sqlite3.Connection, int] | None:
-        """An idle connection, never a new one (opening one is file I/O)."""
         self._after_fork()
         with self._lock:
             if self._idle:
@@ -193,7 +189,6 @@ class SQLiteTransport:
         return connection
 
     def _open_inline(self) -> sqlite3.Connection:
-        """A connection for the event loop: it never waits for a lock, nor checkpoints."""
         connection = self._open()
         connection.execute("PRAGMA busy_timeout = 0")
         connection.execute("PRAGMA wal_autocheckpoint = 0")
