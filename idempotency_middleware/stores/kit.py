@@ -331,7 +331,11 @@ class KitStore(ClosingStore, BreakerOwner):
             raise unusable(self, error) from error
 
     async def acheck(self) -> None:
-        """:meth:`check`, awaited; raises ``StoreUnavailableError`` as it does."""
+        """``check()``, awaited: for the async stores (``AsyncDynamoDBStore``, and the rest).
+
+        Raises:
+            StoreUnavailableError: as ``check()`` does.
+        """
         try:
             await self._transport.arun("check", self._check_flow())
         except StoreUnavailable as error:
