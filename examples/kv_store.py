@@ -1,7 +1,6 @@
-"""A whole store in under 100 lines on the store kit, over a backend that offers only ``get``
-and compare-and-set (etcd, Consul, FoundationDB ... here a dict behind a lock). The flows
-decide, the transport sends, ``KitStore`` writes the public methods (sync and async, the
-breaker, deferred tokens). Its contract: ``pytest tests/test_store_contract.py -k kv``."""
+"""A whole store in under 100 lines on the store kit, over a backend with only ``get`` and
+compare-and-set (etcd, Consul, FoundationDB; here a dict behind a lock). ``KitStore`` writes
+the public methods, ``check()`` included. Its contract: ``tests/test_store_contract.py -k kv``."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from .engine import flow
 from .engine.drivers import AsyncDriver
 from .engine.effects import Ran
 from .engine.renewal import LoopRenewals
-from .options import MiddlewareOptions, Options
+from .options import DOOR_OPTIONS, MiddlewareOptions, Options, check_option_names
 from .records import StoredResponse
 from .rules import IdempotencyRule
 from .stores.protocol import AN_ASYNC_STORE, AsyncStore
@@ -75,6 +75,7 @@ class IdempotencyMiddleware:
     def __init__(
         self, app: ASGIApp, *, store: AsyncStore, **options: Unpack[MiddlewareOptions]
     ) -> None:
+        check_option_names(type(self).__name__, options, DOOR_OPTIONS)
         if not isinstance(store, AsyncStore):
             raise TypeError(
                 f"IdempotencyMiddleware needs {AN_ASYNC_STORE}; "
@@ -84,6 +85,9 @@ class IdempotencyMiddleware:
         self.app = app
         self.store = store
         self.options = Options.build(**options)
+        self._check: Callable[[], Awaitable[None]] | None = (
+            core.store_check(store, "acheck") if self.options.check_store else None
+        )
         # A store with a client to create (AsyncDynamoDBStore) creates it at start-up.
         self._warm_up: Callable[[], Awaitable[None]] | None = getattr(store, "awarm_up", None)
         self._context = flow.Context.for_options(self.options, store)
@@ -121,21 +125,43 @@ class IdempotencyMiddleware:
         for scope_key in self._opt_in_keys:
             scope[scope_key] = key
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _start_up(self, receive: Receive, send: Send) -> Receive | None:
+        """Read the routes and check the store as the lifespan starts: the receive to give
+        the app, or ``None`` when start-up failed (said, as ASGI asks, with
+        ``lifespan.startup.failed``: an exception from a lifespan scope would only make
+        uvicorn's default ``--lifespan auto`` serve on without the app's lifespan)."""
+        check, self._check = self._check, None
+        failure = None
         if self._routes_unread:
             try:
                 self._read_routes()
             except ValueError as error:
-                if scope["type"] != "lifespan":
-                    raise
-                # Fail start-up, loudly: an exception from a lifespan scope would only make
-                # uvicorn's default ``--lifespan auto`` serve on without the app's lifespan.
-                await receive()  # lifespan.startup
-                await send({"type": "lifespan.startup.failed", "message": str(error)})
+                failure = str(error)
+        if failure is None and check is None:
+            return receive
+        startup = await receive()  # lifespan.startup
+        if check is not None and failure is None:
+            try:
+                await check()
+            except Exception as error:  # StoreUnavailableError, or any other failure of it
+                failure = str(error)
+        if failure is not None:
+            await send({"type": "lifespan.startup.failed", "message": failure})
+            return None
+        return messages.replaying_message(startup, receive)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            started = await self._start_up(receive, send)
+            if started is None:
                 return
+            if self._warm_up is not None:
+                started = messages.warming_receive(started, self._warm_up)
+            await self.app(scope, started, send)
+            return
+        if self._routes_unread:
+            self._read_routes()
         if scope["type"] != "http":
-            if scope["type"] == "lifespan" and self._warm_up is not None:
-                receive = messages.warming_receive(receive, self._warm_up)
             await self.app(scope, receive, send)
             return
         policy = self.options.policy_for(scope["method"], scope["path"], scope.get("root_path", ""))

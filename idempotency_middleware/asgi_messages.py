@@ -175,6 +175,20 @@ def warming_receive(receive: Receive, warm_up: Callable[[], Awaitable[None]]) ->
     return startup_then_message
 
 
+def replaying_message(message: Message, receive: Receive) -> Receive:
+    """Give the app ``message``, already read, then whatever the server sends next."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return message
+        return await receive()
+
+    return replay
+
+
 def replaying_receive(body: bytes, receive: Receive) -> Receive:
     """Give the app the body already read, then whatever the server sends next."""
     sent = False

@@ -88,6 +88,17 @@ class Admitted(NamedTuple):
     key: str
 
 
+def store_check(store: object, name: str) -> Callable[[], Any]:
+    """The store's ``check`` or ``acheck`` (``name``), which ``check_store=True`` runs at
+    start-up; ``TypeError`` at construction for a store that has none."""
+    method: Callable[[], Any] | None = getattr(store, name, None)
+    if not callable(method):
+        raise TypeError(
+            f"check_store=True needs a store with {name}(); {type(store).__name__} has none"
+        )
+    return method
+
+
 def admit(
     options: Options, policy: Policy, path: str, key_lines: Sequence[bytes]
 ) -> Admitted | Problem | None:

@@ -27,7 +27,7 @@ from .engine import flow
 from .engine.drivers import Suspended, SyncDriver
 from .engine.effects import Ran, StreamEnd
 from .engine.renewal import ThreadRenewals
-from .options import MiddlewareOptions, Options
+from .options import DOOR_OPTIONS, Options, check_option_names
 from .problems import Problem
 from .records import Headers, StoredResponse
 from .stores.protocol import A_SYNC_STORE, SyncStore
@@ -152,17 +152,23 @@ def configuration() -> tuple[SyncStore, Options]:
             "IdempotencyWSGIMiddleware"
         )
     options = dict(config)
-    store = _store(options.pop("store"))
-    unknown = sorted(set(options) - MiddlewareOptions.__optional_keys__)
-    if unknown:
-        raise ImproperlyConfigured(
-            f"{SETTING} has unknown options {unknown}; "
-            f"the options are store, {', '.join(sorted(MiddlewareOptions.__optional_keys__))}"
-        )
     try:
-        return store, Options.build(**options)
+        check_option_names(f"the {SETTING} setting", options, DOOR_OPTIONS)
+    except TypeError as error:
+        raise UnknownOptionError(str(error)) from None
+    store = _store(options.pop("store"))
+    try:
+        built = Options.build(**options)
     except (TypeError, ValueError) as error:
         raise ImproperlyConfigured(f"{SETTING}: {error}") from error
+    if built.check_store:
+        core.store_check(store, "check")()  # StoreUnavailableError: the project does not start
+    return store, built
+
+
+class UnknownOptionError(ImproperlyConfigured, TypeError):  # type: ignore[misc]  # (untyped)
+    """A misspelled option in the setting: Django's ``ImproperlyConfigured``, and the
+    ``TypeError`` every other door raises for one."""
 
 
 def _store(value: object) -> SyncStore:

@@ -33,6 +33,7 @@ class InvalidKeyError(IdempotencyError, ValueError):
 # when the store gave none (a store usually does, naming its table, file or endpoint).
 CAUSES: dict[str, str] = {
     "no_table": "no such table",
+    "bad_schema": "the table is not the one the store expects",
     "no_bucket": "no such S3 bucket",
     "no_credentials": "no AWS credentials found",
     "bad_credentials": "the AWS credentials were rejected",
@@ -56,6 +57,7 @@ CAUSES: dict[str, str] = {
 MISCONFIGURED_CAUSES = frozenset(
     {
         "no_table",
+        "bad_schema",
         "no_bucket",
         "no_credentials",
         "bad_credentials",
@@ -65,6 +67,22 @@ MISCONFIGURED_CAUSES = frozenset(
         "loop_closed",
     }
 )
+
+
+# What to do about each misconfiguration, for the message of a failed ``store.check()``.
+FIXES: dict[str, str] = {
+    "no_table": "create it: store.create_table(), or `idempotency-middleware create-table`",
+    "bad_schema": "point the store at a table made by its create_table(), or recreate it",
+    "no_bucket": "create the S3 bucket, or fix s3_bucket",
+    "no_credentials": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, "
+    "or run where an IAM role provides them",
+    "bad_credentials": "check the credentials (AWS_ACCESS_KEY_ID, AWS_PROFILE, the password)",
+    "no_region": "pass region_name=, or set AWS_REGION",
+    "access_denied": "grant the credentials (or this process's user) access to the table or file",
+    "cannot_open": "create the directory, or fix the path",
+    "unreachable": "check the store's URL or endpoint, and that the server is running",
+    "timed_out": "check that the server is running and reachable",
+}
 
 
 class StoreUnavailableError(IdempotencyError):
@@ -168,6 +186,7 @@ StoreUnavailable = StoreUnavailableError
 
 __all__ = [
     "CAUSES",
+    "FIXES",
     "MISCONFIGURED_CAUSES",
     "IdempotencyError",
     "InvalidKeyError",

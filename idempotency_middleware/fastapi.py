@@ -28,7 +28,7 @@ from starlette.requests import Request
 from . import problems, refusals
 from .asgi import IdempotencyMiddleware, RouteOptIns, add_route_opt_ins
 from .keys import MAX_KEY_LENGTH
-from .options import Options, Policy
+from .options import DOOR_OPTIONS, Options, Policy, check_option_names, named_options
 from .problems import Problem
 from .rules import COVERABLE_METHODS, IdempotencyRule, ScopeFunction
 
@@ -75,6 +75,7 @@ class IdempotencyKey:
 
     __slots__ = ("rule",)
 
+    @named_options("IdempotencyKey")
     def __init__(
         self,
         *,
@@ -265,6 +266,7 @@ def _middleware_options(app: FastAPI) -> Options:
         if isinstance(entry.cls, type) and issubclass(entry.cls, IdempotencyMiddleware):
             # Starlette keeps the keyword arguments in .kwargs (older versions: .options).
             settings = dict(getattr(entry, "kwargs", None) or getattr(entry, "options", {}))
+            check_option_names(entry.cls.__name__, settings, DOOR_OPTIONS)
             settings.pop("store", None)
             return Options.build(**settings)
     raise LookupError(

@@ -26,6 +26,7 @@ from .options import (
     DEFAULT_LOCK_TIMEOUT_SECONDS,
     DEFAULT_TTL_SECONDS,
     Options,
+    named_options,
 )
 from .payloads import fingerprint_arguments, fingerprint_payload
 from .records import StoredResponse
@@ -46,6 +47,7 @@ KeyFunction = Callable[..., Any]
 PayloadFunction = Callable[..., Any]
 
 
+@named_options("idempotent()")
 def idempotent(
     *,
     store: SyncStore | AsyncStore,

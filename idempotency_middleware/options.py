@@ -7,10 +7,13 @@ with a ``ValueError`` instead of surprising a request in production.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
+import inspect
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, TypedDict
+from typing import Any, NamedTuple, TypedDict, TypeVar
 from urllib.parse import urlsplit
 
 from .clock import DEFAULT_CLOCK_SKEW_SECONDS as DEFAULT_CLOCK_SKEW_SECONDS
@@ -108,6 +111,46 @@ class MiddlewareOptions(TypedDict, total=False):
     wait_seconds: float
     problem_base_url: str | None
     clock_skew_seconds: float
+    check_store: bool
+
+
+# What a middleware takes by keyword: its store and its options.
+DOOR_OPTIONS = frozenset({"store", *MiddlewareOptions.__optional_keys__})
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def check_option_names(door: str, given: Iterable[str], valid: Collection[str]) -> None:
+    """``TypeError`` naming each of ``given`` that ``door`` does not take, the valid name
+    it is closest to, and every valid name: a misspelled option fails where it is written."""
+    unknown = [name for name in given if name not in valid]
+    if not unknown:
+        return
+    named = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, valid, n=1, cutoff=0.4)
+        named.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    raise TypeError(
+        f"{door} got unknown option{'s' if len(unknown) > 1 else ''} {', '.join(named)}; "
+        f"its options are {', '.join(sorted(valid))}"
+    )
+
+
+def named_options(door: str) -> Callable[[F], F]:
+    """Decorate a function of keyword options so a misspelled one is answered by
+    :func:`check_option_names` rather than Python's bare "unexpected keyword argument"."""
+
+    def decorate(function: F) -> F:
+        parameters = inspect.signature(function).parameters.values()
+        valid = frozenset(p.name for p in parameters if p.kind is not p.VAR_KEYWORD)
+
+        @functools.wraps(function)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            check_option_names(door, kwargs, valid)
+            return function(*args, **kwargs)
+
+        return checked  # type: ignore[return-value]
+
+    return decorate
 
 
 @dataclass(frozen=True)
@@ -128,6 +171,7 @@ class Options:
     clock: Clock
     wait_seconds: float
     problem_base_url: str | None  # problem types are base + slug; None: URNs
+    check_store: bool  # the door checks its store at start-up
     default_policy: Policy
     # ((rule, covered methods, policy or None when disabled), ...), first match wins
     rule_policies: tuple[tuple[IdempotencyRule, frozenset[str], Policy | None], ...]
@@ -152,6 +196,7 @@ class Options:
         wait_seconds: float = 0,
         problem_base_url: str | None = None,
         clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS,
+        check_store: bool = False,
     ) -> Options:
         if not isinstance(header_name, str) or not _TOKEN.match(header_name):
             raise ValueError(f"header_name {header_name!r} is not a valid HTTP header name")
@@ -223,6 +268,7 @@ class Options:
             clock=clock,
             wait_seconds=float(wait_seconds),
             problem_base_url=problem_base_url,
+            check_store=bool(check_store),
             default_policy=default_policy,
             rule_policies=rule_policies,
         )

@@ -16,7 +16,7 @@ from .engine import flow
 from .engine.drivers import Suspended, SyncDriver
 from .engine.effects import Ran, StreamEnd
 from .engine.renewal import ThreadRenewals
-from .options import MiddlewareOptions, Options
+from .options import DOOR_OPTIONS, MiddlewareOptions, Options, check_option_names
 from .records import StoredResponse
 from .stores.protocol import A_SYNC_STORE, SyncStore
 from .wsgi_environ import Environ, StartResponse, WSGIApp
@@ -38,6 +38,7 @@ class IdempotencyWSGIMiddleware:
     def __init__(
         self, wsgi_app: WSGIApp, *, store: SyncStore, **options: Unpack[MiddlewareOptions]
     ) -> None:
+        check_option_names(type(self).__name__, options, DOOR_OPTIONS)
         if not isinstance(store, SyncStore):
             raise TypeError(
                 f"IdempotencyWSGIMiddleware needs {A_SYNC_STORE}; "
@@ -47,6 +48,8 @@ class IdempotencyWSGIMiddleware:
         self.app = wsgi_app
         self.store = store
         self.options = Options.build(**options)
+        if self.options.check_store:
+            core.store_check(store, "check")()  # StoreUnavailableError: the app does not start
         self._context = flow.Context.for_options(self.options, store)
         self._renewals = ThreadRenewals(store, self._context.reporter, self.options.clock)
         self._driver = SyncDriver(store, self.options.clock, self._renewals)

@@ -658,7 +658,10 @@ def test_without_the_setting_the_middleware_is_improperly_configured() -> None:
             ),
         ),
         ({"store": "tests.test_django.no_such_store"}, "no_such_store"),
-        ({"store": MemoryStore(), "ttl": 60}, r"unknown options \['ttl'\]"),
+        (
+            {"store": MemoryStore(), "ttl": 60},
+            r"unknown option 'ttl' \(did you mean 'ttl_seconds'\?\)",
+        ),
         ({"store": MemoryStore(), "ttl_seconds": -1}, "ttl_seconds"),
         ({"required": True}, "needs the IDEMPOTENCY setting"),
     ],

@@ -108,6 +108,8 @@ class Driver(Protocol):
 
     def create_table(self) -> None: ...
 
+    def check(self) -> None: ...
+
     def complete_deferred(
         self, token: Any, status: Any, headers: Any = (), body: Any = b""
     ) -> bool: ...
@@ -150,6 +152,9 @@ class SyncDriver:
     def create_table(self) -> None:
         return self.store.create_table()
 
+    def check(self) -> None:
+        return self.store.check()
+
     def complete_deferred(
         self, token: Any, status: Any, headers: Any = (), body: Any = b""
     ) -> bool:
@@ -189,6 +194,9 @@ class AsyncDriver:
 
     def create_table(self) -> None:
         return self.run(self.store.acreate_table())
+
+    def check(self) -> None:
+        return self.run(self.store.acheck())
 
     def complete_deferred(
         self, token: Any, status: Any, headers: Any = (), body: Any = b""
@@ -444,6 +452,16 @@ def test_create_table_on_a_ready_store_keeps_its_records(
     record = store.get(key)
     assert record is not None
     assert record.owner == claim.owner
+
+
+def test_check_of_a_ready_store_passes_and_changes_nothing(
+    store: Driver, key: str, now: float
+) -> None:
+    claim = claim_request(key, now)
+    store.claim(claim)
+    store.check()  # raises StoreUnavailableError when the store is not usable
+    record = store.get(key)
+    assert record is not None and record.owner == claim.owner
 
 
 # --- claim ------------------------------------------------------------------------------

@@ -489,6 +489,7 @@ def test_misconfiguration_is_told_from_an_outage(cause: str) -> None:
     error = StoreUnavailableError("failed", cause=cause)
     expected = cause in {
         "no_table",
+        "bad_schema",
         "no_bucket",
         "no_credentials",
         "bad_credentials",

@@ -1,14 +1,7 @@
-"""Stores: where claims and completed responses live, and the kit for writing one.
-
-A store author needs these names only: the protocol (:class:`SyncStore`, :class:`AsyncStore`)
-and the operator interface (:class:`SyncOperations`, :class:`AsyncOperations`), the values
-they take and return, :class:`ThreadedStore` to derive the async half of a blocking store,
-and the clock a store takes. See ``base.py`` for what a store must guarantee; the contract
-suite (``tests/test_store_contract.py``) is its definition.
-
-The stores themselves (``MemoryStore``, ``SQLiteStore``, ``DynamoDBStore``,
-``AsyncDynamoDBStore``) are imported from ``idempotency_middleware``.
-"""
+"""What a store author needs: the protocols, their values, ``ThreadedStore`` for a blocking
+client, and the clock (the kit: ``stores.kit``). The stores themselves are imported from
+``idempotency_middleware``; the contract suite (``tests/test_store_contract.py``) is the
+definition of a store."""
 
 from __future__ import annotations
 

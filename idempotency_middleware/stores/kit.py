@@ -1,24 +1,12 @@
 """The store kit: what every store shares, written once.
 
-A backend writes three things:
-
-- **operations** (:class:`Operations`): one *flow* per store operation, a generator that
-  yields the requests to send, receives each one's reply (or has the backend's failure
-  thrown in at the ``yield``), and returns the operation's result. No I/O: the decisions
-  are written once for sync and async (the flow idea of httpx's auth).
-- a **transport** (:class:`Transport`): runs a flow, sync (``run``) and async (``arun``),
-  turning the backend's failures into :class:`StoreUnavailable` (``cause``, ``reason``).
-  A transport that sends one request at a time gets both from :func:`drive` and
-  :func:`adrive`; one that needs a connection or a transaction around the whole flow runs it
-  itself.
-- the **public class**, a :class:`KitStore`: configuration, and nothing the kit does.
-
-:class:`KitStore` writes every public method once over those: the sync and async protocol
-(``claim`` ... ``arenew``), the deferred pair (token checks included), the operator
-interface, the circuit breaker's accounting and the half-open probe, and both context
-managers. :class:`LoopLocal` keeps per-event-loop clients (asyncio connections belong to the
-loop they were made on), closed with their loop; :func:`require_modules` names the extra
-that installs a backend's client library.
+A backend writes **operations** (:class:`Operations`: one *flow* per store operation, a
+generator that yields requests, receives replies or has failures thrown in, and returns
+the result: no I/O, the flow idea of httpx's auth), a **transport** (:class:`Transport`:
+runs a flow sync and async, :func:`drive`/:func:`adrive` for one request at a time, and
+turns failures into :class:`StoreUnavailable`), and the **public class**, a
+:class:`KitStore`, which writes every public method once over those (breaker accounting
+and probe included). :class:`LoopLocal` keeps per-event-loop clients.
 """
 
 from __future__ import annotations
@@ -27,19 +15,19 @@ import asyncio
 import importlib.util
 import logging
 import threading
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Generator, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Generator
 from typing import Any, Generic, Protocol, TypeVar
 
 from ..breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD, BreakerOwner, CircuitBreaker
 from ..clock import SYSTEM_CLOCK, Clock
-from ..errors import IdempotencyError
+from ..errors import FIXES, IdempotencyError
 from ..records import Record, StoredResponse
-from .closing import ClosingStore
 from .protocol import (
     ClaimRequest,
     ClaimResult,
     Completion,
     DeferredToken,
+    HeaderPairs,
     StoreUnavailable,
     parse_token,
     prepare_final,
@@ -47,6 +35,7 @@ from .protocol import (
 
 T = TypeVar("T")
 V = TypeVar("V")
+Self = TypeVar("Self", bound="ClosingStore")
 
 logger = logging.getLogger(__name__)
 
@@ -108,8 +97,7 @@ async def adrive(flow: Flow[T], send: Callable[[Any], Awaitable[Any]]) -> T:
 
 
 class Transport(Protocol):
-    """Runs a backend's flows. ``operation`` names the store operation, for the messages
-    of the :class:`StoreUnavailable` it raises when the backend cannot answer."""
+    """Runs a backend's flows; ``operation`` names the store operation in its errors."""
 
     def run(self, operation: str, flow: Flow[T]) -> T: ...
 
@@ -121,9 +109,9 @@ class Transport(Protocol):
 
 
 class Operations(Protocol):
-    """A backend's flows, one per store operation (see the store protocol for what each
-    must guarantee). ``complete_final`` and ``release_unfinished`` finish deferred keys; a
-    backend without deferral sets ``supports_deferral = False``."""
+    """A backend's flows, one per store operation (the store protocol says what each must
+    guarantee). A backend without deferral sets ``supports_deferral = False``; one may add
+    a read-only ``check()`` flow (else :meth:`KitStore.check` reads an unused key)."""
 
     supports_deferral: bool
 
@@ -150,10 +138,44 @@ class Operations(Protocol):
 
 # -- the store ----------------------------------------------------------------------------
 
+# The key the default check reads: no claim makes it (claims use hex digests).
+UNUSED_KEY = "store-check"
+
+
+def unusable(store: object, error: StoreUnavailable) -> StoreUnavailable:
+    """``error`` as a failed check says it: which store, why, and the fix."""
+    fix = FIXES.get(error.cause)
+    message = f"{type(store).__name__} is not usable: {error.reason}" + (f"; {fix}" if fix else "")
+    return StoreUnavailable(message, code=error.code, cause=error.cause, reason=error.reason)
+
+
+class ClosingStore:
+    """Both context managers: ``close()`` after ``with``, ``await aclose()`` after
+    ``async with``."""
+
+    def close(self) -> None:  # pragma: no cover - every store defines its own
+        raise NotImplementedError
+
+    async def aclose(self) -> None:  # pragma: no cover - every store defines its own
+        raise NotImplementedError
+
+    def __enter__(self: Self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self: Self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
 
 class KitStore(ClosingStore, BreakerOwner):
     """Every public store method, written once over a backend's ``ops`` and ``transport``.
 
+    Each method does what the protocols (protocol.py) say; ``a``-prefixed ones are awaited.
     The circuit breaker counts each operation: one the backend answered (a failed
     condition, a refused transaction included) closes it, a :class:`StoreUnavailable`
     counts as a failure when its cause is an outage. Claims are the only calls it refuses
@@ -164,7 +186,6 @@ class KitStore(ClosingStore, BreakerOwner):
         self,
         ops: Operations,
         transport: Transport,
-        *,
         clock: Clock = SYSTEM_CLOCK,
         breaker_threshold: int = DEFAULT_THRESHOLD,
         breaker_cooldown_seconds: float = DEFAULT_COOLDOWN_SECONDS,
@@ -174,16 +195,17 @@ class KitStore(ClosingStore, BreakerOwner):
         self._transport = transport
         self._clock = clock
 
-    # -- accounting -------------------------------------------------------------------
+    def _failed(self, error: Exception) -> None:
+        if isinstance(error, StoreUnavailable):
+            self.breaker.failed(error)
+        elif isinstance(error, IdempotencyError):
+            self.breaker.succeeded()  # refused as written: an answer
 
     def _run(self, operation: str, flow: Flow[T]) -> T:
         try:
             result = self._transport.run(operation, flow)
-        except StoreUnavailable as error:
-            self.breaker.failed(error)
-            raise
-        except IdempotencyError:
-            self.breaker.succeeded()  # refused as written: an answer
+        except Exception as error:
+            self._failed(error)
             raise
         self.breaker.succeeded()
         return result
@@ -191,19 +213,13 @@ class KitStore(ClosingStore, BreakerOwner):
     async def _arun(self, operation: str, flow: Flow[T]) -> T:
         try:
             result = await self._transport.arun(operation, flow)
-        except StoreUnavailable as error:
-            self.breaker.failed(error)
-            raise
-        except IdempotencyError:
-            self.breaker.succeeded()
+        except Exception as error:
+            self._failed(error)
             raise
         self.breaker.succeeded()
         return result
 
-    # -- the store protocol -----------------------------------------------------------
-
     def claim(self, request: ClaimRequest) -> ClaimResult:
-        """Claim ``request.key_hash``, or the record of whoever holds it."""
         if self.breaker.admit():  # the half-open breaker's probe
             try:
                 return self._run("claim", self._ops.claim(request))
@@ -212,7 +228,6 @@ class KitStore(ClosingStore, BreakerOwner):
         return self._run("claim", self._ops.claim(request))
 
     async def aclaim(self, request: ClaimRequest) -> ClaimResult:
-        """:meth:`claim`, awaited."""
         if self.breaker.admit():
             try:
                 return await self._arun("claim", self._ops.claim(request))
@@ -221,108 +236,110 @@ class KitStore(ClosingStore, BreakerOwner):
         return await self._arun("claim", self._ops.claim(request))
 
     def complete(self, completion: Completion) -> bool:
-        """Store the response; ``False`` when the claim is no longer ``owner``'s."""
         return self._run("complete", self._ops.complete(completion))
 
     async def acomplete(self, completion: Completion) -> bool:
-        """:meth:`complete`, awaited."""
         return await self._arun("complete", self._ops.complete(completion))
 
     def release(self, key_hash: str, owner: str) -> bool:
-        """Delete the claim; ``False`` when it is no longer ``owner``'s."""
         return self._run("release", self._ops.release(key_hash, owner))
 
     async def arelease(self, key_hash: str, owner: str) -> bool:
-        """:meth:`release`, awaited."""
         return await self._arun("release", self._ops.release(key_hash, owner))
 
     def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
-        """Extend an in-progress claim; ``False`` when it is no longer ``owner``'s."""
         return self._run("renew", self._ops.renew(key_hash, owner, lock_expires_at))
 
     async def arenew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
-        """:meth:`renew`, awaited."""
         return await self._arun("renew", self._ops.renew(key_hash, owner, lock_expires_at))
 
-    # -- deferred completion ----------------------------------------------------------
-
-    def _final(
-        self, token: str, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes
-    ) -> Flow[bool] | None:
+    def _deferrals(self) -> Operations:
         if not self._ops.supports_deferral:
             raise NotImplementedError(f"{type(self).__name__} does not support deferred completion")
-        now = self._clock.now()
+        return self._ops
+
+    def _final(
+        self, token: str, status: int, headers: HeaderPairs, body: bytes
+    ) -> Flow[bool] | None:
+        ops, now = self._deferrals(), self._clock.now()
         prepared = prepare_final(token, status, headers, body, now)
         if prepared is None:
             return None  # expired: nothing to write
-        return self._ops.complete_final(*prepared, now)
+        return ops.complete_final(*prepared, now)
 
     def _unfinished(self, token: str) -> Flow[bool]:
-        if not self._ops.supports_deferral:
-            raise NotImplementedError(f"{type(self).__name__} does not support deferred completion")
-        return self._ops.release_unfinished(parse_token(token))
+        return self._deferrals().release_unfinished(parse_token(token))
 
     def complete_deferred(
-        self,
-        token: str,
-        status: int,
-        headers: Iterable[tuple[bytes, bytes]] = (),
-        body: bytes = b"",
+        self, token: str, status: int, headers: HeaderPairs = (), body: bytes = b""
     ) -> bool:
-        """Store the final response of work deferred with ``defer_completion()``; ``False``
-        when the token no longer applies (completed, expired, taken over), ``ValueError``
-        when it is malformed."""
         flow = self._final(token, status, headers, body)
         return False if flow is None else self._run("complete_deferred", flow)
 
     async def acomplete_deferred(
-        self,
-        token: str,
-        status: int,
-        headers: Iterable[tuple[bytes, bytes]] = (),
-        body: bytes = b"",
+        self, token: str, status: int, headers: HeaderPairs = (), body: bytes = b""
     ) -> bool:
-        """:meth:`complete_deferred`, awaited."""
         flow = self._final(token, status, headers, body)
         return False if flow is None else await self._arun("complete_deferred", flow)
 
     def release_deferred(self, token: str) -> bool:
-        """Forget a deferred key whose work did not happen; ``False`` when the token no
-        longer applies."""
         return self._run("release_deferred", self._unfinished(token))
 
     async def arelease_deferred(self, token: str) -> bool:
-        """:meth:`release_deferred`, awaited."""
         return await self._arun("release_deferred", self._unfinished(token))
 
-    # -- operators --------------------------------------------------------------------
-
     def get(self, key_hash: str) -> Record | None:
-        """The record under ``key_hash`` as stored (expired or not)."""
         return self._run("get", self._ops.get(key_hash))
 
     async def aget(self, key_hash: str) -> Record | None:
-        """:meth:`get`, awaited."""
         return await self._arun("get", self._ops.get(key_hash))
 
     def delete(self, key_hash: str) -> bool:
-        """Remove a record whoever owns it (to re-drive failed work); ``True`` when there
-        was one."""
         return self._run("delete", self._ops.delete(key_hash))
 
     async def adelete(self, key_hash: str) -> bool:
-        """:meth:`delete`, awaited."""
         return await self._arun("delete", self._ops.delete(key_hash))
 
     def create_table(self) -> None:
-        """Create the store's table or schema; safe to call when it already exists."""
         self._run("create_table", self._ops.create_table())
 
     async def acreate_table(self) -> None:
-        """:meth:`create_table`, awaited."""
         await self._arun("create_table", self._ops.create_table())
 
-    # -- lifecycle --------------------------------------------------------------------
+    def _check_flow(self) -> Flow[object]:
+        check = getattr(self._ops, "check", None)
+        return check() if check is not None else self._ops.get(UNUSED_KEY)
+
+    def check(self) -> None:
+        """Check that the store is usable, reading only: the table exists with the key (and
+        TTL) the store expects, the credentials are accepted, the SQLite file can be
+        written, the server answers. For a health check, or at start-up (the middlewares'
+        ``check_store=True``). It neither waits for nor counts in the circuit breaker.
+
+        Raises:
+            StoreUnavailableError: the store is not usable; ``cause`` and ``reason`` say
+                why, the message also says what to fix (``"no_table"``: create it).
+
+        Example:
+            ``store.check()``, or ``await store.acheck()``: ``None`` when usable, else
+            ``StoreUnavailableError: DynamoDBStore is not usable: no such table
+            'idempotency'; create it: store.create_table(), ...``
+        """
+        try:
+            self._transport.run("check", self._check_flow())
+        except StoreUnavailable as error:
+            raise unusable(self, error) from error
+
+    async def acheck(self) -> None:
+        """``check()``, awaited: for the async stores (``AsyncDynamoDBStore``, and the rest).
+
+        Raises:
+            StoreUnavailableError: as ``check()`` does.
+        """
+        try:
+            await self._transport.arun("check", self._check_flow())
+        except StoreUnavailable as error:
+            raise unusable(self, error) from error
 
     def close(self) -> None:
         """Release the store's connections; using it again reconnects."""
@@ -335,8 +352,7 @@ class KitStore(ClosingStore, BreakerOwner):
 
 # -- per-event-loop clients ---------------------------------------------------------------
 
-# How many bare yields a closing coroutine may make when it is run with no event loop
-# (``finish_without_loop``); aiobotocore's close of a client on a closed loop makes one.
+# Bare yields a coroutine closing without a loop may make (aiobotocore's client makes one).
 _STEPS_WITHOUT_LOOP = 100
 
 
@@ -400,7 +416,6 @@ class LoopLocal(Generic[V]):
         self._current: _Entry[V] | None = None
 
     async def get(self) -> V:
-        """The running loop's value, made on first use."""
         current = self._current
         if current is not None and current.loop is asyncio.get_running_loop():
             return current.value  # type: ignore[return-value]  # ready: set before current
@@ -483,19 +498,5 @@ class LoopLocal(Generic[V]):
         await entry.watcher.aclose()  # forgets the value and closes it
 
     def values(self) -> list[V]:
-        """The values of the loops that have one now (for a sync close without a loop)."""
         with self._lock:
             return [entry.value for entry in self._entries.values() if entry.ready is None]  # type: ignore[misc]
-
-
-__all__ = [
-    "Flow",
-    "KitStore",
-    "LoopLocal",
-    "Operations",
-    "Transport",
-    "adrive",
-    "drive",
-    "finish_without_loop",
-    "require_modules",
-]

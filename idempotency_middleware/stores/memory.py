@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
 
 from ..breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD, BreakerOwner, CircuitBreaker
 from ..clock import SYSTEM_CLOCK, Clock
@@ -14,6 +13,7 @@ from .protocol import (
     ClaimRequest,
     ClaimResult,
     Completion,
+    HeaderPairs,
     Held,
     parse_token,
     prepare_final,
@@ -22,20 +22,20 @@ from .protocol import (
 # Records are built with tuple.__new__ (every field given): calling the NamedTuple class runs
 # its Python-level __new__, about twice the instructions.
 _new = tuple.__new__
+IN_PROGRESS = Status.IN_PROGRESS
 
 
 class MemoryStore(BreakerOwner):
     """A dict behind a lock. One instance is safe to share across threads and event loops.
 
-    Every operation is a few dict operations under a ``threading.Lock``, never held across
-    an ``await``, so the async methods call the sync ones directly. (Not a ``KitStore``: with
-    no I/O there is nothing to send and no failure for a breaker to count, and a flow per
-    call would cost the request path more than the dict work itself.)
+    Each operation is a few dict operations under a ``threading.Lock``, never held across an
+    ``await``, so the async methods call the sync ones. (Not a ``KitStore``: a flow per call
+    would cost more than the dict work, and there is no failure for a breaker to count.)
 
     ``max_response_bytes`` mimics a backend's item limit (``None``: keep every response);
-    expired records are dropped at most once per ``purge_interval_seconds``. ``clock`` says
-    when the first purge is due; later ones follow the claims' own ``now``. It takes the
-    circuit breaker's options like every store, but never fails, so its breaker stays closed.
+    expired records are dropped at most once per ``purge_interval_seconds``, the first purge
+    due by ``clock``, later ones by the claims' own ``now``. It takes the breaker's options
+    like every store, but never fails: its breaker stays closed, and ``check()`` passes.
     """
 
     def __init__(
@@ -51,9 +51,8 @@ class MemoryStore(BreakerOwner):
         self._records: dict[str, Record] = {}
         self._lock = threading.Lock()
         self._max_response_bytes = max_response_bytes
-        # Expired records are dropped at most once per interval, piggybacked on a claim, so
-        # memory stays bounded by what the TTL keeps. (Timed by the claims' own clock: the
-        # hot path reads no clock of its own.)
+        # Purged on a claim at most once per interval, by the claims' own clock (the hot path
+        # reads none): memory stays bounded by what the TTL keeps.
         self._purge_interval = purge_interval_seconds
         self._next_purge = clock.now() + purge_interval_seconds
         self._clock = clock
@@ -70,23 +69,11 @@ class MemoryStore(BreakerOwner):
             if existing is not None and not existing.is_claimable(now, skew):
                 return Held(existing)
             # (request.lock_expires_at, computed here: a property call costs more than the
-            # sum, and tuple.__new__ half what calling the NamedTuple class does.)
-            lock_expires_at = now + lock_timeout_seconds
-            self._records[key_hash] = _new(
-                Record,
-                (
-                    key_hash,
-                    Status.IN_PROGRESS,
-                    fingerprint,
-                    owner,
-                    lock_expires_at,
-                    lock_expires_at,  # an in-progress claim expires with its lock
-                    None,
-                    False,
-                    0,
-                ),
-            )
-            if existing is not None and existing.status is Status.IN_PROGRESS:
+            # sum. An in-progress claim expires with its lock.)
+            lock = now + lock_timeout_seconds
+            claim = (key_hash, IN_PROGRESS, fingerprint, owner, lock, lock, None, False, 0)
+            self._records[key_hash] = _new(Record, claim)
+            if existing is not None and existing.status is IN_PROGRESS:
                 return TAKEN_OVER
             return CLAIMED
 
@@ -104,49 +91,37 @@ class MemoryStore(BreakerOwner):
             existing = self._records.get(key_hash)
             if existing is None or existing.owner != owner:
                 return False
-            if deferred and existing.status is not Status.IN_PROGRESS:
+            if deferred and existing.status is not IN_PROGRESS:
                 # Deferred already (this completion again), or the work's final response
                 # landed first: done either way, and the final response is kept.
                 return True
             # Built directly: NamedTuple._replace costs several times as much.
-            self._records[key_hash] = _new(
-                Record,
-                (
-                    existing.key_hash,
-                    Status.DEFERRED if deferred else Status.COMPLETED,
-                    existing.fingerprint,
-                    existing.owner,
-                    existing.lock_expires_at,
-                    now + ttl_seconds,
-                    None if too_large else response,
-                    too_large,
-                    size,
-                ),
-            )
+            key, _, fingerprint, holder, lock = existing[:5]
+            status = Status.DEFERRED if deferred else Status.COMPLETED
+            kept, expires = None if too_large else response, now + ttl_seconds
+            record = (key, status, fingerprint, holder, lock, expires, kept, too_large, size)
+            self._records[key_hash] = _new(Record, record)
             return True
+
+    def _claim_of(self, key_hash: str, owner: str) -> Record | None:
+        """``owner``'s claim still in progress (never a final response a deferral's worker
+        stored while the handler was still running); under the lock."""
+        existing = self._records.get(key_hash)
+        if existing is None or existing.owner != owner or existing.status is not IN_PROGRESS:
+            return None
+        return existing
 
     def release(self, key_hash: str, owner: str) -> bool:
         with self._lock:
-            existing = self._records.get(key_hash)
-            # Only a claim still in progress: never a final response a deferral's worker
-            # stored while the handler was still running.
-            if (
-                existing is None
-                or existing.owner != owner
-                or existing.status is not Status.IN_PROGRESS
-            ):
+            if self._claim_of(key_hash, owner) is None:
                 return False
             del self._records[key_hash]
             return True
 
     def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
         with self._lock:
-            existing = self._records.get(key_hash)
-            if (
-                existing is None
-                or existing.owner != owner
-                or existing.status is not Status.IN_PROGRESS
-            ):
+            existing = self._claim_of(key_hash, owner)
+            if existing is None:
                 return False
             self._records[key_hash] = existing._replace(
                 lock_expires_at=lock_expires_at, expires_at=lock_expires_at
@@ -154,14 +129,8 @@ class MemoryStore(BreakerOwner):
             return True
 
     def complete_deferred(
-        self,
-        token: str,
-        status: int,
-        headers: Iterable[tuple[bytes, bytes]] = (),
-        body: bytes = b"",
+        self, token: str, status: int, headers: HeaderPairs = (), body: bytes = b""
     ) -> bool:
-        """Store the final response of work deferred with ``defer_completion()``; ``False``
-        when the token no longer applies (completed, expired, taken over)."""
         prepared = prepare_final(token, status, headers, body, self._clock.now())
         if prepared is None:
             return False
@@ -183,8 +152,6 @@ class MemoryStore(BreakerOwner):
             return True
 
     def release_deferred(self, token: str) -> bool:
-        """Forget a deferred key whose work did not happen; ``False`` when the token no
-        longer applies."""
         parsed = parse_token(token)
         with self._lock:
             if not _deferred_by(self._records.get(parsed.key_hash), parsed.owner):
@@ -193,43 +160,33 @@ class MemoryStore(BreakerOwner):
             return True
 
     async def acomplete_deferred(
-        self,
-        token: str,
-        status: int,
-        headers: Iterable[tuple[bytes, bytes]] = (),
-        body: bytes = b"",
+        self, token: str, status: int, headers: HeaderPairs = (), body: bytes = b""
     ) -> bool:
-        """:meth:`complete_deferred` (no I/O: called directly)."""
         return self.complete_deferred(token, status, headers, body)
 
     async def arelease_deferred(self, token: str) -> bool:
-        """:meth:`release_deferred` (no I/O: called directly)."""
         return self.release_deferred(token)
 
-    def _purge(self, now: float, clock_skew_seconds: float) -> None:
+    def _purge(self, now: float, skew: float) -> None:
         self._next_purge = now + self._purge_interval
-        expired = [
-            kh
-            for kh, record in self._records.items()
-            if record.is_claimable(now, clock_skew_seconds)
-        ]
-        for key_hash in expired:
+        for key_hash in [
+            k for k, record in self._records.items() if record.is_claimable(now, skew)
+        ]:
             del self._records[key_hash]
 
-    # -- operators --------------------------------------------------------------------
-
     def get(self, key_hash: str) -> Record | None:
-        """The record under ``key_hash`` as stored (expired or not), for operators and tests."""
         with self._lock:
             return self._records.get(key_hash)
 
     def delete(self, key_hash: str) -> bool:
-        """Remove a record whoever owns it; ``True`` when there was one."""
         with self._lock:
             return self._records.pop(key_hash, None) is not None
 
     def create_table(self) -> None:
-        """Nothing to create: here for the operator interface every store shares."""
+        """Nothing to create."""
+
+    def check(self) -> None:
+        """Nothing to check: a dict is always usable."""
 
     def __len__(self) -> int:
         with self._lock:
@@ -248,15 +205,16 @@ class MemoryStore(BreakerOwner):
         return self.renew(key_hash, owner, lock_expires_at)
 
     async def aget(self, key_hash: str) -> Record | None:
-        """:meth:`get` (no I/O: called directly)."""
         return self.get(key_hash)
 
     async def adelete(self, key_hash: str) -> bool:
-        """:meth:`delete` (no I/O: called directly)."""
         return self.delete(key_hash)
 
     async def acreate_table(self) -> None:
-        """:meth:`create_table`: nothing to create."""
+        """Nothing to create."""
+
+    async def acheck(self) -> None:
+        """Nothing to check."""
 
 
 def _deferred_by(record: Record | None, owner: str) -> bool:

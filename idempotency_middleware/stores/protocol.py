@@ -1,20 +1,17 @@
-"""The store protocol shared by every backend, in a sync and an async flavour, and the
-deferred completion token every store reads.
+"""The store protocol shared by every backend, sync and async, and the deferred token.
 
-A store does four things, each one atomic: *claim* a key (or report the record that holds
-it), *complete* a claim with its response, *release* a claim, and *renew* a running claim's
-lock. Finishing and renewing are fenced by the claim's owner token, so an owner whose claim
-was taken over cannot touch the new record. Operators also get a record, delete one, and
-create the table (:class:`SyncOperations`, :class:`AsyncOperations`).
+A store does four things, each atomic: *claim* a key (or report the record that holds it),
+*complete* a claim with its response, *release* a claim, *renew* a running claim's lock.
+Finishing and renewing are fenced by the claim's owner token, so an owner whose claim was
+taken over cannot touch the new record. Operators also get and delete a record, create the
+table and check the store (:class:`SyncOperations`, :class:`AsyncOperations`).
 
-Writing a store: implement :class:`SyncStore` and :class:`SyncOperations` (or their async
-twins), take ``clock: Clock = SYSTEM_CLOCK`` for any time the store reads itself (claims and
-completions carry their own ``now``), and raise :class:`StoreUnavailable` when the backend
-cannot answer, saying why: ``StoreUnavailable(message, cause="unreachable", reason="cannot
-connect to ...")`` (the causes are ``errors.CAUSES``; the log line and the command line show
-``reason``, and tell a misconfiguration from an outage by ``cause``). A store doing blocking
-I/O gets its async half from :class:`~idempotency_middleware.stores.threaded.ThreadedStore`.
-A store is done when it passes the contract suite (``tests/test_store_contract.py``).
+Writing a store: build on ``kit.KitStore`` (or ``threaded.ThreadedStore`` for a blocking
+client), take ``clock: Clock = SYSTEM_CLOCK`` for any time the store reads itself, and
+raise :class:`StoreUnavailable` when the backend cannot answer, saying why:
+``StoreUnavailable(message, cause="unreachable", reason="cannot connect to ...")`` (the
+causes are ``errors.CAUSES``). A store is done when it passes the contract suite
+(``tests/test_store_contract.py``).
 """
 
 from __future__ import annotations
@@ -24,11 +21,13 @@ import re
 from collections.abc import Iterable
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-# Re-exported: a store author raises ``StoreUnavailable`` (the same class as the public
-# ``StoreUnavailableError``) when the backend cannot answer.
+# Re-exported for store authors (``StoreUnavailable`` is ``StoreUnavailableError``).
 from ..errors import StoreUnavailable as StoreUnavailable
 from ..errors import StoreUnavailableError as StoreUnavailableError
 from ..records import Headers, Record, StoredResponse, is_status, storable_headers
+
+HeaderPairs = Iterable[tuple[bytes, bytes]]
+"""A response's headers as ASGI carries them: ``(name, value)`` byte pairs."""
 
 
 class ClaimRequest(NamedTuple):
@@ -53,7 +52,7 @@ class ClaimRequest(NamedTuple):
 
     @property
     def stale_before(self) -> float:
-        """An in-progress claim whose lock expired at or before this time may be taken over."""
+        """An in-progress claim whose lock expired by then may be taken over."""
         return self.now - self.clock_skew_seconds
 
     @property
@@ -130,21 +129,16 @@ AN_ASYNC_STORE = f"an async store ({', '.join(ASYNC_STORE_NAMES)})"
 
 @runtime_checkable
 class SyncStore(Protocol):
-    """A store the WSGI middleware can use."""
+    """A store the WSGI middleware can use. Finishing and renewing answer ``False`` when
+    the claim is no longer ``owner``'s."""
 
     def claim(self, request: ClaimRequest) -> ClaimResult: ...
 
-    def complete(self, completion: Completion) -> bool:
-        """Store the response; ``False`` when the claim is no longer ``owner``'s."""
-        ...
+    def complete(self, completion: Completion) -> bool: ...
 
-    def release(self, key_hash: str, owner: str) -> bool:
-        """Delete the claim; ``False`` when it is no longer ``owner``'s."""
-        ...
+    def release(self, key_hash: str, owner: str) -> bool: ...
 
-    def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
-        """Extend an in-progress claim; ``False`` when it is no longer ``owner``'s."""
-        ...
+    def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool: ...
 
 
 @runtime_checkable
@@ -162,18 +156,15 @@ class AsyncStore(Protocol):
 
 @runtime_checkable
 class SyncDeferrals(Protocol):
-    """Finishing deferred keys (``defer_completion()``), for a worker holding a token."""
+    """Finishing deferred keys (``defer_completion()``) by token: ``False`` when the token
+    no longer applies (completed, expired, taken over), ``ValueError`` when malformed.
+    ``release_deferred``: the work did not happen, a retry runs the handler again."""
 
     def complete_deferred(
         self, token: str, status: int, headers: Any = (), body: bytes = b""
-    ) -> bool:
-        """Store the work's final response; ``False`` when the token no longer applies
-        (completed already, expired, taken over); ``ValueError`` when it is malformed."""
-        ...
+    ) -> bool: ...
 
-    def release_deferred(self, token: str) -> bool:
-        """The work did not happen: forget the key so a retry runs the handler again."""
-        ...
+    def release_deferred(self, token: str) -> bool: ...
 
 
 @runtime_checkable
@@ -189,20 +180,17 @@ class AsyncDeferrals(Protocol):
 
 @runtime_checkable
 class SyncOperations(Protocol):
-    """What an operator (the command line, a runbook script) does with a sync store."""
+    """What an operator does with a sync store: ``get`` the record as stored (expired or
+    not), ``delete`` one whoever owns it (``True`` when there was one), create the table
+    (safe to repeat), ``check`` the store is usable (``StoreUnavailableError`` if not)."""
 
-    def get(self, key_hash: str) -> Record | None:
-        """The record under ``key_hash`` as stored (expired or not)."""
-        ...
+    def get(self, key_hash: str) -> Record | None: ...
 
-    def delete(self, key_hash: str) -> bool:
-        """Remove a record whoever owns it (to re-drive failed work); ``True`` when there
-        was one."""
-        ...
+    def delete(self, key_hash: str) -> bool: ...
 
-    def create_table(self) -> None:
-        """Create the store's table or schema; safe to call when it already exists."""
-        ...
+    def create_table(self) -> None: ...
+
+    def check(self) -> None: ...
 
 
 @runtime_checkable
@@ -214,6 +202,8 @@ class AsyncOperations(Protocol):
     async def adelete(self, key_hash: str) -> bool: ...
 
     async def acreate_table(self) -> None: ...
+
+    async def acheck(self) -> None: ...
 
 
 # -- the deferred completion token ---------------------------------------------------------
@@ -228,20 +218,16 @@ _TOKEN = re.compile(r"([0-9a-f]{64})\.([0-9a-f]{1,64}-[0-9a-f]{1,32})\.([0-9]{1,
 
 
 class DeferredToken(NamedTuple):
-    """What a deferred completion token names: the key, its claim's owner, its expiry."""
-
     key_hash: str
     owner: str
     expires_at: int
 
 
 def new_token(key_hash: str, owner: str, expires_at: float) -> str:
-    """The token for ``owner``'s claim on ``key_hash``, expiring at ``expires_at``."""
     return f"{key_hash}.{owner}.{math.ceil(expires_at)}"
 
 
 def parse_token(token: object) -> DeferredToken:
-    """The parts of a token; ``ValueError`` when it is not one."""
     if not isinstance(token, str):
         raise ValueError(f"a deferred completion token is a str, got {type(token).__name__}")
     match = _TOKEN.fullmatch(token)
@@ -251,9 +237,7 @@ def parse_token(token: object) -> DeferredToken:
     return DeferredToken(key_hash, owner, int(expires_at))
 
 
-def final_response(
-    status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes
-) -> StoredResponse:
+def final_response(status: int, headers: HeaderPairs, body: bytes) -> StoredResponse:
     """The work's final response, checked: ``TypeError``/``ValueError`` naming what is wrong."""
     if not is_status(status):
         raise ValueError(f"status must be an HTTP status code (100-599), got {status!r}")
@@ -272,7 +256,7 @@ def final_response(
 
 
 def prepare_final(
-    token: str, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes, now: float
+    token: str, status: int, headers: HeaderPairs, body: bytes, now: float
 ) -> tuple[DeferredToken, StoredResponse] | None:
     """What every store's ``complete_deferred`` checks before writing: the token
     (``ValueError``), the response (``TypeError``/``ValueError``), and the token's expiry

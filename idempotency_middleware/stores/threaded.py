@@ -1,14 +1,7 @@
-"""``ThreadedStore``: the async half of a store whose sync half does blocking I/O.
-
-A store on a blocking client (a file, a database driver without asyncio) writes its sync
-methods once and subclasses :class:`ThreadedStore`; the ``a``-prefixed methods the ASGI
-middleware awaits are derived here, each running its sync twin on a small thread pool owned
-by the store, so the event loop never waits on the disk, the network or another process's
-lock. (A store without I/O, such as ``MemoryStore``, calls its sync methods directly
-instead: a thread hop would cost more than the work. A store whose calls can often run
-without waiting overrides ``_run_async``.) :class:`WorkerThreads`, the pool itself, also
-serves stores on the kit (``SQLiteStore``'s transport).
-"""
+"""``ThreadedStore``: the async half of a store whose sync half does blocking I/O, each
+``a``-prefixed method running its sync twin on the store's threads (:class:`WorkerThreads`,
+which also serve ``SQLiteStore``'s transport), so the event loop never waits on a disk, a
+network or another process's lock."""
 
 from __future__ import annotations
 
@@ -17,21 +10,19 @@ import asyncio
 import concurrent.futures
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..records import Record
-from .closing import ClosingStore
-from .protocol import ClaimRequest, ClaimResult, Completion
+from .kit import UNUSED_KEY, ClosingStore, unusable
+from .protocol import ClaimRequest, ClaimResult, Completion, HeaderPairs, StoreUnavailable
 
 T = TypeVar("T")
-Self = TypeVar("Self", bound="ThreadedStore")
 
 
 class WorkerThreads:
-    """A store's threads for its blocking calls: ``size`` of them at most, named
-    ``name_prefix``..., started on first use, again in a forked child (a pool's threads do
-    not survive ``fork()``), and after :meth:`close`."""
+    """A store's threads (``size`` at most), started on first use, again in a forked child
+    (a pool's threads do not survive ``fork()``), and after :meth:`close`."""
 
     def __init__(self, size: int, name_prefix: str) -> None:
         self._size = size
@@ -41,7 +32,6 @@ class WorkerThreads:
         self._lock = threading.Lock()
 
     def pool(self) -> concurrent.futures.ThreadPoolExecutor:
-        """The running pool, started if need be."""
         executor = self._executor
         if executor is not None and self._pid == os.getpid():
             return executor
@@ -54,7 +44,6 @@ class WorkerThreads:
             return self._executor
 
     async def run(self, call: Callable[..., T], *args: Any) -> T:
-        """``call(*args)`` on one of the threads, awaited."""
         return await asyncio.get_running_loop().run_in_executor(self.pool(), call, *args)
 
     def close(self) -> None:
@@ -66,14 +55,12 @@ class WorkerThreads:
 
 
 class ThreadedStore(ClosingStore, abc.ABC):
-    """Implement the sync store protocol and operator interface (``claim``, ``complete``,
-    ``release``, ``renew``, ``get``, ``delete``, ``create_table``); get their async forms
-    (``aclaim`` ... ``acreate_table``), ``close``/``aclose`` and both context managers.
+    """Implement the sync store protocol and operator interface (``claim`` ... ``get``,
+    ``delete``, ``create_table``); get their async forms and both context managers.
 
-    ``async_threads`` bounds the threads running async calls (and so the store's concurrent
-    blocking calls from one event loop). The pool starts on first use, again in a forked
-    child (a pool's threads do not survive ``fork()``), and after :meth:`close`.
-    A subclass with resources of its own extends :meth:`close`, calling ``super().close()``.
+    ``check()`` reads an unused key, unless the subclass checks more. ``async_threads``
+    bounds the threads running async calls. A subclass with resources of its own extends
+    :meth:`close`, calling ``super().close()``.
     """
 
     def __init__(self, *, async_threads: int = 4, thread_name_prefix: str = "idempotency") -> None:
@@ -81,86 +68,63 @@ class ThreadedStore(ClosingStore, abc.ABC):
             raise ValueError("async_threads must be positive")
         self._threads = WorkerThreads(async_threads, thread_name_prefix)
 
-    # -- the sync half: what a subclass writes ----------------------------------------
+    # (What each must do: the protocols' docstrings, in protocol.py.)
+    @abc.abstractmethod
+    def claim(self, request: ClaimRequest) -> ClaimResult: ...
 
     @abc.abstractmethod
-    def claim(self, request: ClaimRequest) -> ClaimResult:
-        """Claim ``request.key_hash`` (see ``SyncStore``)."""
+    def complete(self, completion: Completion) -> bool: ...
 
     @abc.abstractmethod
-    def complete(self, completion: Completion) -> bool:
-        """Store the response; ``False`` when the claim is no longer ``owner``'s."""
+    def release(self, key_hash: str, owner: str) -> bool: ...
 
     @abc.abstractmethod
-    def release(self, key_hash: str, owner: str) -> bool:
-        """Delete the claim; ``False`` when it is no longer ``owner``'s."""
+    def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool: ...
 
     @abc.abstractmethod
-    def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
-        """Extend an in-progress claim; ``False`` when it is no longer ``owner``'s."""
+    def get(self, key_hash: str) -> Record | None: ...
 
     @abc.abstractmethod
-    def get(self, key_hash: str) -> Record | None:
-        """The record under ``key_hash`` as stored (expired or not)."""
+    def delete(self, key_hash: str) -> bool: ...
 
     @abc.abstractmethod
-    def delete(self, key_hash: str) -> bool:
-        """Remove a record whoever owns it; ``True`` when there was one."""
+    def create_table(self) -> None: ...
 
-    @abc.abstractmethod
-    def create_table(self) -> None:
-        """Create the table or schema; safe to repeat."""
+    def check(self) -> None:
+        """Whether the store answers a read; ``StoreUnavailableError`` saying why not."""
+        try:
+            self.get(UNUSED_KEY)
+        except StoreUnavailable as error:
+            raise unusable(self, error) from error
 
     def complete_deferred(
-        self,
-        token: str,
-        status: int,
-        headers: Iterable[tuple[bytes, bytes]] = (),
-        body: bytes = b"",
+        self, token: str, status: int, headers: HeaderPairs = (), body: bytes = b""
     ) -> bool:
-        """Store a deferred key's final response (``defer_completion()``); a store that
-        supports deferral overrides this and :meth:`release_deferred`."""
+        """Overridden, with :meth:`release_deferred`, by a store that supports deferral."""
         raise NotImplementedError(f"{type(self).__name__} does not support deferred completion")
 
     def release_deferred(self, token: str) -> bool:
-        """Forget a deferred key whose work did not happen."""
         raise NotImplementedError(f"{type(self).__name__} does not support deferred completion")
 
-    # -- the async half, derived --------------------------------------------------------
-
-    def _thread_pool(self) -> concurrent.futures.ThreadPoolExecutor:
-        return self._threads.pool()
-
-    async def _in_thread(self, call: Callable[..., T], *args: Any) -> T:
+    async def _run_async(self, call: Callable[..., T], *args: Any) -> T:
+        """How the async methods run their sync twins: on the store's threads. A store
+        whose calls can run on the loop without waiting overrides this."""
         return await self._threads.run(call, *args)
 
-    async def _run_async(self, call: Callable[..., T], *args: Any) -> T:
-        """How the request path's async methods run their sync twins: on the store's
-        threads. A store whose calls can run on the loop without waiting overrides this."""
-        return await self._in_thread(call, *args)
-
     async def aclaim(self, request: ClaimRequest) -> ClaimResult:
-        """:meth:`claim`, off the event loop (see :meth:`_run_async`)."""
         return await self._run_async(self.claim, request)
 
     async def acomplete(self, completion: Completion) -> bool:
-        """:meth:`complete`, off the event loop."""
         return await self._run_async(self.complete, completion)
 
     async def arelease(self, key_hash: str, owner: str) -> bool:
-        """:meth:`release`, off the event loop."""
         return await self._run_async(self.release, key_hash, owner)
 
     async def arenew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
-        """:meth:`renew`, off the event loop."""
         return await self._run_async(self.renew, key_hash, owner, lock_expires_at)
 
     async def acomplete_deferred(
-        self,
-        token: str,
-        status: int,
-        headers: Iterable[tuple[bytes, bytes]] = (),
-        body: bytes = b"",
+        self, token: str, status: int, headers: HeaderPairs = (), body: bytes = b""
     ) -> bool:
         return await self._run_async(self.complete_deferred, token, status, headers, body)
 
@@ -168,22 +132,20 @@ class ThreadedStore(ClosingStore, abc.ABC):
         return await self._run_async(self.release_deferred, token)
 
     async def aget(self, key_hash: str) -> Record | None:
-        """:meth:`get`, off the event loop."""
         return await self._run_async(self.get, key_hash)
 
     async def adelete(self, key_hash: str) -> bool:
-        """:meth:`delete`, off the event loop."""
         return await self._run_async(self.delete, key_hash)
 
     async def acreate_table(self) -> None:
-        """:meth:`create_table`, off the event loop."""
-        await self._in_thread(self.create_table)
+        await self._threads.run(self.create_table)
 
-    # -- lifecycle --------------------------------------------------------------------
+    async def acheck(self) -> None:
+        """:meth:`check`, off the event loop."""
+        await self._threads.run(self.check)
 
     def close(self) -> None:
-        """Stop the async worker threads after their current call; using the store again
-        starts them again."""
+        """Stop the worker threads after their current call; using the store restarts them."""
         self._threads.close()
 
     async def aclose(self) -> None:

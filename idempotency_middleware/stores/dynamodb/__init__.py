@@ -1,7 +1,5 @@
-"""The DynamoDB stores: ``DynamoDBStore`` (boto3) and ``AsyncDynamoDBStore`` (aioboto3).
-``requests`` builds requests and reads answers, ``ops`` strings them into flows,
-``transport`` sends them (the lean client of ``wire*``, or the SDK), ``errors`` says what a
-failure means."""
+"""The DynamoDB stores: ``requests`` builds and reads, ``ops`` makes flows of them,
+``transport`` sends (the lean ``wire*`` client, or the SDK), ``errors`` explains failures."""
 
 from .config import Transport
 from .requests import MAX_ITEM_RESPONSE_BYTES, TableLayout

@@ -42,18 +42,15 @@ def rejected(error: StoreUnavailable) -> TransactionRejectedError:
 
 
 def _response(error: BaseException | None) -> dict[str, Any]:
-    """The parsed answer a botocore ``ClientError`` carries (empty for anything else)."""
     response = getattr(error, "response", None)
     return response if isinstance(response, dict) else {}
 
 
 def error_code(error: BaseException) -> str:
-    """The DynamoDB error code of a botocore ``ClientError`` (empty for anything else)."""
     return str(_response(error).get("Error", {}).get("Code", ""))
 
 
 def held_item(error: BaseException) -> Item | None:
-    """The ALL_OLD item carried by a failed conditional claim."""
     item = _response(error).get("Item")
     return item if isinstance(item, dict) and item else None
 

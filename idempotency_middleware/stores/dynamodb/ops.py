@@ -185,6 +185,18 @@ class DynamoDBOps:
         response = yield (DYNAMODB, "delete_item", ddb.delete_request(self.layout, key_hash))
         return bool(response.get("Attributes"))  # ALL_OLD: there was an item
 
+    def check(self) -> Flow[None]:
+        """DescribeTable and DescribeTimeToLive: the table exists, keyed and swept as
+        ``create_table()`` makes it (and the credentials are accepted)."""
+        table = {"TableName": self.layout.table_name}
+        described = yield (DYNAMODB, "describe_table", table)
+        ttl = yield (DYNAMODB, "describe_time_to_live", table)
+        problem = ddb.schema_problem(self.layout, described["Table"], ttl)
+        if problem is not None:
+            raise StoreUnavailable(
+                f"DynamoDB check failed: {problem}", cause="bad_schema", reason=problem
+            )
+
     def create_table(self, wait_seconds: float = 60.0) -> Flow[None]:
         """CreateTable (on-demand), a wait by the clock for ACTIVE, TTL enabled."""
         layout = self.layout

@@ -370,7 +370,6 @@ def plan_final_completion(
 
 
 def release_deferred_request(layout: TableLayout, token: DeferredToken) -> dict[str, Any]:
-    """DeleteItem of a deferred (or still in-progress) key."""
     return {
         **_keyed(layout, token.key_hash),
         "ConditionExpression": "#owner = :owner AND #status <> :completed",
@@ -424,7 +423,6 @@ def get_request(layout: TableLayout, key_hash: str) -> dict[str, Any]:
 
 
 def delete_request(layout: TableLayout, key_hash: str) -> dict[str, Any]:
-    """An unconditional DeleteItem; ALL_OLD tells whether there was an item."""
     return {**_keyed(layout, key_hash), "ReturnValues": "ALL_OLD"}
 
 
@@ -450,17 +448,9 @@ def item_to_record(layout: TableLayout, item: Item, overflow_blob: bytes | None 
             blob is None and overflow_reference(item) is not None
         )
         size = int(item.get("response_size", {}).get("N", "0"))
-    return Record(
-        key_hash,
-        Status(item["status"]["S"]),
-        item["fingerprint"]["S"],
-        item["owner"]["S"],
-        float(item["lock_expires_at"]["N"]),
-        float(item["expires_at"]["N"]),
-        response,
-        missing,
-        size,
-    )
+    deadlines = float(item["lock_expires_at"]["N"]), float(item["expires_at"]["N"])
+    status, fingerprint, owner = (item[name]["S"] for name in ("status", "fingerprint", "owner"))
+    return Record(key_hash, Status(status), fingerprint, owner, *deadlines, response, missing, size)
 
 
 def create_table_request(layout: TableLayout) -> dict[str, Any]:
@@ -485,3 +475,21 @@ def ttl_enabled(describe_ttl_response: dict[str, Any], layout: TableLayout) -> b
     return description.get("TimeToLiveStatus") in ("ENABLED", "ENABLING") and (
         description.get("AttributeName") == layout.ttl_attribute
     )
+
+
+def schema_problem(
+    layout: TableLayout, table: dict[str, Any], describe_ttl_response: dict[str, Any]
+) -> str | None:
+    """What makes a described table unlike the one ``create_table()`` makes, or ``None``."""
+    name, key = layout.table_name, layout.key_attribute
+    keys = [(part["AttributeName"], part["KeyType"]) for part in table.get("KeySchema", ())]
+    types = {a["AttributeName"]: a["AttributeType"] for a in table.get("AttributeDefinitions", ())}
+    if keys != [(key, "HASH")] or types.get(key) != "S":
+        shown = ", ".join(f"{attribute} ({kind})" for attribute, kind in keys)
+        return f"table {name!r} is keyed by {shown}, not by the string partition key {key!r} alone"
+    if not ttl_enabled(describe_ttl_response, layout):
+        return (
+            f"table {name!r} has no TTL on {layout.ttl_attribute!r}, so expired records are "
+            "never deleted (store.create_table() enables it)"
+        )
+    return None

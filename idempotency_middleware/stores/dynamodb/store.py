@@ -60,26 +60,17 @@ class DynamoDBStoreBase(KitStore):
         transport: Transport = "auto",
     ) -> None:
         require_modules(type(self).__name__, self._libraries, self._extra)
-        settings = ClientSettings(
-            endpoint_url,
-            region_name,
-            connect_timeout,
-            read_timeout,
-            max_attempts,
-            max_pool_connections,
-        )
+        limits = (connect_timeout, read_timeout, max_attempts, max_pool_connections)
+        settings = ClientSettings(endpoint_url, region_name, *limits)
         overflow = OverflowSettings(s3_bucket, s3_prefix, s3_endpoint_url) if s3_bucket else None
         lean = lean_transport(transport, session, client_kwargs)
         config = DynamoDBConfig(
             table_name, settings, overflow, clock, lean, session, dict(client_kwargs or {})
         )
         self.layout = TableLayout(table_name, key_attribute, ttl_attribute)
+        breaker = (clock, breaker_threshold, breaker_cooldown_seconds)
         super().__init__(
-            DynamoDBOps(self.layout, overflow, clock),
-            self._transport_class(config),
-            clock=clock,
-            breaker_threshold=breaker_threshold,
-            breaker_cooldown_seconds=breaker_cooldown_seconds,
+            DynamoDBOps(self.layout, overflow, clock), self._transport_class(config), *breaker
         )
 
 
@@ -88,7 +79,7 @@ class DynamoDBStore(DynamoDBStoreBase):
     transport by default: see ``transport``).
 
     ``store.close()`` or ``with store:`` releases its connections.
-    The operator interface: ``store.create_table()``, ``get``, ``delete``.
+    The operator interface: ``store.create_table()``, ``check``, ``get``, ``delete``.
     """
 
     _libraries = ("boto3", "botocore")
@@ -98,7 +89,7 @@ class DynamoDBStore(DynamoDBStoreBase):
     # Sync only, as boto3 is: the ASGI middleware (and the async protocols) refuse it.
     aclaim = acomplete = arelease = arenew = None  # type: ignore[assignment]
     acomplete_deferred = arelease_deferred = None  # type: ignore[assignment]
-    aget = adelete = acreate_table = None  # type: ignore[assignment]
+    aget = adelete = acreate_table = acheck = None  # type: ignore[assignment]
 
     @property
     def client(self) -> Any:
@@ -125,7 +116,7 @@ class AsyncDynamoDBStore(DynamoDBStoreBase):
     An aiobotocore client only works on the event loop it was made on: the store keeps one
     set of clients per loop that uses it, closed when ``asyncio.run`` ends the loop.
     ``await store.aclose()`` or ``async with store:`` releases the running loop's.
-    The operator interface: ``await store.acreate_table()``, ``aget``, ``adelete``.
+    The operator interface: ``await store.acreate_table()``, ``acheck``, ``aget``, ``adelete``.
     """
 
     _libraries = ("aioboto3", "aiobotocore")
@@ -134,7 +125,7 @@ class AsyncDynamoDBStore(DynamoDBStoreBase):
     _transport: AsyncTransport
     # Async only, as aioboto3 is: the WSGI middleware (and the sync protocols) refuse it.
     claim = complete = release = renew = None  # type: ignore[assignment]
-    complete_deferred = release_deferred = get = delete = None  # type: ignore[assignment]
+    complete_deferred = release_deferred = get = delete = check = None  # type: ignore[assignment]
 
     async def client(self) -> Any:
         """The request path's DynamoDB client of the running event loop (the lean

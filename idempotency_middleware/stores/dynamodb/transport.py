@@ -33,7 +33,6 @@ class _Transport:
         self._lock = threading.Lock()
 
     def _resolve_wire(self) -> WireConfig | None:
-        """The lean configuration, or ``None`` (and the SDK from now on) if it cannot be."""
         if self._wire is None:
             import botocore.session
 
@@ -48,7 +47,6 @@ class _Transport:
         return translate_error(operation, error, self._config.table_name)
 
     def _sdk(self, session: Any, name: str) -> Any:
-        """A new SDK client: the request path's DynamoDB one, ``ADMIN`` or ``S3``."""
         settings = self._config.settings
         if name == S3:
             return session.client(S3, **settings.client_arguments({}, self._config.overflow))
@@ -220,7 +218,6 @@ class AsyncTransport(_Transport):
         return self._sdk(self._session(), "dynamodb")
 
     async def _admin(self, clients: _LoopClients) -> Any:
-        """:meth:`SyncTransport.admin`, of ``clients``' loop."""
         return await self._other(clients, ADMIN) if self._lean else clients.dynamodb
 
     async def _other(self, clients: _LoopClients, name: str) -> Any:

@@ -104,9 +104,7 @@ class Signer:
             f"{security}x-amz-target:{target}\n"
         )
         signed = (
-            "content-type;host;x-amz-date;x-amz-security-token;x-amz-target"
-            if token
-            else "content-type;host;x-amz-date;x-amz-target"
+            f"content-type;host;x-amz-date;{'x-amz-security-token;' if token else ''}x-amz-target"
         )
         canonical = (
             f"POST\n{self._path}\n\n{canonical_headers}\n{signed}\n"

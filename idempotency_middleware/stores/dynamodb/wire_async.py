@@ -43,10 +43,7 @@ class AsyncWireClient(WireClient):
     (any other method is called on the aiobotocore client ``sdk`` returns)."""
 
     def __init__(
-        self,
-        config: WireConfig,
-        credentials: Any,
-        sdk: Callable[[], Awaitable[Any]] | None = None,
+        self, config: WireConfig, credentials: Any, sdk: Callable[[], Awaitable[Any]] | None = None
     ) -> None:
         super().__init__(config, credentials, sdk)
         self._idle: list[_Stream] = []

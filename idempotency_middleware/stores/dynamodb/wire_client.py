@@ -28,13 +28,11 @@ class Events:
         self._handlers: list[tuple[str, Callable[..., Any]]] = []
 
     def register(self, event_name: str, handler: Callable[..., Any], **_: Any) -> None:
-        """Call ``handler`` for events named ``event_name`` or under it."""
         self._handlers.append((event_name, handler))
 
     def unregister(
         self, event_name: str, handler: Callable[..., Any] | None = None, **_: Any
     ) -> None:
-        """Stop calling ``handler`` (every handler, when ``None``) for ``event_name``."""
         self._handlers = [
             (name, known)
             for name, known in self._handlers
@@ -45,14 +43,12 @@ class Events:
         return bool(self._handlers)
 
     def emit(self, event_name: str, **kwargs: Any) -> None:
-        """Call every handler registered on ``event_name`` or a prefix of it."""
         for name, handler in list(self._handlers):
             if event_name == name or event_name.startswith(name + "."):
                 handler(event_name=event_name, **kwargs)
 
 
 def events_of(client: Any) -> Events | None:
-    """A lean client's events (``None`` for an SDK client, or none)."""
     events = getattr(getattr(client, "meta", None), "events", None)
     return events if isinstance(events, Events) else None
 
@@ -121,7 +117,6 @@ class WireClient:
         return self._call("TransactWriteItems", params)
 
     def _start(self, operation: str, params: dict[str, Any]) -> tuple[str, bytes]:
-        """The call's ``X-Amz-Target`` and body, after its ``before-call`` event."""
         if self.meta.events:
             model = OperationName(operation)
             self.meta.events.emit(f"before-call.dynamodb.{operation}", model=model, params=params)
@@ -180,5 +175,4 @@ class WireClient:
             raise boto.HTTPClientError(error=error) from error
 
     def _keep(self, headers: dict[str, str], idle: int) -> bool:
-        """Whether the connection goes back to the pool after this answer."""
         return wire.keeps_alive(headers) and idle < self._config.max_pool_connections

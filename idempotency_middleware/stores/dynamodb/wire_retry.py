@@ -91,7 +91,6 @@ class RetryPolicy:
 
 
 def error_code(answer: Answer) -> str:
-    """The error code of an answer (the part of ``__type`` after ``#``)."""
     marker = b'"__type"'
     if marker not in answer.body:
         return str(answer.status)

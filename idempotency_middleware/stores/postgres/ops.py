@@ -158,6 +158,7 @@ class Statements:
             f"WHERE key = %(key)s AND owner = %(owner)s AND status = '{_IN_PROGRESS}'"
         )
         self.delete = f"DELETE FROM {quoted} WHERE key = %s"
+        self.check = f"SELECT {_COLUMNS} FROM {quoted} LIMIT 0"
         # A bounded batch: the keys of at most ``limit`` expired rows, skipping rows a claim
         # holds locked (a purge never waits for one), deleted by primary key with the
         # condition checked again on each row's latest version (a key reclaimed meanwhile
@@ -172,16 +173,16 @@ class Statements:
 
 
 def row_to_record(row: Sequence[Any]) -> Record:
-    """A ``Record`` from a row of ``Statements.select``'s columns."""
     key_hash, status, fingerprint, owner, lock_expires_at, expires_at, blob, size, too_large = row
+    response = decode_response(bytes(blob)) if blob is not None else None
+    deadlines = float(lock_expires_at), float(expires_at)
     return Record(
         key_hash,
         Status(status),
         fingerprint,
         owner,
-        float(lock_expires_at),
-        float(expires_at),
-        decode_response(bytes(blob)) if blob is not None else None,
+        *deadlines,
+        response,
         bool(too_large),
         int(size),
     )
@@ -306,6 +307,18 @@ class PostgresOps:
 
     def delete(self, key_hash: str) -> Flow[bool]:
         return (yield Statement(self.sql.delete, (key_hash,))).rowcount > 0
+
+    def check(self) -> Flow[None]:
+        """The table exists with the store's columns, and the role may read it."""
+        try:
+            yield Statement(self.sql.check, ())
+        except StoreUnavailable as error:
+            if error.code != "42703":  # undefined_column: another table under its name
+                raise
+            reason = f"table {self.sql.table!r} lacks the store's columns ({error.reason})"
+            raise StoreUnavailable(
+                str(error), code=error.code, cause="bad_schema", reason=reason
+            ) from error
 
     def create_table(self) -> AnyFlow[None]:
         """Create the table and its index unless both exist, in a transaction serialized by

@@ -121,13 +121,9 @@ class PostgresStore(KitStore):
         limits = (min_size, max_size, pool_timeout_seconds, connect_timeout, self.answer_within)
         pools = (pool, async_pool)
         config = PostgresConfig(dsn, self.where, table, self.connect_kwargs, *limits, *pools)
-        super().__init__(
-            PostgresOps(sql, max_response_bytes, purge_interval_seconds, purge_batch_size, clock),
-            PostgresTransport(config),
-            clock=clock,
-            breaker_threshold=breaker_threshold,
-            breaker_cooldown_seconds=breaker_cooldown_seconds,
-        )
+        ops = PostgresOps(sql, max_response_bytes, purge_interval_seconds, purge_batch_size, clock)
+        breaker = (clock, breaker_threshold, breaker_cooldown_seconds)
+        super().__init__(ops, PostgresTransport(config), *breaker)
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.where!r}, table={self.table!r})"
@@ -146,6 +142,3 @@ class PostgresStore(KitStore):
         """:meth:`purge_expired`, awaited."""
         cutoff = (self._clock.now() if now is None else now) - clock_skew_seconds
         return await self._arun("purge", self._ops.purge_expired(cutoff))
-
-
-__all__ = ["PostgresStore"]

@@ -157,7 +157,6 @@ class PostgresTransport:
             raise unavailable(operation, error, self.config.where, self.config.table) from error
 
     def pool(self) -> ConnectionPool[Any]:
-        """The sync pool, opened on first use."""
         if self._pid != os.getpid():
             # Forked after the pool was made: its worker threads did not come along and its
             # connections are the parent's, so the child makes its own.
@@ -168,7 +167,6 @@ class PostgresTransport:
         return pool if pool is not None else self._new_pool(None)
 
     def _new_pool(self, stuck: ConnectionPool[Any] | None) -> ConnectionPool[Any]:
-        """Open the sync pool, or replace ``stuck`` (closed in the background)."""
         config = self.config
         with self._pool_lock:
             if self._pool is None or self._pool is stuck:
@@ -217,7 +215,6 @@ class PostgresTransport:
             return pool, pool.getconn(timeout=self.config.pool_timeout_seconds)
 
     def _probe(self, operation: str) -> StoreUnavailable | None:
-        """The failure of a connection attempt of our own, or ``None`` when it succeeds."""
         try:
             psycopg.connect(self.config.dsn, **self.config.connect_kwargs).close()
         except psycopg.Error as failure:

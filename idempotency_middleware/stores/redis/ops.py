@@ -82,12 +82,8 @@ local old = redis.call('HMGET', key, 'status', 'owner', 'lock_expires_at', 'expi
 local taken_over = 0
 if old[1] then
   if old[1] == 'in_progress' then
-    if old[2] == ARGV[2] then
-      return 0
-    end
-    if tonumber(old[3]) > tonumber(ARGV[5]) then
-      return redis.call('HGETALL', key)
-    end
+    if old[2] == ARGV[2] then return 0 end
+    if tonumber(old[3]) > tonumber(ARGV[5]) then return redis.call('HGETALL', key) end
     taken_over = 1
   elseif tonumber(old[4]) > tonumber(ARGV[4]) then
     return redis.call('HGETALL', key)
@@ -109,23 +105,13 @@ COMPLETE = Script(
     """
 local key = KEYS[1]
 local old = redis.call('HMGET', key, 'owner', 'status')
-if old[1] ~= ARGV[1] then
-  return 0
-end
-if ARGV[2] == 'interim' and old[2] ~= 'in_progress' then
-  return 1
-end
-if ARGV[2] == 'final' and old[2] == 'completed' then
-  return 0
-end
-if ARGV[8] then
-  redis.call('HSET', key, 'status', ARGV[3], 'expires_at', ARGV[4], 'response_size', ARGV[5],
-    'too_large', ARGV[6], 'response', ARGV[8])
-else
-  redis.call('HSET', key, 'status', ARGV[3], 'expires_at', ARGV[4], 'response_size', ARGV[5],
-    'too_large', ARGV[6])
-  redis.call('HDEL', key, 'response')
-end
+if old[1] ~= ARGV[1] then return 0 end
+if ARGV[2] == 'interim' and old[2] ~= 'in_progress' then return 1 end
+if ARGV[2] == 'final' and old[2] == 'completed' then return 0 end
+redis.call('HSET', key, 'status', ARGV[3], 'expires_at', ARGV[4], 'response_size', ARGV[5],
+  'too_large', ARGV[6])
+if ARGV[8] then redis.call('HSET', key, 'response', ARGV[8])
+else redis.call('HDEL', key, 'response') end
 redis.call('PEXPIRE', key, ARGV[7])
 return 1
 """
@@ -137,13 +123,9 @@ RELEASE = Script(
     """
 local key = KEYS[1]
 local old = redis.call('HMGET', key, 'owner', 'status')
-if old[1] ~= ARGV[1] then
-  return 0
-end
+if old[1] ~= ARGV[1] then return 0 end
 if ARGV[2] == 'in_progress' then
-  if old[2] ~= 'in_progress' then
-    return 0
-  end
+  if old[2] ~= 'in_progress' then return 0 end
 elseif old[2] == 'completed' then
   return 0
 end
@@ -158,15 +140,11 @@ RENEW = Script(
     """
 local key = KEYS[1]
 local old = redis.call('HMGET', key, 'owner', 'status', 'lock_expires_at')
-if old[1] ~= ARGV[1] or old[2] ~= 'in_progress' then
-  return 0
-end
+if old[1] ~= ARGV[1] or old[2] ~= 'in_progress' then return 0 end
 redis.call('HSET', key, 'lock_expires_at', ARGV[2], 'expires_at', ARGV[2])
 local ttl = redis.call('PTTL', key)
 local moved = math.ceil((tonumber(ARGV[2]) - tonumber(old[3])) * 1000)
-if ttl > 0 and moved > 0 then
-  redis.call('PEXPIRE', key, ttl + moved)
-end
+if ttl > 0 and moved > 0 then redis.call('PEXPIRE', key, ttl + moved) end
 return 1
 """
 )
@@ -189,7 +167,6 @@ def ttl_ms(deadline: float, now: float, grace_seconds: float) -> int:
 
 
 def pairs(flat: list[bytes]) -> dict[bytes, bytes]:
-    """A script's HGETALL reply (a flat list of names and values) as a dict."""
     return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
@@ -199,16 +176,12 @@ def record_from_hash(key_hash: str, fields: dict[bytes, bytes]) -> Record | None
     if status is None:
         return None
     blob = fields.get(b"response")
+    response = decode_response(blob) if blob is not None else None
+    deadlines = float(fields[b"lock_expires_at"]), float(fields[b"expires_at"])
+    fingerprint, owner = fields[b"fingerprint"].decode(), fields[b"owner"].decode()
+    size, too_large = int(fields.get(b"response_size", b"0")), fields.get(b"too_large") == b"1"
     return Record(
-        key_hash,
-        Status(status.decode()),
-        fields[b"fingerprint"].decode(),
-        fields[b"owner"].decode(),
-        float(fields[b"lock_expires_at"]),
-        float(fields[b"expires_at"]),
-        decode_response(blob) if blob is not None else None,
-        fields.get(b"too_large") == b"1",
-        int(fields.get(b"response_size", b"0")),
+        key_hash, Status(status.decode()), fingerprint, owner, *deadlines, response, too_large, size
     )
 
 
@@ -297,6 +270,8 @@ class RedisOps:
     def delete(self, key_hash: str) -> Flow[bool]:
         return bool((yield ("delete", self.prefix + key_hash)))
 
-    def create_table(self) -> Flow[None]:
-        """Nothing to create in Redis: checks that the server answers (``PING``)."""
+    def check(self) -> Flow[None]:
+        """``PING``: the server answers."""
         yield ("ping",)
+
+    create_table = check  # nothing to create in Redis

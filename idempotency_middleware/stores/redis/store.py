@@ -65,12 +65,9 @@ class RedisStore(KitStore):
         options.update(socket_connect_timeout=socket_connect_timeout)
         transport = RedisTransport(RedisSettings(url, client, async_client, options, retries))
         self._where = transport.where
+        breaker = (clock, breaker_threshold, breaker_cooldown_seconds)
         super().__init__(
-            RedisOps(prefix, self.ttl_grace_seconds, max_response_bytes),
-            transport,
-            clock=clock,
-            breaker_threshold=breaker_threshold,
-            breaker_cooldown_seconds=breaker_cooldown_seconds,
+            RedisOps(prefix, self.ttl_grace_seconds, max_response_bytes), transport, *breaker
         )
 
     def __repr__(self) -> str:

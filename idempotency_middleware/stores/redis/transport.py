@@ -103,7 +103,6 @@ class RedisTransport:
         self.where = describe(client if client is not None else async_client)
 
     def run(self, operation: str, flow: Flow[T]) -> T:
-        """``flow`` on the sync client."""
         if self._sync_client is None:
             raise TypeError(
                 "this RedisStore was given a redis.asyncio client only: use its async methods "
@@ -115,7 +114,6 @@ class RedisTransport:
             raise translate(operation, error, self.where) from error
 
     async def arun(self, operation: str, flow: Flow[T]) -> T:
-        """``flow`` on the running loop's asyncio client."""
         if self._async_client is not None:
             client = self._async_client
         elif self._loops is not None:

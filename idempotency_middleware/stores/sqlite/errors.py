@@ -35,7 +35,6 @@ def _primary_code(error: sqlite3.Error) -> int | None:
 
 
 def is_busy(error: BaseException) -> bool:
-    """Another connection's lock was in the way (SQLITE_BUSY, SQLITE_LOCKED)."""
     return isinstance(error, sqlite3.Error) and _primary_code(error) in (5, 6)
 
 
@@ -61,3 +60,8 @@ def unavailable(operation: str, error: sqlite3.Error, path: str) -> StoreUnavail
         cause=cause,
         reason=reasons[cause],
     )
+
+
+def refused(cause: str, reason: str) -> StoreUnavailable:
+    """A check's finding about the file, before SQLite is asked."""
+    return StoreUnavailable(f"SQLite check failed: {reason}", cause=cause, reason=reason)

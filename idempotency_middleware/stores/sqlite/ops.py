@@ -236,6 +236,10 @@ class SQLiteOps:
     def delete(self, key_hash: str) -> Steps[bool]:
         return (yield Statement(self.sql.delete, (key_hash,))).changed > 0
 
+    def check(self) -> Steps[None]:
+        """The file is a database (the transport opens it as it is, never creating it)."""
+        yield Statement("SELECT count(*) FROM sqlite_master")
+
     def create_table(self) -> Steps[None]:
         yield OFF_LOOP
         for statement in self.sql.schema:

@@ -93,15 +93,9 @@ class SQLiteStore(KitStore):
         self.max_response_bytes = max_response_bytes
         self.synchronous = synchronous
         self.purge_batch_size = purge_batch_size
-        ops = SQLiteOps(
-            Statements(table_name),
-            use_returning=sqlite3.sqlite_version_info >= _RETURNING_VERSION,
-            max_response_bytes=max_response_bytes,
-            purge_interval_seconds=purge_interval_seconds,
-            purge_batch_size=purge_batch_size,
-            busy_timeout_ms=round(busy_timeout_seconds * 1000),
-            clock=clock,
-        )
+        returning = sqlite3.sqlite_version_info >= _RETURNING_VERSION
+        purging = (purge_interval_seconds, purge_batch_size, round(busy_timeout_seconds * 1000))
+        ops = SQLiteOps(Statements(table_name), returning, max_response_bytes, *purging, clock)
         # Awaited calls run inline on the loop first (transport.py): not where every commit
         # is an fsync (FULL, EXTRA), nor outside WAL (the transport turns it off then), nor
         # where no connection may be kept for the next call.
@@ -109,13 +103,8 @@ class SQLiteStore(KitStore):
         settings = Settings(
             path, busy_timeout_seconds, synchronous, max_idle_connections, async_threads, inline
         )
-        super().__init__(
-            ops,
-            SQLiteTransport(settings, ops.sql.schema),
-            clock=clock,
-            breaker_threshold=breaker_threshold,
-            breaker_cooldown_seconds=breaker_cooldown_seconds,
-        )
+        breaker = (clock, breaker_threshold, breaker_cooldown_seconds)
+        super().__init__(ops, SQLiteTransport(settings, ops.sql.schema), *breaker)
         self._ops: SQLiteOps = ops
         self._transport: SQLiteTransport
 

@@ -1,13 +1,10 @@
 """SQLiteStore's transport: a flow runs on one pooled connection, sync, or awaited.
 
-An awaited flow first runs *inline*, on the event loop's thread, on a connection whose busy
-timeout is zero: with WAL and ``synchronous=NORMAL`` a claim or a completion is a few
-page-cache writes and no fsync, cheaper than the hand-off to a worker thread and back (which
-cost about half of a new key). When a statement would have to wait (another worker holds the
-write lock: ``SQLITE_BUSY`` at once, the statement changed nothing), the flow goes on from
-that statement on the store's threads, which wait up to the busy timeout; so does a flow
-that asks to (``OFF_LOOP``). An inline connection never opens itself on the loop, nor
-checkpoints (``wal_autocheckpoint = 0``: threads do, every ``CHECKPOINT_EVERY`` inline flows).
+An awaited flow first runs *inline*, on the loop's thread, on a connection whose busy
+timeout is zero (with WAL and ``synchronous=NORMAL`` a write is a few page-cache writes, no
+fsync: cheaper than a hand-off to a thread, which cost half a new key). From a statement
+that would wait for a lock (``SQLITE_BUSY`` at once), or ``OFF_LOOP``, it goes on on the
+store's threads. Inline connections are never opened on the loop, nor checkpoint there.
 """
 
 from __future__ import annotations
@@ -22,11 +19,12 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar, cast
+from urllib.parse import quote
 
 from ..kit import Flow
 from ..protocol import StoreUnavailable
 from ..threaded import WorkerThreads
-from .errors import is_busy, is_unavailable, unavailable
+from .errors import is_busy, is_unavailable, refused, unavailable
 from .ops import OFF_LOOP, PURGE, Later, Reply, Statement, Steps
 
 T = TypeVar("T")
@@ -35,6 +33,7 @@ logger = logging.getLogger(__package__)
 # Inline flows between two checkpoints (SQLite's own auto-checkpoint: about 1000 pages,
 # several hundred small writes).
 CHECKPOINT_EVERY = 256
+CHECK = "check"
 _NOT_WAL = "SQLite database %s is in %s journal mode, not WAL: writers will block readers"
 
 
@@ -96,7 +95,6 @@ class ConnectionPool:
             self._generation += 1
 
     def take_idle(self) -> tuple[sqlite3.Connection, int] | None:
-        """An idle connection, never a new one (opening one is file I/O)."""
         self._after_fork()
         with self._lock:
             if self._idle:
@@ -191,7 +189,6 @@ class SQLiteTransport:
         return connection
 
     def _open_inline(self) -> sqlite3.Connection:
-        """A connection for the event loop: it never waits for a lock, nor checkpoints."""
         connection = self._open()
         connection.execute("PRAGMA busy_timeout = 0")
         connection.execute("PRAGMA wal_autocheckpoint = 0")
@@ -204,6 +201,8 @@ class SQLiteTransport:
 
     def run(self, operation: str, flow: Flow[T], request: Any = None) -> T:
         """Run ``flow`` on a pooled connection (from ``request``: where an inline run stopped)."""
+        if operation == CHECK:
+            return self._check(flow)
         try:
             connection, generation = self._pool.take()
             try:
@@ -249,8 +248,35 @@ class SQLiteTransport:
         except StopIteration as done:
             return True, done.value
 
+    def _check(self, flow: Flow[T]) -> T:
+        """Check the file as it is, never creating it: its directory exists, it (or, before
+        the first use makes it, its directory) is writable, and it opens as a database."""
+        path = self._settings.path
+        folder = os.path.dirname(os.path.abspath(path))
+        exists = os.path.exists(path)
+        if not os.path.isdir(folder):
+            raise refused("cannot_open", f"directory {folder!r} (of {path!r}) does not exist")
+        # (The directory too: SQLite writes its WAL and shared-memory files beside the file.)
+        for target in (path, folder) if exists else (folder,):
+            if not os.access(target, os.W_OK):
+                raise refused("access_denied", f"{target!r} is not writable by this process")
+        if not exists:
+            flow.close()
+            return None  # type: ignore[return-value]  # (check flows return None)
+        try:
+            connection = sqlite3.connect(f"file:{quote(path)}?mode=rw", uri=True, timeout=0)
+            try:
+                result: T = self._steps(connection, flow, None, inline=False)[1]
+            finally:
+                close_quietly(connection)
+        except sqlite3.Error as error:
+            self._raise(CHECK, error)
+        return result
+
     async def arun(self, operation: str, flow: Flow[T]) -> T:
         """Run ``flow`` inline as long as it need not wait for a lock; the rest on a thread."""
+        if operation == CHECK:
+            return await self._threads.run(self._check, flow)
         if not self._inline or (self._wal_restart_due and operation != "get"):
             # (The first write after a checkpoint restarts the WAL, syncing its header.)
             self._wal_restart_due = False

@@ -1,0 +1,29 @@
+import asyncio
+import tempfile
+from pathlib import Path
+
+from idempotency_middleware import MemoryStore, SQLiteStore, StoreUnavailableError
+
+# --8<-- [start:show]
+store = SQLiteStore("/var/lib/no-such-directory/idempotency.sqlite3")
+try:
+    store.check()  # or, on an event loop: await store.acheck()
+except StoreUnavailableError as error:
+    print(error.cause)  # cannot_open
+    print(error)  # SQLiteStore is not usable: directory '/var/lib/no-such-directory' (of ...
+    # --8<-- [end:show]
+    assert error.cause == "cannot_open"
+    assert str(error).startswith(
+        "SQLiteStore is not usable: directory '/var/lib/no-such-directory'"
+    )
+    assert str(error).endswith("; create the directory, or fix the path")
+else:
+    raise AssertionError("the check passed")
+
+# A usable store passes, and the check creates nothing: the file is made on first use.
+with tempfile.TemporaryDirectory() as folder:
+    path = Path(folder) / "idempotency.sqlite3"
+    SQLiteStore(path).check()
+    asyncio.run(SQLiteStore(path).acheck())
+    assert not path.exists()
+MemoryStore().check()

@@ -1,0 +1,1 @@
+uvicorn --lifespan on myapp:app
