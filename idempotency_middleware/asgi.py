@@ -19,8 +19,9 @@ from .engine.effects import Ran
 from .engine.renewal import LoopRenewals
 from .options import DOOR_OPTIONS, MiddlewareOptions, Options, check_option_names
 from .records import StoredResponse
+from .refusals import AN_ASYNC_STORE
 from .rules import IdempotencyRule
-from .stores.protocol import AN_ASYNC_STORE, AsyncStore
+from .stores.protocol import AsyncStore
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

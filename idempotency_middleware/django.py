@@ -30,7 +30,8 @@ from .engine.renewal import ThreadRenewals
 from .options import DOOR_OPTIONS, Options, check_option_names
 from .problems import Problem
 from .records import Headers, StoredResponse
-from .stores.protocol import A_SYNC_STORE, SyncStore
+from .refusals import A_SYNC_STORE
+from .stores.protocol import SyncStore
 
 __all__ = ["SETTING", "IdempotencyDjangoMiddleware", "problem_response", "replay_response"]
 

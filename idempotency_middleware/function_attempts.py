@@ -26,8 +26,9 @@ from .engine.effects import Ran
 from .engine.renewal import LoopRenewals, ThreadRenewals
 from .keys import storage_key
 from .options import Options
+from .refusals import A_SYNC_STORE, AN_ASYNC_STORE
 from .results import ResultCodec, Serializer
-from .stores.protocol import A_SYNC_STORE, AN_ASYNC_STORE, AsyncStore, SyncStore
+from .stores.protocol import AsyncStore, SyncStore
 
 # A stored result is a response to the engine: this status, no headers, the result's bytes.
 RESULT_STATUS = 200

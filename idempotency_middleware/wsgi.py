@@ -18,7 +18,8 @@ from .engine.effects import Ran, StreamEnd
 from .engine.renewal import ThreadRenewals
 from .options import DOOR_OPTIONS, MiddlewareOptions, Options, check_option_names
 from .records import StoredResponse
-from .stores.protocol import A_SYNC_STORE, SyncStore
+from .refusals import A_SYNC_STORE
+from .stores.protocol import SyncStore
 from .wsgi_environ import Environ, StartResponse, WSGIApp
 
 if TYPE_CHECKING:

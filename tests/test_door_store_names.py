@@ -1,6 +1,6 @@
 """A door given a store of the wrong kind names the stores it takes: every one of the
 package's stores that satisfies its protocol (RedisStore and PostgresStore are both kinds),
-from the one list in ``stores/protocol.py``, which this checks against the classes."""
+from the one list in ``refusals.py``, which this checks against the classes."""
 
 from __future__ import annotations
 
@@ -22,14 +22,13 @@ from idempotency_middleware import (
     SQLiteStore,
     idempotent,
 )
-from idempotency_middleware.stores.protocol import (
+from idempotency_middleware.refusals import (
     A_SYNC_STORE,
     AN_ASYNC_STORE,
     ASYNC_STORE_NAMES,
     SYNC_STORE_NAMES,
-    AsyncStore,
-    SyncStore,
 )
+from idempotency_middleware.stores.protocol import AsyncStore, SyncStore
 from tests.conftest import REGION
 from tests.servers import free_port
 
