@@ -1,7 +1,7 @@
 """Make any non-GET HTTP endpoint safe to retry with an ``Idempotency-Key`` header.
 
-boto3 and aioboto3 are imported only when a DynamoDB store first connects, so a Flask app
-needs only boto3 and a FastAPI app only aioboto3.
+boto3 and aioboto3 are imported only when a DynamoDB store first connects (or an SQSWorker
+makes its own client), so a Flask app needs only boto3 and a FastAPI app only aioboto3.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from .lambda_batches import aprocess_lambda_batch, process_lambda_batch
 from .request_view import HeaderView, RequestView
 from .rules import IdempotencyRule
 from .scopes import scope_by_header, scope_by_tenant_header
+from .sqs_worker import SQSWorker
 from .stores.dynamodb import AsyncDynamoDBStore, DynamoDBStore
 from .stores.memory import MemoryStore
 from .stores.postgres import PostgresStore
@@ -86,6 +87,7 @@ __all__ = [
     "RequestView",
     "ResultNotStoredError",
     "SQLiteStore",
+    "SQSWorker",
     "StoreUnavailable",
     "StoreUnavailableError",
     "SyncStore",
