@@ -220,7 +220,7 @@ class SQSWorker:
         if visible_again:
             self._batch("change_message_visibility_batch", visible_again, "put back")
 
-    def extend(self, messages: Sequence[Message], seconds: int) -> None:
+    def _extend(self, messages: Sequence[Message], seconds: int) -> None:
         """Make ``messages`` invisible for ``seconds`` more, from now (the heartbeat)."""
         self._batch(
             "change_message_visibility_batch",
@@ -300,7 +300,7 @@ class _Heartbeat:
 
     def _beat(self) -> None:
         while not self._stopped.wait(self._timeout / 2):
-            self._worker.extend(self._messages, self._timeout)
+            self._worker._extend(self._messages, self._timeout)
 
 
 __all__ = ["SQSWorker", "delivery_count"]
