@@ -160,10 +160,9 @@ class SQSWorker:
             MaxNumberOfMessages=self.max_messages,
             WaitTimeSeconds=self.wait_time_seconds,
             VisibilityTimeout=timeout,
-            # ApproximateReceiveCount (the delivery count), MessageGroupId... AttributeNames
-            # is the older name of the same request, all some SQS emulators still read.
+            # ApproximateReceiveCount (the delivery count), MessageGroupId... (Not also the
+            # deprecated AttributeNames: one current parameter, as AWS's own SDKs send.)
             MessageSystemAttributeNames=["All"],
-            AttributeNames=["All"],
             MessageAttributeNames=["All"],
         ).get("Messages", [])
         if not messages:
