@@ -231,9 +231,9 @@ class SQSWorker:
         )
 
     def _batch(self, operation: str, entries: list[dict[str, Any]], doing: str) -> None:
-        """One batch call per 10 entries. Failures are logged, never raised: a message not
-        deleted comes back and is replayed (its key completed); one not put back or not
-        extended comes back after its visibility timeout."""
+        """One batch call per 10 entries. Failures are logged, never raised: an acked
+        message not deleted comes back and is replayed (its key completed); one not put back
+        or not extended comes back after its visibility timeout."""
         call = getattr(self.client, operation)
         for start in range(0, len(entries), BATCH_LIMIT):
             chunk = entries[start : start + BATCH_LIMIT]
