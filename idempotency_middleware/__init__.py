@@ -1,8 +1,8 @@
 """Make POST and PATCH endpoints (by default; PUT and DELETE when opted in), message consumers
 and functions safe to retry with an ``Idempotency-Key`` header or a key of your own.
 
-boto3 and aioboto3 are imported only when a DynamoDB store first connects, so a Flask app
-needs only boto3 and a FastAPI app only aioboto3.
+boto3 and aioboto3 are imported only when a DynamoDB store first connects (or an SQSWorker
+makes its own client), so a Flask app needs only boto3 and a FastAPI app only aioboto3.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from .lambda_batches import aprocess_lambda_batch, process_lambda_batch
 from .request_view import HeaderView, RequestView
 from .rules import IdempotencyRule
 from .scopes import scope_by_header, scope_by_tenant_header
+from .sqs_worker import SQSWorker
 from .stores.dynamodb import AsyncDynamoDBStore, DynamoDBStore
 from .stores.memory import MemoryStore
 from .stores.postgres import PostgresStore
@@ -87,6 +88,7 @@ __all__ = [
     "RequestView",
     "ResultNotStoredError",
     "SQLiteStore",
+    "SQSWorker",
     "StoreUnavailable",
     "StoreUnavailableError",
     "SyncStore",

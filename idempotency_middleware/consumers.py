@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -171,6 +172,11 @@ class IdempotentConsumer:
     def __repr__(self) -> str:
         return f"IdempotentConsumer({self.name!r})"
 
+    @property
+    def is_async(self) -> bool:
+        """Whether the handler is a coroutine function (use ``aprocess``, not ``process``)."""
+        return self._is_async
+
     # -- processing ----------------------------------------------------------------------
 
     def process(self, message: Any, delivery_count: int | None = None) -> Outcome:
@@ -278,8 +284,21 @@ class IdempotentConsumer:
             return ("dead", error)
         if reason in ("transaction_conflict", "transaction_rejected"):
             return ("failed", error)  # it ran, but nothing landed: the key was released
+        if reason == "in_progress":
+            return Outcome("retry", error=error, retry_after=self._until_free(outcome))
         retry_after = outcome.retry_after or getattr(error, "retry_after", None) or 1
         return Outcome("retry", error=error, retry_after=retry_after)
+
+    def _until_free(self, refusal: core.Refusal) -> float:
+        """Seconds until the running delivery's claim could be taken over (its lock's expiry
+        plus the clock skew margin), when the store told its lock's expiry; else the short
+        hint. Each redelivery counts against the broker's receive limit (SQS's
+        maxReceiveCount), so a duplicate of a long run is not sent back every second."""
+        if refusal.held_until is None:
+            return refusals.IN_PROGRESS_RETRY_AFTER
+        policy = self._attempts.policy
+        left = refusal.held_until + policy.clock_skew_seconds - self._attempts.clock.now()
+        return max(refusals.IN_PROGRESS_RETRY_AFTER, math.ceil(left))
 
     def _exhausted(self, delivery_count: int | None) -> bool:
         return (

@@ -244,7 +244,7 @@ def answer_held(record: Record, fingerprint: str) -> StoredResponse | Refusal:
     if record.fingerprint != fingerprint:
         return KEY_REUSED
     if record.status is Status.IN_PROGRESS:
-        return KEY_IN_PROGRESS
+        return KEY_IN_PROGRESS._replace(held_until=record.lock_expires_at)
     if record.response is None:
         return Refusal("not_stored", size=record.response_size)
     return record.response

@@ -70,6 +70,10 @@ class Refusal(NamedTuple):
     size: int = 0
     # The error behind it: the store's (unavailable), the transaction's (transaction_*).
     error: BaseException | None = None
+    # in_progress: when the holder's lock expires (epoch seconds), where the store told it.
+    # HTTP keeps its short hint; a consumer, whose every redelivery counts against the
+    # broker's receive limit, waits this out instead.
+    held_until: float | None = None
 
     @property
     def status(self) -> int:

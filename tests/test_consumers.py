@@ -18,6 +18,7 @@ from idempotency_middleware import (
     DynamoDBStore,
     IdempotentConsumer,
     InvalidKeyError,
+    KeyInProgressError,
     KeyReusedError,
     MemoryStore,
     Outcome,
@@ -150,6 +151,31 @@ def test_a_redelivery_while_the_first_runs_is_retried_later(fstore: FunctionStor
     hold.open()
     assert first.result().action == "ack"
     assert handler.runs == [delivered["id"]]
+
+
+def test_a_redelivery_while_the_first_runs_comes_back_when_its_claim_could_be_taken_over(
+    fstore: FunctionStore,
+) -> None:
+    # Each redelivery counts against SQS's maxReceiveCount: a duplicate of a long run is put
+    # back until the running claim's lock expires (plus the clock skew margin), not for 1 s.
+    hold = fstore.hold()
+    consumer = consumer_for(
+        fstore, Handler(), hold=hold, lock_timeout_seconds=30, clock_skew_seconds=2
+    )
+    delivered = message()
+    method = consumer.aprocess if fstore.is_async else consumer.process
+    first = fstore.start(method, delivered)
+    fstore.wait_until(hold.entered.is_set, "the first delivery to run")
+    fstore.clock.advance(5)
+
+    outcome = process(fstore, consumer, delivered)
+
+    # Claimed at t, locked until t + 30 (or later, renewed); asked at t + 5: free at t + 32.
+    assert outcome.action == "retry" and isinstance(outcome.error, KeyInProgressError)
+    assert outcome.retry_after is not None and 27 <= outcome.retry_after <= 32
+    assert outcome.retry_after == int(outcome.retry_after)  # whole seconds, rounded up
+    hold.open()
+    assert first.result().action == "ack"
 
 
 @pytest.mark.parametrize(("max_attempts", "count"), [(None, 9), (3, None), (3, 2)])

@@ -33,6 +33,7 @@ from idempotency_middleware import (
     RequestView,
     ResultNotStoredError,
     SQLiteStore,
+    SQSWorker,
     StoreUnavailable,
     StoreUnavailableError,
     SyncStore,

@@ -1,0 +1,305 @@
+"""``SQSWorker``: an ``IdempotentConsumer`` polling an SQS queue, and telling SQS each verdict.
+
+One batch at a time: receive (long polling), run the consumer over each message in order,
+then settle the batch with as few calls as SQS allows: ``ack`` and ``dead`` messages are
+deleted (``DeleteMessageBatch``), ``retry`` messages with a known ``retry_after`` are made
+visible again then (``ChangeMessageVisibilityBatch``), other ``retry`` messages are left to
+their visibility timeout. While the batch runs, a heartbeat thread extends the visibility of
+its unsettled messages every half visibility timeout, so SQS does not hand a message whose
+handler is slow (or that waits behind one) to another consumer meanwhile.
+
+An ``async def`` consumer runs on the worker's own event loop, made on first use and kept
+(async store clients bound to it stay usable) until ``close()``. boto3 is imported only when
+the worker makes its own client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import logging
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .consumers import IdempotentConsumer, Outcome
+
+logger = logging.getLogger(__name__)
+
+# SQS's own limits: a batch call takes 10 entries; a visibility timeout is at most 12 hours.
+BATCH_LIMIT = 10
+MAX_VISIBILITY_TIMEOUT = 43_200
+MAX_WAIT_TIME_SECONDS = 20
+# After a failed receive, run() waits this long before polling again.
+RECEIVE_ERROR_PAUSE_SECONDS = 1.0
+
+Message = dict[str, Any]  # one message as boto3's receive_message returns it
+
+
+def _check_int(value: object, name: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{name} must be an int from {low} to {high}, got {value!r}")
+    return value
+
+
+def _sqs_client() -> Any:
+    """boto3's SQS client, or ``ModuleNotFoundError`` naming the extra that installs it."""
+    try:
+        found = importlib.util.find_spec("boto3") is not None
+    except ImportError:  # an import hook refusing it
+        found = False
+    if not found:
+        raise ModuleNotFoundError(
+            "SQSWorker needs boto3, which is not installed: "
+            'pip install "idempotency-middleware[sqs]" (or pass client=)',
+            name="boto3",
+        )
+    import boto3
+
+    return boto3.client("sqs")
+
+
+def delivery_count(message: Mapping[str, Any]) -> int | None:
+    """SQS's ``ApproximateReceiveCount`` of a received message, or ``None`` when absent."""
+    try:
+        return int(message["Attributes"]["ApproximateReceiveCount"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+class SQSWorker:
+    """Polls ``queue_url`` and runs ``consumer`` over each message, telling SQS each verdict.
+
+    ``client`` is a boto3 SQS client (default: ``boto3.client("sqs")``). ``max_messages``
+    (1-10) and ``wait_time_seconds`` (0-20, long polling) go to each ``ReceiveMessage``.
+    ``visibility_timeout`` (seconds) is asked for on each receive; ``None`` uses the queue's
+    ``VisibilityTimeout`` attribute, read once. The handler gets boto3's message dict, with
+    its ``Attributes`` (``ApproximateReceiveCount``, ``MessageGroupId``...) and
+    ``MessageAttributes``. In a FIFO queue, once a message of a group is to be retried, the
+    group's later messages of the batch do not run and are made visible again at once, so
+    SQS delivers the group in order.
+    """
+
+    def __init__(
+        self,
+        consumer: IdempotentConsumer,
+        queue_url: str,
+        *,
+        client: Any = None,
+        max_messages: int = 10,
+        wait_time_seconds: int = 20,
+        visibility_timeout: int | None = None,
+    ) -> None:
+        if not isinstance(consumer, IdempotentConsumer):
+            raise TypeError(f"SQSWorker takes an IdempotentConsumer, got {consumer!r}")
+        if not (isinstance(queue_url, str) and queue_url):
+            raise ValueError(f"queue_url must be the queue's URL (a str), got {queue_url!r}")
+        self.consumer = consumer
+        self.queue_url = queue_url
+        self.max_messages = _check_int(max_messages, "max_messages", 1, BATCH_LIMIT)
+        self.wait_time_seconds = _check_int(
+            wait_time_seconds, "wait_time_seconds", 0, MAX_WAIT_TIME_SECONDS
+        )
+        if visibility_timeout is not None:
+            # 0 would leave nothing to extend: each message visible again as it is received.
+            _check_int(visibility_timeout, "visibility_timeout", 1, MAX_VISIBILITY_TIMEOUT)
+        self._visibility_timeout = visibility_timeout
+        self._own_client = client is None
+        self.client: Any = _sqs_client() if client is None else client
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __repr__(self) -> str:
+        return f"SQSWorker({self.consumer.name!r}, {self.queue_url!r})"
+
+    def __enter__(self) -> SQSWorker:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the worker's event loop (async consumers) and the client it made."""
+        if self._loop is not None:
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+            self._loop.close()
+            self._loop = None
+        if self._own_client:
+            self.client.close()
+
+    @property
+    def visibility_timeout(self) -> int:
+        """The worker's ``visibility_timeout``, else the queue's (read once)."""
+        if self._visibility_timeout is None:
+            attributes = self.client.get_queue_attributes(
+                QueueUrl=self.queue_url, AttributeNames=["VisibilityTimeout"]
+            )["Attributes"]
+            self._visibility_timeout = int(attributes["VisibilityTimeout"])
+        return self._visibility_timeout
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Receive and process batches until ``stop`` is set (checked between batches: a
+        receive waits up to ``wait_time_seconds`` first). A failed receive is logged and
+        tried again after a pause; a failing handler never stops the loop."""
+        stop = stop or threading.Event()
+        while not stop.is_set():
+            try:
+                self.run_once()
+            except Exception:
+                logger.exception("SQS worker on %s: receiving failed; retrying", self.queue_url)
+                stop.wait(RECEIVE_ERROR_PAUSE_SECONDS)
+
+    def run_once(self) -> list[Outcome]:
+        """Receive one batch (waiting up to ``wait_time_seconds``), process it, settle it
+        with SQS; the outcomes, one per message received, in order."""
+        timeout = self.visibility_timeout
+        messages: list[Message] = self.client.receive_message(
+            QueueUrl=self.queue_url,
+            MaxNumberOfMessages=self.max_messages,
+            WaitTimeSeconds=self.wait_time_seconds,
+            VisibilityTimeout=timeout,
+            # ApproximateReceiveCount (the delivery count), MessageGroupId... (Not also the
+            # deprecated AttributeNames: one current parameter, as AWS's own SDKs send.)
+            MessageSystemAttributeNames=["All"],
+            MessageAttributeNames=["All"],
+        ).get("Messages", [])
+        if not messages:
+            return []
+        heartbeat = _Heartbeat(self, messages, timeout)
+        heartbeat.start()
+        try:
+            outcomes = self._process(messages)
+        finally:
+            heartbeat.stop()
+        self._settle(messages, outcomes)
+        return outcomes
+
+    def _process(self, messages: list[Message]) -> list[Outcome]:
+        if self.consumer.is_async:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+            return self._loop.run_until_complete(self._aprocess(messages))
+        outcomes: list[Outcome] = []
+        blocked: dict[str, Outcome] = {}
+        for message in messages:
+            outcome = _held_back(message, blocked)
+            if outcome is None:
+                outcome = self.consumer.process(message, delivery_count(message))
+                _block(message, outcome, blocked)
+            outcomes.append(outcome)
+        return outcomes
+
+    async def _aprocess(self, messages: list[Message]) -> list[Outcome]:
+        outcomes: list[Outcome] = []
+        blocked: dict[str, Outcome] = {}
+        for message in messages:
+            outcome = _held_back(message, blocked)
+            if outcome is None:
+                outcome = await self.consumer.aprocess(message, delivery_count(message))
+                _block(message, outcome, blocked)
+            outcomes.append(outcome)
+        return outcomes
+
+    # -- telling SQS ---------------------------------------------------------------------
+
+    def _settle(self, messages: Sequence[Message], outcomes: Sequence[Outcome]) -> None:
+        deletes: list[dict[str, Any]] = []
+        visible_again: list[dict[str, Any]] = []
+        for number, (message, outcome) in enumerate(zip(messages, outcomes, strict=True)):
+            entry: dict[str, Any] = {"Id": str(number), "ReceiptHandle": message["ReceiptHandle"]}
+            if outcome.action != "retry":
+                deletes.append(entry)
+            elif outcome.retry_after is not None:
+                seconds = min(max(math.ceil(outcome.retry_after), 0), MAX_VISIBILITY_TIMEOUT)
+                visible_again.append({**entry, "VisibilityTimeout": seconds})
+        if deletes:
+            self._batch("delete_message_batch", deletes, "delete")
+        if visible_again:
+            self._batch("change_message_visibility_batch", visible_again, "put back")
+
+    def _extend(self, messages: Sequence[Message], seconds: int) -> None:
+        """Make ``messages`` invisible for ``seconds`` more, from now (the heartbeat)."""
+        self._batch(
+            "change_message_visibility_batch",
+            [
+                {"Id": str(n), "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": seconds}
+                for n, m in enumerate(messages)
+            ],
+            "extend the visibility of",
+        )
+
+    def _batch(self, operation: str, entries: list[dict[str, Any]], doing: str) -> None:
+        """One batch call per 10 entries. Failures are logged, never raised: an acked
+        message not deleted comes back and is replayed (its key completed); one not put back
+        or not extended comes back after its visibility timeout."""
+        call = getattr(self.client, operation)
+        for start in range(0, len(entries), BATCH_LIMIT):
+            chunk = entries[start : start + BATCH_LIMIT]
+            try:
+                failed = call(QueueUrl=self.queue_url, Entries=chunk).get("Failed", [])
+            except Exception as error:
+                logger.warning(
+                    "SQS worker on %s: could not %s %d message(s): %r",
+                    self.queue_url,
+                    doing,
+                    len(chunk),
+                    error,
+                )
+                continue
+            for failure in failed:
+                logger.warning(
+                    "SQS worker on %s: could not %s message %s: %s %s",
+                    self.queue_url,
+                    doing,
+                    failure.get("Id"),
+                    failure.get("Code"),
+                    failure.get("Message", ""),
+                )
+
+
+def _group(message: Mapping[str, Any]) -> str | None:
+    group = message.get("Attributes", {}).get("MessageGroupId")
+    return str(group) if group is not None else None
+
+
+def _held_back(message: Message, blocked: Mapping[str, Outcome]) -> Outcome | None:
+    """A FIFO message behind a retried one of its group: not run, visible again at once."""
+    group = _group(message)
+    if group is None or group not in blocked:
+        return None
+    return Outcome("retry", error=blocked[group].error, retry_after=0)
+
+
+def _block(message: Message, outcome: Outcome, blocked: dict[str, Outcome]) -> None:
+    group = _group(message)
+    if group is not None and outcome.action == "retry":
+        blocked[group] = outcome
+
+
+class _Heartbeat:
+    """Extends a batch's visibility every half timeout until stopped (its own thread)."""
+
+    def __init__(self, worker: SQSWorker, messages: Sequence[Message], timeout: int) -> None:
+        self._worker = worker
+        self._messages = messages
+        self._timeout = timeout
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(
+            target=self._beat, name=f"sqs-heartbeat-{worker.consumer.name}", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stopped.wait(self._timeout / 2):
+            self._worker._extend(self._messages, self._timeout)
+
+
+__all__ = ["SQSWorker", "delivery_count"]
