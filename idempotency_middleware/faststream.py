@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 try:
     from faststream import BaseMiddleware
     from faststream.exceptions import IgnoredException
+    from faststream.message import SourceType
 except ModuleNotFoundError as missing:  # tests/test_missing_extras.py
     raise ModuleNotFoundError(
         "idempotency_middleware.faststream needs faststream, which is not installed: "
@@ -312,6 +313,10 @@ class _Scope(BaseMiddleware[Any, Any]):
     async def consume_scope(
         self, call_next: Callable[[StreamMessage[Any]], Awaitable[Any]], msg: StreamMessage[Any]
     ) -> Any:
+        if msg.source_type is not SourceType.CONSUME:
+            # A reply read by broker.request() passes the broker's middlewares too: it is
+            # not a delivery to a subscriber, there is nothing to run once or answer.
+            return await call_next(msg)
         return await self._owner._process(call_next, msg)
 
     async def after_processed(

@@ -11,11 +11,13 @@ retried (``task.retry``) and, on its ``max_attempts``-th delivery, rejected afte
 from __future__ import annotations
 
 import gc
+import runpy
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +29,7 @@ from idempotency_middleware import MemoryStore
 from idempotency_middleware.celery import TaskCall, idempotent_task
 
 WAIT_SECONDS = 20.0
+QUICKSTART = Path(__file__).resolve().parent.parent / "docs" / "snippets" / "quickstart"
 
 
 @dataclass
@@ -163,3 +166,17 @@ def test_a_coroutine_function_or_bind_is_refused() -> None:
         idempotent_task(app, store=MemoryStore())(coroutine)
     with pytest.raises(TypeError, match="binds the task itself"):
         idempotent_task(app, store=MemoryStore(), bind=True)
+
+
+def test_the_readme_quick_start_runs_a_task_once_per_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/snippets/quickstart/celery_app.py, as the README quotes it, run in-process
+    (``apply``) twice with one task id."""
+    monkeypatch.chdir(tmp_path)  # its SQLite file
+    module = runpy.run_path(str(QUICKSTART / "celery_app.py"))
+    charge = module["charge"]
+    results = [charge.apply(("order-9",), task_id="t-9").get() for _ in range(2)]
+    assert results == [{"charged": "order-9"}] * 2
+    assert charge.consumer.forget("t-9")  # its key was kept: the second was a replay
+    module["store"].close()

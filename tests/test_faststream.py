@@ -12,8 +12,10 @@ what the broker did with it off the broker (a queue's counts, a dead-letter queu
 from __future__ import annotations
 
 import asyncio
+import runpy
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aio_pika
@@ -22,7 +24,7 @@ from faststream import AckPolicy, BaseMiddleware
 from faststream.kafka import KafkaBroker, TestKafkaBroker
 from faststream.message import StreamMessage
 from faststream.nats import JStream, NatsBroker, PullSub
-from faststream.rabbit import QueueType, RabbitBroker, RabbitQueue
+from faststream.rabbit import QueueType, RabbitBroker, RabbitQueue, TestRabbitBroker
 from faststream.redis import RedisBroker, StreamSub
 
 from idempotency_middleware import InvalidKeyError, MemoryStore, RedisStore
@@ -36,6 +38,7 @@ from tests.broker_servers import nats_url, rabbitmq_url
 __all__ = ["nats_url", "rabbitmq_url"]  # session fixtures used here
 
 WAIT_SECONDS = 20.0
+QUICKSTART = Path(__file__).resolve().parent.parent / "docs" / "snippets" / "quickstart"
 
 
 class Boom(Exception):
@@ -412,3 +415,23 @@ def test_the_namespace_is_the_subscriber_function_or_name() -> None:
     assert subscriber_name(lambda body: None) is None
     with pytest.raises(TypeError, match="key must be a callable"):
         IdempotencyFastStreamMiddleware(store=MemoryStore(), key="message_id")  # type: ignore[arg-type]
+
+
+async def test_the_readme_quick_start_runs_a_message_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/snippets/quickstart/faststream_app.py, as the README quotes it, on FastStream's
+    test broker: two sends with one Idempotency-Key, one run, the same reply twice."""
+    monkeypatch.chdir(tmp_path)  # its SQLite file
+    module = runpy.run_path(str(QUICKSTART / "faststream_app.py"))
+    broker, charge = module["broker"], module["charge"]
+    async with TestRabbitBroker(broker) as test_broker:
+        replies = [
+            await (
+                await test_broker.request({"id": 7}, "orders", headers={"Idempotency-Key": "o-7"})
+            ).decode()
+            for _ in range(2)
+        ]
+        assert replies == [{"charged": 7}, {"charged": 7}]
+        assert charge.mock.call_count == 1  # the replay did not reach the function
+    module["store"].close()
