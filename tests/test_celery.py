@@ -166,6 +166,8 @@ def test_a_coroutine_function_or_bind_is_refused() -> None:
         idempotent_task(app, store=MemoryStore())(coroutine)
     with pytest.raises(TypeError, match="binds the task itself"):
         idempotent_task(app, store=MemoryStore(), bind=True)
+    with pytest.raises(TypeError, match="key and payload must be callables"):
+        idempotent_task(app, store=MemoryStore(), key="task_id")  # type: ignore[arg-type]
 
 
 def test_the_readme_quick_start_runs_a_task_once_per_id(

@@ -305,6 +305,46 @@ async def test_a_message_without_key_or_id_is_dead_with_the_fix_named(
     assert "Idempotency-Key" in str(error) and "key=" in str(error)
 
 
+class Passthrough:
+    """A middleware listed after the idempotency one: it runs inside it."""
+
+    def __call__(self, msg: Any, /, *, context: Any) -> BaseMiddleware[Any, Any]:
+        return BaseMiddleware(msg, context=context)
+
+
+async def test_nats_duplicate_while_running_is_nacked_with_a_delay_then_replays(
+    nats: Callable[..., NatsBroker],
+) -> None:
+    """Two workers get one operation at once: the second is nacked with ``retry_after`` as
+    JetStream's redelivery delay, and when it comes back the first has completed: a replay.
+    Another middleware inside this one still runs (the subscriber's name is found through
+    it)."""
+    story, answers = Story(), Answers()
+    # retry_after for a key still held: what is left of its lock (renewed while it runs).
+    middleware = story.middleware(lock_timeout_seconds=1)
+    broker = nats(answers, middleware, Passthrough())
+    subject = fresh("orders")
+    stream = JStream(fresh("BUSY"), subjects=[subject])
+    release = asyncio.Event()
+
+    @broker.subscriber(subject, stream=stream, max_workers=2)
+    async def export(body: dict[str, Any]) -> dict[str, Any]:
+        await release.wait()
+        return story.handle(body)
+
+    await broker.start()
+    for _ in range(2):
+        await broker.publish(
+            {"order": 18}, subject, stream=stream.name, headers={"Idempotency-Key": "o-18"}
+        )
+    assert await answers.wait_for(1) == ["NACKED"]  # the second, while the first waits
+    release.set()
+    assert await answers.wait_for(3) == ["NACKED", "ACKED", "ACKED"]  # the first; the replay
+    assert story.runs == [{"order": 18}]
+    expected = f"{__name__}.test_nats_duplicate_while_running_is_nacked_with_a_delay_then_replays"
+    assert middleware.consumer(f"{expected}.<locals>.export").forget("o-18")
+
+
 async def test_nats_pull_subscriber_gets_the_same_answers(
     nats: Callable[..., NatsBroker],
 ) -> None:
@@ -415,6 +455,33 @@ def test_the_namespace_is_the_subscriber_function_or_name() -> None:
     assert subscriber_name(lambda body: None) is None
     with pytest.raises(TypeError, match="key must be a callable"):
         IdempotencyFastStreamMiddleware(store=MemoryStore(), key="message_id")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="delivery_count must be a callable"):
+        IdempotencyFastStreamMiddleware(store=MemoryStore(), delivery_count=3)  # type: ignore[arg-type]
+    named = IdempotencyFastStreamMiddleware(store=MemoryStore(), name="billing")
+    assert repr(named) == "IdempotencyFastStreamMiddleware(name='billing')"
+
+
+async def test_a_delivery_count_that_cannot_be_read_is_unknown_not_a_failure() -> None:
+    """A count function that raises (Redis' XPENDING unreachable, a bad header) leaves the
+    count unknown: a failing handler is retried, never made dead by it."""
+    story, answers = Story(failing=True), Answers()
+
+    def unreadable(message: StreamMessage[Any]) -> int:
+        raise KeyError("attempt")
+
+    broker = KafkaBroker(
+        middlewares=[answers, story.middleware(max_attempts=1, delivery_count=unreadable)],
+        logger=None,
+    )
+
+    @broker.subscriber("payments", group_id="billing", ack_policy=AckPolicy.NACK_ON_ERROR)
+    async def pay(body: dict[str, Any]) -> dict[str, Any]:
+        return story.handle(body)
+
+    async with TestKafkaBroker(broker) as test_broker:
+        await test_broker.publish({"order": 19}, "payments", headers={"Idempotency-Key": "o-19"})
+    assert answers.seen == ["NACKED"]
+    assert story.dead == []
 
 
 async def test_the_readme_quick_start_runs_a_message_once(
