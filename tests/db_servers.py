@@ -64,8 +64,13 @@ def _free_port() -> int:
     return port
 
 
-def _wait_until(ready: Callable[[], bool], process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+def _wait_until(
+    ready: Callable[[], bool],
+    process: subprocess.Popen[bytes],
+    log: Path,
+    timeout: float = START_TIMEOUT_SECONDS,
+) -> None:
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise ServerUnavailable(
@@ -74,7 +79,7 @@ def _wait_until(ready: Callable[[], bool], process: subprocess.Popen[bytes], log
         if ready():
             return
         time.sleep(0.05)
-    raise ServerUnavailable(f"not ready after {START_TIMEOUT_SECONDS:.0f} s: {log.read_text()}")
+    raise ServerUnavailable(f"not ready after {timeout:.0f} s: {log.read_text()}")
 
 
 def _stop(process: subprocess.Popen[bytes], stop_signal: int = signal.SIGTERM) -> None:

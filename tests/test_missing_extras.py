@@ -139,3 +139,33 @@ def test_the_cli_without_boto3_says_what_to_install_and_exits_4(command: str) ->
         "DynamoDBStore needs boto3, which is not installed: "
         'pip install "idempotency-middleware[boto3]"'
     )
+
+
+@pytest.mark.parametrize(
+    ("module", "library", "extra"),
+    [
+        ("idempotency_middleware.faststream", "faststream", "faststream"),
+        ("idempotency_middleware.celery", "celery", "celery"),
+    ],
+)
+def test_a_broker_integration_without_its_library_names_its_extra(
+    module: str, library: str, extra: str
+) -> None:
+    result = run_python(
+        f"""
+        import sys
+        import idempotency_middleware  # the package itself needs neither
+        print({library!r} in sys.modules)
+        try:
+            import {module}
+        except ModuleNotFoundError as error:
+            print(error.name, error)
+        """,
+        refused=(library,),
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "False",
+        f"{library} {module} needs {library}, which is not installed: "
+        f'pip install "idempotency-middleware[{extra}]"',
+    ]
