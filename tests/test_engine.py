@@ -35,6 +35,8 @@ from idempotency_middleware.stores.protocol import (
     Completion,
     Held,
     StoreUnavailable,
+    awaits_nothing,
+    sync_twin,
 )
 from idempotency_middleware.testing import FakeClock
 from tests.attempts import BOOKKEEPING, bookkeeping, order_attempt, without_bookkeeping
@@ -549,6 +551,61 @@ class RefusingClaims(MemoryStore):
     async def aclaim(self, request: Any) -> Any:
         self.claim(request)
         raise StoreUnavailable("answer lost")
+
+
+class ClaimsCounted(MemoryStore):
+    """A MemoryStore whose claims and completions are counted, its async methods marked as
+    wrapping the sync ones (as MemoryStore's are): they count too, should they be awaited."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def claim(self, request: ClaimRequest) -> Any:
+        self.calls.append("claim")
+        return super().claim(request)
+
+    def complete(self, completion: Any) -> bool:
+        self.calls.append("complete")
+        return super().complete(completion)
+
+    @awaits_nothing("claim")
+    async def aclaim(self, request: ClaimRequest) -> Any:
+        self.calls.append("aclaim")
+        return self.claim(request)
+
+    @awaits_nothing("complete")
+    async def acomplete(self, completion: Any) -> bool:
+        self.calls.append("acomplete")
+        return self.complete(completion)
+
+
+def test_only_an_async_method_marked_as_wrapping_its_sync_twin_is_bypassed() -> None:
+    store = MemoryStore()
+    assert sync_twin(store, "aclaim") == store.claim
+    assert sync_twin(store, "acomplete") == store.complete
+    # Overriding the async method without the mark: the driver awaits it as it is.
+    refusing = RefusingClaims()
+    assert sync_twin(refusing, "aclaim") is None
+    assert sync_twin(refusing, "acomplete") == refusing.complete
+    assert sync_twin(object(), "aclaim") is None
+
+
+async def test_the_async_driver_calls_a_store_without_io_through_its_sync_methods() -> None:
+    script = Scripted()
+    store = ClaimsCounted()
+    driver = AsyncDriver(
+        store, script.clock, LoopRenewals(store, script.context.reporter, script.clock)
+    )
+
+    async def run() -> Ran:
+        return Ran(201, [], b"{}")
+
+    outcome = await driver.drive(flow.attempt(script.context, script.attempt), run)
+    assert isinstance(outcome, Ran) and outcome.status == 201
+    assert store.calls == ["claim", "complete"]  # the sync methods, never the async ones
+    record = store.get(script.attempt.claim.key_hash)
+    assert record is not None and record.status is Status.COMPLETED
 
 
 async def test_the_async_driver_releases_a_lost_claim_in_a_background_task() -> None:

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from ..attempt_context import CURRENT, CurrentAttempt
 from ..clock import Clock
 from ..records import Record
-from ..stores.protocol import AsyncStore, ClaimRequest, Completion, SyncStore
+from ..stores.protocol import AsyncStore, ClaimRequest, Completion, SyncStore, sync_twin
 from .effects import (
     AwaitStreamEnd,
     Effect,
@@ -182,13 +182,17 @@ class SyncDriver:
 class AsyncDriver:
     """Interprets flows on the running event loop."""
 
-    __slots__ = ("_background", "clock", "renewals", "store")
+    __slots__ = ("_background", "_claim_now", "_complete_now", "clock", "renewals", "store")
 
     def __init__(self, store: AsyncStore, clock: Clock, renewals: LoopRenewals) -> None:
         self.store = store
         self.clock = clock
         self.renewals = renewals
         self._background: set[asyncio.Task[Any]] = set()
+        # A store doing no I/O (MemoryStore) is called through its sync methods: its async
+        # ones would only wrap them in a coroutine that never suspends.
+        self._claim_now = sync_twin(store, "aclaim")
+        self._complete_now = sync_twin(store, "acomplete")
 
     async def drive(
         self,
@@ -199,6 +203,7 @@ class AsyncDriver:
         """Run ``flow`` to its end and return its outcome (or raise what it raised).
         ``wait`` pauses a waiting duplicate (default: a sleep on the clock)."""
         store, renewals = self.store, self.renewals
+        claim_now, complete_now = self._claim_now, self._complete_now
         value: object = None
         error: BaseException | None = None
         while True:
@@ -210,7 +215,10 @@ class AsyncDriver:
             value = error = None
             try:
                 if type(effect) is ClaimRequest:
-                    value = await store.aclaim(effect)
+                    if claim_now is not None:
+                        value = claim_now(effect)
+                    else:
+                        value = await store.aclaim(effect)
                 elif type(effect) is Run:
                     assert run is not None, "a flow yielded Run with nothing to run"
                     attempt = effect.attempt  # (_current, inlined: one call less per request)
@@ -229,7 +237,10 @@ class AsyncDriver:
                         current.finished = True
                         CURRENT.reset(entered)
                 elif type(effect) is Completion:
-                    value = await store.acomplete(effect)
+                    if complete_now is not None:
+                        value = complete_now(effect)
+                    else:
+                        value = await store.acomplete(effect)
                 elif type(effect) is Emit:  # (only when someone listens: Reporter.wants)
                     emit(effect)
                 elif type(effect) is Wait and wait is not None:
