@@ -6,6 +6,7 @@ the effects the attempt yields, its outcome and its events. Time is a ``FakeCloc
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -551,6 +552,32 @@ class RefusingClaims(MemoryStore):
     async def aclaim(self, request: Any) -> Any:
         self.claim(request)
         raise StoreUnavailable("answer lost")
+
+
+@pytest.mark.parametrize(
+    ("level", "logged"),
+    [
+        (logging.INFO, []),
+        (logging.DEBUG, ["idempotency key claimed", "idempotent response stored"]),
+    ],
+)
+def test_with_no_hook_a_new_keys_events_are_logged_only_at_debug(
+    caplog: pytest.LogCaptureFixture, level: int, logged: list[str]
+) -> None:
+    clock = FakeClock()
+    options = Options.build(clock=clock)  # no on_event: the log is the only listener
+    context = flow.Context.for_options(options, None)
+    store = MemoryStore(clock=clock)
+    driver = SyncDriver(store, clock, ThreadRenewals(store, context.reporter, clock))
+    caplog.set_level(level, logger="idempotency_middleware")
+
+    outcome = driver.drive(
+        flow.attempt(context, order_attempt(options, clock.now(), b"{}")),
+        lambda: Ran(201, [], b"{}"),
+    )
+
+    assert isinstance(outcome, Ran) and outcome.status == 201
+    assert [record.getMessage() for record in caplog.records] == logged
 
 
 class ClaimsCounted(MemoryStore):
