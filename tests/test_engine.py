@@ -6,6 +6,7 @@ the effects the attempt yields, its outcome and its events. Time is a ``FakeCloc
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Callable, Generator
 from typing import Any
@@ -13,6 +14,12 @@ from typing import Any
 import pytest
 
 from idempotency_middleware import core
+from idempotency_middleware.attempt_context import (
+    CURRENT,
+    announce,
+    current_attempt,
+    finish_announced,
+)
 from idempotency_middleware.engine import flow
 from idempotency_middleware.engine.drivers import AsyncDriver, Suspended, SyncDriver
 from idempotency_middleware.engine.effects import (
@@ -578,6 +585,28 @@ def test_with_no_hook_a_new_keys_events_are_logged_only_at_debug(
 
     assert isinstance(outcome, Ran) and outcome.status == 201
     assert [record.getMessage() for record in caplog.records] == logged
+
+
+def test_the_handlers_attempt_is_made_at_its_first_ask_and_finished_with_its_run() -> None:
+    attempt = order_attempt(Options.build(), 1000.0, b"{}")
+    announced = announce(Run(attempt, 1000.0, True), "the store")
+    entered = CURRENT.set(announced)
+    try:
+        asked = current_attempt("test")
+        assert current_attempt("test") is asked  # made once
+        assert (asked.claim, asked.store, asked.finished) == (attempt.claim, "the store", False)
+    finally:
+        assert finish_announced(announced) is asked
+        CURRENT.reset(entered)
+    assert asked.finished  # a Transaction kept past its attempt takes no writes
+
+    # Asked first after the run ended, in a context copied while it ran (a thread the
+    # handler started): finished all the same.
+    late = announce(Run(attempt, 1000.0, True), None)
+    copied = contextvars.Context()
+    copied.run(CURRENT.set, late)
+    assert finish_announced(late) is None  # nobody had asked
+    assert copied.run(current_attempt, "test").finished
 
 
 class ClaimsCounted(MemoryStore):
