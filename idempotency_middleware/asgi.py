@@ -92,6 +92,9 @@ class IdempotencyMiddleware:
         # A store with a client to create (AsyncDynamoDBStore) creates it at start-up.
         self._warm_up: Callable[[], Awaitable[None]] | None = getattr(store, "awarm_up", None)
         self._context = flow.Context.for_options(self.options, store)
+        # Bound once: read on every new key.
+        self._now = self.options.clock.now
+        self._new_owner = self._context.entropy.owner
         self._driver = AsyncDriver(
             store,
             self.options.clock,
@@ -102,6 +105,20 @@ class IdempotencyMiddleware:
         self._routes_unread = True
         # The scope keys of the registered integrations whose opt-ins this door applies.
         self._opt_in_keys: tuple[str, ...] = ()
+        self._read_hot_settings()
+
+    def _read_hot_settings(self) -> None:
+        """Copy what every request reads out of ``options`` into attributes of the door
+        (again whenever ``options`` is replaced): one attribute read each on the hot path.
+        ``_default_methods`` is set when no rule or route opt-in applies, so a request's
+        policy is the default one for those methods (``Options.policy_for`` in short)."""
+        options = self.options
+        self._header_key = options.header_key
+        self._max_body_bytes = options.max_body_bytes
+        self._default_policy = options.default_policy
+        self._default_methods = (
+            None if options.rule_policies or options.route_policies else options.methods
+        )
 
     def _read_routes(self) -> None:
         """Turn the app's route opt-ins (``RouteOptIns`` of the registered integrations)
@@ -117,6 +134,7 @@ class IdempotencyMiddleware:
         if rules:
             self.options = self.options.with_route_rules(rules)
             self._opt_in_keys = tuple(keys)
+            self._read_hot_settings()
         # Only once they were read: a route that cannot be covered (a bad template, GET)
         # fails start-up, and every request after it, rather than being skipped.
         self._routes_unread = False
@@ -165,13 +183,38 @@ class IdempotencyMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        policy = self.options.policy_for(scope["method"], scope["path"], scope.get("root_path", ""))
+        methods = self._default_methods
+        if methods is not None:
+            policy = self._default_policy if scope["method"] in methods else None
+        else:
+            policy = self.options.policy_for(
+                scope["method"], scope["path"], scope.get("root_path", "")
+            )
         if policy is None:
             await self.app(scope, receive, send)
             return
-        key_lines, content_length, content_type = messages.read_headers(
-            scope["headers"], self.options.header_key
-        )
+        # One pass over the headers (``asgi_messages.read_headers``, inlined): most covered
+        # requests carry no key and pass through, so its list is only made for a key.
+        key_name = self._header_key
+        key_lines: list[bytes] | None = None
+        content_length = content_type = None
+        for name, value in scope["headers"]:
+            if name == key_name:
+                if key_lines is None:
+                    key_lines = [value]
+                else:
+                    key_lines.append(value)
+            elif name == b"content-length":
+                content_length = value
+            elif name == b"content-type":
+                content_type = value
+        if key_lines is None:
+            if not policy.required:
+                if policy.route_opt_in:
+                    self._mark_opt_in(scope, None)
+                await self.app(scope, receive, send)
+                return
+            key_lines = []
         admitted = core.admit_request(
             self.options, policy, scope["path"], key_lines, content_length
         )
@@ -179,21 +222,21 @@ class IdempotencyMiddleware:
             self._mark_opt_in(scope, admitted.key if type(admitted) is core.Admitted else None)
         if admitted is None:
             await self.app(scope, receive, send)
-        elif isinstance(admitted, core.Admitted):
-            await self._handle(admitted, content_type, scope, receive, send)
-        else:
+            return
+        if not isinstance(admitted, core.Admitted):
             await messages.send_problem(send, admitted, self.options.problem_base_url)
-
-    async def _handle(
-        self,
-        admitted: core.Admitted,
-        content_type: bytes | None,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-    ) -> None:
+            return
+        # A covered request with a key: read its body, then run the attempt. (In this
+        # coroutine rather than one of its own: an await less on every new key.)
         try:
-            body = await messages.read_body(receive, self.options.max_body_bytes)
+            message = await receive()
+            if message["type"] != "http.disconnect" and not message.get("more_body", False):
+                # The usual body, in one message (messages.read_body's first turn, inlined).
+                body = message.get("body", b"")
+                if len(body) > self._max_body_bytes:
+                    raise messages.BodyTooLarge
+            else:
+                body = await messages.read_body(receive, self._max_body_bytes, message)
         except messages.BodyTooLarge:
             too_large = core.body_too_large(self.options)
             await messages.send_problem(send, too_large, self.options.problem_base_url)
@@ -209,30 +252,26 @@ class IdempotencyMiddleware:
             scope.get("query_string", b""),  # query_string
             content_type,
             body,
-            partial(messages.request_view, scope),  # request_view (no closure per request)
-            self.options.clock.now(),  # now
-            self._context.entropy.owner(),  # owner
+            # request_view: only a scope function reads it (a partial: no closure)
+            partial(messages.request_view, scope) if admitted.policy.scope is not None else None,
+            self._now(),  # now
+            self._new_owner(),  # owner
         )
-        start: Message | None = None
-
-        async def run() -> Ran | None:
-            nonlocal start
-            # (Built only when the app runs; it also replays the body read to the app.)
-            capture = messages.ResponseCapture(send, body, receive)
-            inner_scope = messages.without_bypass(scope) if "extensions" in scope else scope
-            await self.app(inner_scope, capture.receive, capture.send)
-            ran = capture.ran()
-            start = capture.start
-            return ran
-
+        # Runs the app when the attempt says so, replaying it the body read. (Its bound
+        # method, not a closure: a closure here would make cells of this coroutine's
+        # variables, built on every call, a request without a key included.)
+        capture = messages.ResponseCapture(send, body, receive, self.app, scope)
         waiter = (
             messages.disconnect_waiter(receive, self.options.clock)
             if admitted.policy.wait_seconds
             else None
         )
-        outcome = await self._driver.drive(flow.attempt(self._context, attempt), run, waiter)
+        outcome = await self._driver.drive(
+            flow.attempt(self._context, attempt), capture.run, waiter
+        )
         if type(outcome) is Ran:
             if not outcome.live:
+                start = capture.start
                 assert start is not None
                 await send(start)
                 await send({"type": "http.response.body", "body": outcome.body, "more_body": False})

@@ -4,7 +4,7 @@ response, and sending answers. No idempotency decisions here (those are the engi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from .attempt_context import streams_now
@@ -35,13 +35,15 @@ class ClientGone(Exception):
 
 
 class ResponseCapture:
-    """Buffers the app's response instead of sending it, except a streaming one (see
-    ``records.STREAMING_MEDIA_TYPES``), which goes to the client live as it comes."""
+    """Runs the app (``run``) with its response buffered instead of sent, except a streaming
+    one (see ``records.STREAMING_MEDIA_TYPES``), which goes to the client live as it comes."""
 
     __slots__ = (
+        "_app",
         "_body",
         "_receive",
         "_replayed",
+        "_scope",
         "_send",
         "buffer",
         "expected_size",
@@ -52,7 +54,16 @@ class ResponseCapture:
         "start",
     )
 
-    def __init__(self, send: Send, body: bytes = b"", receive: Receive | None = None) -> None:
+    def __init__(
+        self,
+        send: Send,
+        body: bytes = b"",
+        receive: Receive | None = None,
+        app: ASGIApp | None = None,
+        scope: Scope | None = None,
+    ) -> None:
+        self._app = app
+        self._scope = scope
         self._send = send
         # The request body already read, replayed to the app by ``receive`` (a method: no
         # closure per request), then whatever the server sends next.
@@ -67,6 +78,17 @@ class ResponseCapture:
         self.live = False
         self.held = False  # a stream held back until its transaction's writes land
         self.size = 0
+
+    async def run(self) -> Ran | None:
+        """Run the app on the scope (without the bypass extensions), the body replayed to
+        it; its answer, once it returned. (A method: the door passes it on as its ``Run``'s
+        callable, with no closure built per request.)"""
+        assert self._app is not None and self._scope is not None, "built without an app"
+        scope = self._scope
+        if "extensions" in scope:
+            scope = without_bypass(scope)
+        await self._app(scope, self.receive, self.send)
+        return self.ran()
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
@@ -124,28 +146,14 @@ class ResponseCapture:
         return tuple.__new__(Ran, (start["status"], headers, body, False, True, 0, (), False))
 
 
-def read_headers(
-    headers: Iterable[tuple[bytes, bytes]], key_name: bytes
-) -> tuple[list[bytes], bytes | None, bytes | None]:
-    """The key header's lines, Content-Length and Content-Type, in one pass over the headers
-    (ASGI gives names lower-cased)."""
-    key_lines: list[bytes] = []
-    length = content_type = None
-    for name, value in headers:
-        if name == key_name:
-            key_lines.append(value)
-        elif name == b"content-length":
-            length = value
-        elif name == b"content-type":
-            content_type = value
-    return key_lines, length, content_type
-
-
-async def read_body(receive: Receive, limit: int) -> bytes:
+async def read_body(receive: Receive, limit: int, message: Message | None = None) -> bytes:
+    """The request body, read whole; ``message``: the first message, already received.
+    ``BodyTooLarge`` past ``limit`` bytes, ``ClientGone`` when the client disconnected."""
     chunks: list[bytes] = []
     size = 0
     while True:
-        message = await receive()
+        if message is None:
+            message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientGone
         chunk = message.get("body", b"")
@@ -156,6 +164,7 @@ async def read_body(receive: Receive, limit: int) -> bytes:
             chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        message = None
 
 
 def warming_receive(receive: Receive, warm_up: Callable[[], Awaitable[None]]) -> Receive:

@@ -9,6 +9,7 @@ ends, so nothing of a finished attempt stays visible to the thread afterwards.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sized
 from contextvars import ContextVar
 from typing import Any, Protocol
@@ -24,7 +25,17 @@ class Writes(Sized, Protocol):
     def items(self) -> tuple[dict[str, Any], ...]: ...
 
 
-__all__ = ["CURRENT", "CurrentAttempt", "current_attempt", "streams_now"]
+__all__ = [
+    "CURRENT",
+    "FINISHED",
+    "MADE",
+    "Announcement",
+    "CurrentAttempt",
+    "announce",
+    "current_attempt",
+    "finish_announced",
+    "streams_now",
+]
 
 
 class CurrentAttempt:
@@ -72,12 +83,64 @@ class CurrentAttempt:
         self.live = True
 
 
-CURRENT: ContextVar[CurrentAttempt | None] = ContextVar("idempotency_attempt", default=None)
+# What a driver sets while the inner thing runs: the attempt itself, or (the drivers) an
+# announcement, ``[run, store, made, finished]``: a list, built in C, where a CurrentAttempt
+# would cost a Python ``__init__`` on every request, though few handlers ever ask for it.
+# ``run`` is the driver's ``Run`` effect (its ``attempt`` and ``http``); the CurrentAttempt
+# is made at the first ask (``made``); ``finished`` once the handler returned
+# (``finish_announced``).
+Announcement = list[Any]
+_RUN, _STORE, MADE, FINISHED = range(4)
+
+CURRENT: ContextVar[CurrentAttempt | Announcement | None] = ContextVar(
+    "idempotency_attempt", default=None
+)
+
+# Two threads of one handler asking at once make one CurrentAttempt between them.
+_MAKING = threading.Lock()
+
+
+def announce(run: Any, store: Any) -> Announcement:
+    """What a driver sets in ``CURRENT`` while ``run`` (its ``Run`` effect) runs."""
+    return [run, store, None, False]
+
+
+def finish_announced(announced: Announcement) -> CurrentAttempt | None:
+    """The handler returned: its attempt (if it was made) takes no more writes."""
+    announced[FINISHED] = True
+    made: CurrentAttempt | None = announced[MADE]
+    if made is not None:
+        made.finished = True
+    return made
+
+
+def _made(announced: Announcement) -> CurrentAttempt:
+    with _MAKING:
+        made: CurrentAttempt | None = announced[MADE]
+        if made is None:
+            run = announced[_RUN]
+            attempt = run.attempt
+            made = CurrentAttempt(
+                attempt.claim, attempt.policy.ttl_seconds, run.http, announced[_STORE]
+            )
+            announced[MADE] = made
+    # (Read after it was stored: a driver finishing meanwhile reads it after setting this.)
+    if announced[FINISHED]:
+        made.finished = True
+    return made
+
+
+def _current() -> CurrentAttempt | None:
+    found = CURRENT.get()
+    if found is None or type(found) is CurrentAttempt:
+        return found
+    assert isinstance(found, list)
+    return _made(found)
 
 
 def current_attempt(caller: str) -> CurrentAttempt:
     """The attempt whose handler is running; ``LookupError`` naming ``caller`` outside one."""
-    attempt = CURRENT.get()
+    attempt = _current()
     if attempt is None:
         raise LookupError(
             f"{caller} is only available while an idempotent attempt runs: in a handler "
@@ -92,7 +155,7 @@ def streams_now() -> bool:
     go to its client live. Not when the attempt's transaction holds writes (they must land
     before its first byte, so it is held, and stored, like any other response); otherwise
     it goes live and the transaction takes no more writes."""
-    attempt = CURRENT.get()
+    attempt = _current()
     if attempt is None:
         return True
     if attempt.has_writes():

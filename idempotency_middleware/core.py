@@ -200,18 +200,24 @@ def begin_attempt(
     query_string: bytes | str,
     content_type: bytes | str | None,
     body: bytes,
-    request_view: Callable[[str], RequestView],
+    request_view: Callable[[str], RequestView] | None,
     now: float,
     owner: str,
 ) -> Attempt:
     """Namespace the key (method, route template, scope) and fingerprint the request.
 
     ``request_view(route)`` builds the view a ``scope`` callable receives; it is only called
-    when there is one. ``owner`` is a fresh token (``entropy.Entropy.owner``). (Positional
-    arguments are accepted: a call by keyword costs more on every request.)
+    when there is one (``None`` will do when the policy has none). ``owner`` is a fresh token
+    (``entropy.Entropy.owner``). (Positional arguments are accepted: a call by keyword costs
+    more on every request.)
     """
     policy, route, key = admitted
-    scope_value = policy.scope(request_view(route)) if policy.scope is not None else None
+    scope = policy.scope
+    if scope is not None:
+        assert request_view is not None, "a policy with a scope function needs a request view"
+        scope_value = scope(request_view(route))
+    else:
+        scope_value = None
     return new_attempt(
         policy,
         method,

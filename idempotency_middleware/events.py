@@ -53,6 +53,10 @@ _LEVELS: dict[str, int] = {
     "breaker_closed": logging.WARNING,
 }
 
+# The kinds logged at DEBUG, those of an attempt's usual path (claimed, completed ...):
+# ``Reporter.wants_routine`` answers ``wants`` for all of them at once.
+ROUTINE_KINDS = frozenset(kind for kind, level in _LEVELS.items() if level == logging.DEBUG)
+
 _MESSAGES: dict[str, str] = {
     "claimed": "idempotency key claimed",
     "taken_over": "idempotency key taken over from an owner whose lock expired",
@@ -134,6 +138,11 @@ class Reporter:
         """Whether an event of ``kind`` reaches anyone (the hook, or the logger at its
         level): the engine skips the events of every request when nobody listens."""
         return self._hook is not None or logger.isEnabledFor(_LEVELS[kind])
+
+    def wants_routine(self) -> bool:
+        """``wants`` for every kind in ``ROUTINE_KINDS``: one question where an attempt
+        would ask about each of its usual events (two on a new key, nobody listening)."""
+        return self._hook is not None or logger.isEnabledFor(logging.DEBUG)
 
     def report_store(self, kind: EventKind, *, failure: BaseException | None = None) -> None:
         """Hand on an event about the store itself (the breaker's), which has no request:

@@ -175,7 +175,16 @@ def with_content_length(headers: Headers, length: int) -> Headers:
 
 
 def storable_headers(headers: Headers) -> Headers:
-    """Drop what must not be persisted (see :data:`DROPPED_HEADERS`)."""
+    """Drop what must not be persisted (see :data:`DROPPED_HEADERS`): a new list of
+    ``(name, value)`` tuples."""
+    if type(headers) is list:
+        # The usual response: a list of tuples with nothing to drop, copied in C (a list
+        # comprehension would rebuild every tuple).
+        for header in headers:
+            if type(header) is not tuple or header[0].lower() in DROPPED_HEADERS:
+                break
+        else:
+            return headers.copy()
     return [(name, value) for name, value in headers if name.lower() not in DROPPED_HEADERS]
 
 

@@ -610,3 +610,102 @@ def test_pathsend_and_zerocopy_are_left_alone_on_an_uncovered_request(
 
     assert app.offered == [BYPASS_EXTENSIONS | {OTHER_EXTENSION}]
     assert sent[-1] == {"type": "http.response.pathsend", "path": str(app.path)}
+
+
+# --- 5. The request body as the ASGI door reads it ------------------------------------------
+# Direct calls, so the door meets messages no HTTP client sends on purpose: a body with no
+# Content-Length in one message over the limit, and a client gone before its body came.
+
+
+class BodyApp:
+    """Answers 201 with the body it received (read whole)."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+
+    async def __call__(
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Callable[[], Awaitable[Message]],
+        send: Callable[[Message], Awaitable[None]],
+    ) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        self.bodies.append(body)
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": body})
+
+
+def send_body(app: IdempotencyMiddleware, key: str, requests: list[Message]) -> list[Message]:
+    """One keyed POST with no Content-Length whose messages are ``requests``; what was sent."""
+    scope: dict[str, Any] = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/orders",
+        "raw_path": b"/orders",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"host", b"127.0.0.1"), (HEADER.lower().encode(), key.encode())],
+    }
+    sent: list[Message] = []
+    pending = list(reversed(requests))
+
+    async def receive() -> Message:
+        return pending.pop() if pending else {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    return sent
+
+
+def test_a_body_over_max_body_bytes_in_one_undeclared_message_is_413() -> None:
+    app, store = BodyApp(), MemoryStore()
+    middleware = IdempotencyMiddleware(app, store=store, max_body_bytes=MAX_BODY_BYTES)
+    over: Message = {
+        "type": "http.request",
+        "body": b"x" * (MAX_BODY_BYTES + 1),
+        "more_body": False,
+    }
+    exact: Message = {"type": "http.request", "body": b"x" * MAX_BODY_BYTES, "more_body": False}
+
+    refused = send_body(middleware, new_key(), [over])
+    accepted = send_body(middleware, new_key(), [exact])
+
+    assert refused[0]["status"] == 413 and app.bodies == [b"x" * MAX_BODY_BYTES]
+    assert accepted[0]["status"] == 201 and len(store) == 1  # only the accepted one claimed
+
+
+def test_a_body_in_several_messages_reaches_the_app_whole() -> None:
+    app = BodyApp()
+    middleware = IdempotencyMiddleware(app, store=MemoryStore(), max_body_bytes=MAX_BODY_BYTES)
+    parts = [b'{"item": ', b'"book"}']
+    requests: list[Message] = [
+        {"type": "http.request", "body": parts[0], "more_body": True},
+        {"type": "http.request", "body": parts[1], "more_body": False},
+    ]
+
+    sent = send_body(middleware, new_key(), requests)
+
+    assert sent[0]["status"] == 201 and app.bodies == [b"".join(parts)]
+
+
+@pytest.mark.parametrize("after_a_part", [False, True])
+def test_a_client_gone_before_its_body_came_gets_nothing_and_claims_nothing(
+    after_a_part: bool,
+) -> None:
+    app, store = BodyApp(), MemoryStore()
+    middleware = IdempotencyMiddleware(app, store=store)
+    part: Message = {"type": "http.request", "body": b"{", "more_body": True}
+
+    sent = send_body(middleware, new_key(), [part] if after_a_part else [])
+
+    assert sent == [] and app.bodies == [] and len(store) == 0

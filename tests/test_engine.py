@@ -6,12 +6,20 @@ the effects the attempt yields, its outcome and its events. Time is a ``FakeCloc
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import logging
 from collections.abc import Callable, Generator
 from typing import Any
 
 import pytest
 
 from idempotency_middleware import core
+from idempotency_middleware.attempt_context import (
+    CURRENT,
+    announce,
+    current_attempt,
+    finish_announced,
+)
 from idempotency_middleware.engine import flow
 from idempotency_middleware.engine.drivers import AsyncDriver, Suspended, SyncDriver
 from idempotency_middleware.engine.effects import (
@@ -35,6 +43,8 @@ from idempotency_middleware.stores.protocol import (
     Completion,
     Held,
     StoreUnavailable,
+    awaits_nothing,
+    sync_twin,
 )
 from idempotency_middleware.testing import FakeClock
 from tests.attempts import BOOKKEEPING, bookkeeping, order_attempt, without_bookkeeping
@@ -549,6 +559,109 @@ class RefusingClaims(MemoryStore):
     async def aclaim(self, request: Any) -> Any:
         self.claim(request)
         raise StoreUnavailable("answer lost")
+
+
+@pytest.mark.parametrize(
+    ("level", "logged"),
+    [
+        (logging.INFO, []),
+        (logging.DEBUG, ["idempotency key claimed", "idempotent response stored"]),
+    ],
+)
+def test_with_no_hook_a_new_keys_events_are_logged_only_at_debug(
+    caplog: pytest.LogCaptureFixture, level: int, logged: list[str]
+) -> None:
+    clock = FakeClock()
+    options = Options.build(clock=clock)  # no on_event: the log is the only listener
+    context = flow.Context.for_options(options, None)
+    store = MemoryStore(clock=clock)
+    driver = SyncDriver(store, clock, ThreadRenewals(store, context.reporter, clock))
+    caplog.set_level(level, logger="idempotency_middleware")
+
+    outcome = driver.drive(
+        flow.attempt(context, order_attempt(options, clock.now(), b"{}")),
+        lambda: Ran(201, [], b"{}"),
+    )
+
+    assert isinstance(outcome, Ran) and outcome.status == 201
+    assert [record.getMessage() for record in caplog.records] == logged
+
+
+def test_the_handlers_attempt_is_made_at_its_first_ask_and_finished_with_its_run() -> None:
+    attempt = order_attempt(Options.build(), 1000.0, b"{}")
+    announced = announce(Run(attempt, 1000.0, True), "the store")
+    entered = CURRENT.set(announced)
+    try:
+        asked = current_attempt("test")
+        assert current_attempt("test") is asked  # made once
+        assert (asked.claim, asked.store, asked.finished) == (attempt.claim, "the store", False)
+    finally:
+        assert finish_announced(announced) is asked
+        CURRENT.reset(entered)
+    assert asked.finished  # a Transaction kept past its attempt takes no writes
+
+    # Asked first after the run ended, in a context copied while it ran (a thread the
+    # handler started): finished all the same.
+    late = announce(Run(attempt, 1000.0, True), None)
+    copied = contextvars.Context()
+    copied.run(CURRENT.set, late)
+    assert finish_announced(late) is None  # nobody had asked
+    assert copied.run(current_attempt, "test").finished
+
+
+class ClaimsCounted(MemoryStore):
+    """A MemoryStore whose claims and completions are counted, its async methods marked as
+    wrapping the sync ones (as MemoryStore's are): they count too, should they be awaited."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def claim(self, request: ClaimRequest) -> Any:
+        self.calls.append("claim")
+        return super().claim(request)
+
+    def complete(self, completion: Any) -> bool:
+        self.calls.append("complete")
+        return super().complete(completion)
+
+    @awaits_nothing("claim")
+    async def aclaim(self, request: ClaimRequest) -> Any:
+        self.calls.append("aclaim")
+        return self.claim(request)
+
+    @awaits_nothing("complete")
+    async def acomplete(self, completion: Any) -> bool:
+        self.calls.append("acomplete")
+        return self.complete(completion)
+
+
+def test_only_an_async_method_marked_as_wrapping_its_sync_twin_is_bypassed() -> None:
+    store = MemoryStore()
+    assert sync_twin(store, "aclaim") == store.claim
+    assert sync_twin(store, "acomplete") == store.complete
+    # Overriding the async method without the mark: the driver awaits it as it is.
+    refusing = RefusingClaims()
+    assert sync_twin(refusing, "aclaim") is None
+    assert sync_twin(refusing, "acomplete") == refusing.complete
+    assert sync_twin(object(), "aclaim") is None
+
+
+async def test_the_async_driver_calls_a_store_without_io_through_its_sync_methods() -> None:
+    script = Scripted()
+    store = ClaimsCounted()
+    driver = AsyncDriver(
+        store, script.clock, LoopRenewals(store, script.context.reporter, script.clock)
+    )
+
+    async def run() -> Ran:
+        return Ran(201, [], b"{}")
+
+    outcome = await driver.drive(flow.attempt(script.context, script.attempt), run)
+    assert isinstance(outcome, Ran) and outcome.status == 201
+    assert store.calls == ["claim", "complete"]  # the sync methods, never the async ones
+    record = store.get(script.attempt.claim.key_hash)
+    assert record is not None and record.status is Status.COMPLETED
 
 
 async def test_the_async_driver_releases_a_lost_claim_in_a_background_task() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tracemalloc
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -117,7 +118,16 @@ def test_storable_headers_keep_end_to_end_headers_in_order() -> None:
         (b"Vary", b"A"),
         (b"Vary", b"B"),
     ]
-    assert storable_headers(headers) == headers
+    kept = storable_headers(headers)
+    assert kept == headers and kept is not headers  # a copy: the app's list stays its own
+
+
+def test_storable_headers_are_tuples_whatever_pairs_the_app_sent() -> None:
+    # ASGI allows [name, value] lists and any iterable of them.
+    pairs: Any = [[b"content-type", b"text/plain"], [b"x-order", b"1"]]
+    assert storable_headers(pairs) == [(b"content-type", b"text/plain"), (b"x-order", b"1")]
+    once: Any = iter([(b"x-order", b"1")])
+    assert storable_headers(once) == [(b"x-order", b"1")]
 
 
 def header_values(headers: list[tuple[bytes, bytes]], name: bytes) -> list[bytes]:

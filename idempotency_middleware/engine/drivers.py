@@ -15,10 +15,18 @@ import threading
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, TypeVar
 
-from ..attempt_context import CURRENT, CurrentAttempt
+from ..attempt_context import (
+    CURRENT,
+    FINISHED,
+    MADE,
+    Announcement,
+    CurrentAttempt,
+    announce,
+    finish_announced,
+)
 from ..clock import Clock
 from ..records import Record
-from ..stores.protocol import AsyncStore, ClaimRequest, Completion, SyncStore
+from ..stores.protocol import AsyncStore, ClaimRequest, Completion, SyncStore, sync_twin
 from .effects import (
     AwaitStreamEnd,
     Effect,
@@ -63,17 +71,11 @@ def _lease_ends_with_run(ran: Ran | None) -> bool:
     return ran is None or ran.ended
 
 
-def _current(effect: Run, store: object) -> CurrentAttempt:
-    """The attempt as the handler sees it while ``effect`` runs (``attempt_context``)."""
-    attempt = effect.attempt
-    # (Positional: a call by keyword costs more, on every request.)
-    return CurrentAttempt(attempt.claim, attempt.policy.ttl_seconds, effect.http, store)
-
-
-def _with_requests(ran: Ran | None, current: CurrentAttempt) -> Ran | None:
+def _with_requests(ran: Ran | None, current: CurrentAttempt | None) -> Ran | None:
     """``ran`` with what its handler asked for beyond its answer: a transaction's writes, a
-    deferral. Returned as a value, so nothing the flow handed the driver comes back changed."""
-    if ran is None or (current.transaction is None and not current.deferred):
+    deferral (``current``: the attempt as the handler saw it, if it asked for it). Returned
+    as a value, so nothing the flow handed the driver comes back changed."""
+    if ran is None or current is None or (current.transaction is None and not current.deferred):
         return ran
     return ran._replace(writes=current.writes(), deferred=current.deferred)
 
@@ -132,8 +134,9 @@ class SyncDriver:
 
     def _run(self, effect: Run, run: SyncRun | None) -> Ran | None:
         assert run is not None, "a flow yielded Run with nothing to run"
-        current = _current(effect, self.store)
-        entered = CURRENT.set(current)
+        # The handler's attempt (attempt_context), made only if it asks for it.
+        announced = announce(effect, self.store)
+        entered = CURRENT.set(announced)
         try:
             self.renewals.start(effect)
             ran = run()
@@ -141,7 +144,7 @@ class SyncDriver:
             self.renewals.stop(effect.attempt.claim.owner)
             raise
         finally:
-            current.finished = True
+            current = finish_announced(announced)
             CURRENT.reset(entered)
         if _lease_ends_with_run(ran):
             self.renewals.stop(effect.attempt.claim.owner)
@@ -182,13 +185,17 @@ class SyncDriver:
 class AsyncDriver:
     """Interprets flows on the running event loop."""
 
-    __slots__ = ("_background", "clock", "renewals", "store")
+    __slots__ = ("_background", "_claim_now", "_complete_now", "clock", "renewals", "store")
 
     def __init__(self, store: AsyncStore, clock: Clock, renewals: LoopRenewals) -> None:
         self.store = store
         self.clock = clock
         self.renewals = renewals
         self._background: set[asyncio.Task[Any]] = set()
+        # A store doing no I/O (MemoryStore) is called through its sync methods: its async
+        # ones would only wrap them in a coroutine that never suspends.
+        self._claim_now = sync_twin(store, "aclaim")
+        self._complete_now = sync_twin(store, "acomplete")
 
     async def drive(
         self,
@@ -199,6 +206,7 @@ class AsyncDriver:
         """Run ``flow`` to its end and return its outcome (or raise what it raised).
         ``wait`` pauses a waiting duplicate (default: a sleep on the clock)."""
         store, renewals = self.store, self.renewals
+        claim_now, complete_now = self._claim_now, self._complete_now
         value: object = None
         error: BaseException | None = None
         while True:
@@ -210,26 +218,35 @@ class AsyncDriver:
             value = error = None
             try:
                 if type(effect) is ClaimRequest:
-                    value = await store.aclaim(effect)
+                    if claim_now is not None:
+                        value = claim_now(effect)
+                    else:
+                        value = await store.aclaim(effect)
                 elif type(effect) is Run:
                     assert run is not None, "a flow yielded Run with nothing to run"
-                    attempt = effect.attempt  # (_current, inlined: one call less per request)
-                    current = CurrentAttempt(
-                        attempt.claim, attempt.policy.ttl_seconds, effect.http, store
-                    )
-                    entered = CURRENT.set(current)
+                    # The handler's attempt (attempt_context), made only if it asks for it.
+                    # (announce, inlined: one call less per request.)
+                    announced: Announcement = [effect, store, None, False]
+                    entered = CURRENT.set(announced)
                     try:
                         renewals.start(effect)
                         value = await run()
-                        if current.transaction is not None or current.deferred:
-                            value = _with_requests(value, current)
+                        if announced[MADE] is not None:
+                            value = _with_requests(value, announced[MADE])
                     finally:
                         # An ASGI response, live or not, has been sent when the app returns.
-                        renewals.stop(attempt.claim.owner)
-                        current.finished = True
+                        renewals.stop(effect.attempt.claim.owner)
+                        # (finish_announced, inlined for the usual handler, which never
+                        # asked: finished first, then whether it was made, as there.)
+                        announced[FINISHED] = True
+                        if announced[MADE] is not None:
+                            finish_announced(announced)
                         CURRENT.reset(entered)
                 elif type(effect) is Completion:
-                    value = await store.acomplete(effect)
+                    if complete_now is not None:
+                        value = complete_now(effect)
+                    else:
+                        value = await store.acomplete(effect)
                 elif type(effect) is Emit:  # (only when someone listens: Reporter.wants)
                     emit(effect)
                 elif type(effect) is Wait and wait is not None:

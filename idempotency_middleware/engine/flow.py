@@ -29,7 +29,7 @@ from ..cache import ReplayCache
 from ..clock import Clock
 from ..entropy import SYSTEM_ENTROPY, Entropy
 from ..errors import TransactionConflictError, TransactionRejectedError
-from ..events import EventKind, Reporter
+from ..events import ROUTINE_KINDS, EventKind, Reporter
 from ..options import Options
 from ..records import StoredResponse
 from ..stores.protocol import Completion, Held, StoreUnavailable
@@ -164,8 +164,10 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
         if reporter.wants(kind):
             yield Emit(reporter, attempt, kind, answer.status, latency_ms)
         return answer
+    # Asked once for the DEBUG events of the usual path (claimed, completed, deferred).
+    routine = reporter.wants_routine()
     kind = "taken_over" if taken_over else "claimed"
-    if reporter.wants(kind):
+    if routine if kind in ROUTINE_KINDS else reporter.wants(kind):
         yield Emit(reporter, attempt, kind, None, latency_ms)
     policy = attempt.policy
     granted_at = claim.now
@@ -241,7 +243,7 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
             kind = "lost"
         elif deferred:
             kind = "deferred"
-        if reporter.wants(kind):
+        if routine if kind in ROUTINE_KINDS else reporter.wants(kind):
             yield Emit(reporter, attempt, kind, status)
     if writes and not stored:
         if stored is None:

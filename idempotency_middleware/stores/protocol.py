@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 # Re-exported for store authors (``StoreUnavailable`` is ``StoreUnavailableError``).
 from ..errors import StoreUnavailable as StoreUnavailable
@@ -137,6 +137,34 @@ class AsyncStore(Protocol):
     async def arelease(self, key_hash: str, owner: str) -> bool: ...
 
     async def arenew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool: ...
+
+
+# ``awaits_nothing``: the attribute marking an async store method that only returns what its
+# sync twin returns (``sync_twin``).
+_SYNC_TWIN = "__idempotency_sync_twin__"
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def awaits_nothing(sync_name: str) -> Callable[[_F], _F]:
+    """Mark an async store method whose whole body is ``return self.<sync_name>(...)`` with
+    the same arguments: a store that does no I/O (``MemoryStore``). The async driver then
+    calls the sync method itself (``sync_twin``), saving a coroutine per call; nothing else
+    differs, since such a coroutine never suspends."""
+
+    def mark(method: _F) -> _F:
+        setattr(method, _SYNC_TWIN, sync_name)
+        return method
+
+    return mark
+
+
+def sync_twin(store: object, async_name: str) -> Callable[..., Any] | None:
+    """``store``'s sync method that its async method ``async_name`` only wraps (see
+    ``awaits_nothing``), or ``None``: a subclass (or wrapper) that overrides the async method
+    without the mark is awaited as it is."""
+    sync_name = getattr(getattr(type(store), async_name, None), _SYNC_TWIN, None)
+    return None if sync_name is None else getattr(store, sync_name, None)
 
 
 @runtime_checkable
