@@ -175,8 +175,14 @@ def with_content_length(headers: Headers, length: int) -> Headers:
 
 
 def storable_headers(headers: Headers) -> Headers:
-    """Drop what must not be persisted (see :data:`DROPPED_HEADERS`)."""
-    return [(name, value) for name, value in headers if name.lower() not in DROPPED_HEADERS]
+    """Drop what must not be persisted: :data:`DROPPED_HEADERS`, and the headers a
+    ``Connection`` header names (RFC 9110 7.6.1: ``Connection: x-hop`` makes ``X-Hop``
+    hop-by-hop), case-insensitively, from every ``Connection`` header's comma-separated list."""
+    dropped = DROPPED_HEADERS
+    for name, value in headers:
+        if name.lower() == b"connection":
+            dropped = dropped.union(option.strip().lower() for option in value.split(b","))
+    return [(name, value) for name, value in headers if name.lower() not in dropped]
 
 
 class Record(NamedTuple):
