@@ -18,7 +18,7 @@ from .engine.drivers import AsyncDriver
 from .engine.effects import Ran
 from .engine.renewal import LoopRenewals
 from .options import MiddlewareOptions, Options
-from .records import StoredResponse
+from .records import StoredResponse, UnfinishedResponse
 from .rules import IdempotencyRule
 from .stores.protocol import AN_ASYNC_STORE, AsyncStore
 
@@ -187,13 +187,18 @@ class IdempotencyMiddleware:
             self._context.entropy.owner(),  # owner
         )
         start: Message | None = None
+        capture: messages.ResponseCapture | None = None
 
         async def run() -> Ran | None:
-            nonlocal start
+            nonlocal start, capture
             # (Built only when the app runs; it also replays the body read to the app.)
             capture = messages.ResponseCapture(send, body, receive)
             inner_scope = messages.without_bypass(scope) if "extensions" in scope else scope
-            await self.app(inner_scope, capture.receive, capture.send)
+            try:
+                await self.app(inner_scope, capture.receive, capture.send)
+            except Exception:
+                capture.failed = True
+                raise
             ran = capture.ran()
             start = capture.start
             return ran
@@ -203,7 +208,17 @@ class IdempotencyMiddleware:
             if admitted.policy.wait_seconds
             else None
         )
-        outcome = await self._driver.drive(flow.attempt(self._context, attempt), run, waiter)
+        try:
+            outcome = await self._driver.drive(flow.attempt(self._context, attempt), run, waiter)
+        except UnfinishedResponse:
+            # Released: the client gets the response as cut as the app left it.
+            assert capture is not None
+            await capture.send_cut()
+            return
+        except Exception:
+            if capture is not None and capture.failed:
+                await capture.send_cut()  # then the server handles the app's error
+            raise
         if type(outcome) is Ran:
             if not outcome.live:
                 assert start is not None

@@ -12,7 +12,14 @@ from .clock import Clock
 from .engine.effects import Ran
 from .events import logger
 from .problems import Problem
-from .records import BodyBuffer, StoredResponse, scan_response_headers, with_content_length
+from .records import (
+    BodyBuffer,
+    StoredResponse,
+    UnfinishedResponse,
+    is_complete,
+    scan_response_headers,
+    with_content_length,
+)
 from .request_view import HeaderView, RequestView
 
 Scope = MutableMapping[str, Any]
@@ -44,7 +51,9 @@ class ResponseCapture:
         "_replayed",
         "_send",
         "buffer",
+        "ended",
         "expected_size",
+        "failed",
         "first",
         "held",
         "live",
@@ -66,7 +75,9 @@ class ResponseCapture:
         self.expected_size: int | None = None
         self.live = False
         self.held = False  # a stream held back until its transaction's writes land
-        self.size = 0
+        self.size = 0  # bytes of the body, buffered or sent live
+        self.ended = False  # a body message with more_body=False came
+        self.failed = False  # the app raised (set by the door)
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
@@ -79,6 +90,8 @@ class ResponseCapture:
             if self.live:
                 await self._send(message)
         elif kind == "http.response.body":
+            if not message.get("more_body", False):
+                self.ended = True
             if self.live:
                 self.size += len(message.get("body", b""))
                 await self._send(message)
@@ -86,6 +99,7 @@ class ResponseCapture:
             chunk = message.get("body", b"")
             if not chunk:
                 return
+            self.size += len(chunk)
             if self.buffer is not None:
                 self.buffer.add(chunk)
             elif not self.first:
@@ -99,6 +113,16 @@ class ResponseCapture:
         elif self.live:
             await self._send(message)
 
+    async def send_cut(self) -> None:
+        """Once the key is released, send an unfinished response as the app sent it, so the
+        server cuts it as it would have without the middleware (a live one went already)."""
+        start = self.start
+        if start is None or self.live:
+            return
+        body = self.first if self.buffer is None else self.buffer.take()
+        await self._send(start)
+        await self._send({"type": "http.response.body", "body": body, "more_body": not self.ended})
+
     async def receive(self) -> Message:
         """``replaying_receive(body, receive)`` as a method of the capture."""
         if not self._replayed:
@@ -108,10 +132,13 @@ class ResponseCapture:
         return await self._receive()
 
     def ran(self) -> Ran | None:
-        """The app's answer once it returned (``None``: it sent nothing)."""
+        """The app's answer once it returned (``None``: it sent nothing);
+        ``UnfinishedResponse`` when it did not finish it."""
         start = self.start
         if start is None:
             return None
+        if not self.ended or not is_complete(start["status"], self.expected_size, self.size):
+            raise UnfinishedResponse
         headers = start.get("headers", [])
         if self.live:
             return Ran(start["status"], headers, b"", live=True, ended=True, size=self.size)

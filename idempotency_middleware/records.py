@@ -74,6 +74,20 @@ def _is_streaming_media(content_type: bytes) -> bool:
     return media_type in STREAMING_MEDIA_TYPES
 
 
+class UnfinishedResponse(Exception):
+    """The app's response did not finish (ASGI: no ``more_body=False``; any door: a body
+    shorter or longer than its ``Content-Length``). Raised by a door's capture into the
+    attempt, which releases the key: nothing is stored, and a retry runs again. The door
+    then hands the client what it captured, so the server cuts it as it would have."""
+
+
+def is_complete(status: int, declared: int | None, size: int) -> bool:
+    """Whether a body of ``size`` bytes matches the ``Content-Length`` its response
+    declared (``None``: none, or malformed). 1xx, 204 and 304 responses carry no body
+    whatever a Content-Length says (a 304's is the selected representation's)."""
+    return declared is None or declared == size or status < 200 or status in (204, 304)
+
+
 class BodyBuffer:
     """Collects a response body as the app sends it.
 
