@@ -216,8 +216,11 @@ class IdempotencyMiddleware:
             await capture.send_cut()
             return
         except Exception:
-            if capture is not None and capture.failed:
-                await capture.send_cut()  # then the server handles the app's error
+            if capture is not None and capture.failed and not capture.ended:
+                # Raised midway: the client gets the cut, then the server the app's error.
+                # (Raised after its response ended, as Starlette's error middleware does
+                # after its 500, nothing was sent: the server answers its own 500.)
+                await capture.send_cut()
             raise
         if type(outcome) is Ran:
             if not outcome.live:

@@ -20,7 +20,8 @@ Views (a call counter per endpoint in ``state()``, named ``"METHOD /route"``):
   Content-Length, buffered or streaming (or a stream failing midway)
 - ``POST txn?table=T&stream=1`` (or ``stream=async``): adds a put of ``{"id": <body's
   id>}`` (if absent) to the attempt's ``completion_transaction()`` and answers 201 JSON, or
-  with ``stream`` a ``text/event-stream`` of two chunks (sync or async); it answers 501
+  with ``stream`` a ``text/event-stream`` of two chunks (sync or async; ``stream=cut``: one,
+  then an exception); it answers 501
   naming the exception when there is no transaction to use (no key: ``LookupError``)
 """
 
@@ -160,6 +161,13 @@ def txn(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
         return StreamingHttpResponse(
             iter([STREAM_FIRST_CHUNK, STREAM_LAST_CHUNK]), content_type="text/event-stream"
         )
+    if request.GET.get("stream") == "cut":
+
+        def cut_short() -> Iterator[bytes]:
+            yield STREAM_FIRST_CHUNK
+            raise StreamFailed("the stream failed midway")
+
+        return StreamingHttpResponse(cut_short(), content_type="text/event-stream")
     return HttpResponse(orjson.dumps({"call": call}), status=201, content_type="application/json")
 
 
