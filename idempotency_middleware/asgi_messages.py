@@ -55,6 +55,7 @@ class ResponseCapture:
         "expected_size",
         "failed",
         "first",
+        "gone",
         "held",
         "live",
         "size",
@@ -78,6 +79,7 @@ class ResponseCapture:
         self.size = 0  # bytes of the body, buffered or sent live
         self.ended = False  # a body message with more_body=False came
         self.failed = False  # the app raised (set by the door)
+        self.gone = False  # the app was told its client disconnected
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
@@ -129,7 +131,10 @@ class ResponseCapture:
             self._replayed = True
             return {"type": "http.request", "body": self._body, "more_body": False}
         assert self._receive is not None, "a capture built without receive replays nothing"
-        return await self._receive()
+        message = await self._receive()
+        if message.get("type") == "http.disconnect":
+            self.gone = True
+        return message
 
     def ran(self) -> Ran | None:
         """The app's answer once it returned (``None``: it sent nothing);
@@ -137,9 +142,13 @@ class ResponseCapture:
         start = self.start
         if start is None:
             return None
+        headers = start.get("headers", [])
+        if self.live and self.gone and not self.ended:
+            # A stream its app stopped because its client went away (Starlette's does):
+            # done, as a WSGI stream closed early is; the handler started a success.
+            return Ran(start["status"], headers, b"", live=True, ended=True, size=self.size)
         if not self.ended or not is_complete(start["status"], self.expected_size, self.size):
             raise UnfinishedResponse
-        headers = start.get("headers", [])
         if self.live:
             return Ran(start["status"], headers, b"", live=True, ended=True, size=self.size)
         body = self.first if self.buffer is None else self.buffer.take()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -135,3 +135,43 @@ def test_a_finished_response_is_still_stored_and_replayed(
     assert retry.headers["idempotent-replayed"] == "true"
     assert wrapped.runs == runs + 1
     assert store.get(key_hash("/whole")) is not None
+
+
+def test_a_stream_its_app_stopped_because_its_client_left_stays_completed() -> None:
+    # Starlette stops a StreamingResponse when its client disconnects, without a last
+    # message: that stream is not unfinished (its handler started a success), it is done,
+    # as a WSGI stream closed early is. The handler never runs again; a retry gets 410.
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    runs: list[int] = []
+    store = MemoryStore()
+
+    async def endless(request: Request) -> StreamingResponse:
+        runs.append(1)
+
+        async def events() -> AsyncIterator[bytes]:
+            while True:
+                yield b"data: tick\n\n"
+                await asyncio.sleep(0.01)
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    app = Starlette(routes=[Route("/events", endless, methods=["POST"])])
+    with (
+        serve_asgi(IdempotencyMiddleware(app, store=store)) as url,
+        httpx.Client(base_url=url, timeout=10) as client,
+    ):
+        with client.stream("POST", "/events", headers=KEY, content=b"x") as response:
+            assert next(response.iter_bytes()).startswith(b"data: tick")
+        deadline = time.monotonic() + 5
+        while (record := store.get(key_hash("/events"))) is None or record.status.value != (
+            "completed"
+        ):
+            assert time.monotonic() < deadline, record
+            time.sleep(0.01)
+        retry = client.post("/events", headers=KEY, content=b"x")
+    assert retry.status_code == 410
+    assert runs == [1]
