@@ -147,7 +147,12 @@ class ResponseCapture:
             # A stream its app stopped because its client went away (Starlette's does):
             # done, as a WSGI stream closed early is; the handler started a success.
             return Ran(start["status"], headers, b"", live=True, ended=True, size=self.size)
-        if not self.ended or not is_complete(start["status"], self.expected_size, self.size):
+        declared = self.expected_size
+        if not self.ended or (
+            declared is not None
+            and declared != self.size  # (the common case decided without a call)
+            and not is_complete(start["status"], declared, self.size)
+        ):
             raise UnfinishedResponse
         if self.live:
             return Ran(start["status"], headers, b"", live=True, ended=True, size=self.size)
