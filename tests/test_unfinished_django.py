@@ -28,6 +28,8 @@ from tests.apps import AppState
 from tests.servers import serve_asgi, serve_wsgi
 
 WITHOUT_US = ["django.middleware.common.CommonMiddleware"]
+# Under ASGI Django warns that it consumes the cut view's sync iterators: that is the point.
+pytestmark = pytest.mark.filterwarnings("ignore:StreamingHttpResponse must consume")
 
 
 def key_for(url: str) -> str:
