@@ -18,7 +18,7 @@ from .engine.drivers import AsyncDriver
 from .engine.effects import Ran
 from .engine.renewal import LoopRenewals
 from .options import DOOR_OPTIONS, MiddlewareOptions, Options, check_option_names
-from .records import StoredResponse
+from .records import StoredResponse, UnfinishedResponse
 from .refusals import AN_ASYNC_STORE
 from .rules import IdempotencyRule
 from .stores.protocol import AsyncStore
@@ -266,9 +266,21 @@ class IdempotencyMiddleware:
             if admitted.policy.wait_seconds
             else None
         )
-        outcome = await self._driver.drive(
-            flow.attempt(self._context, attempt), capture.run, waiter
-        )
+        try:
+            outcome = await self._driver.drive(
+                flow.attempt(self._context, attempt), capture.run, waiter
+            )
+        except UnfinishedResponse:
+            # Released: the client gets the response as cut as the app left it.
+            await capture.send_cut()
+            return
+        except Exception:
+            if capture.failed and not capture.ended:
+                # Raised midway: the client gets the cut, then the server the app's error.
+                # (Raised after its response ended, as Starlette's error middleware does
+                # after its 500, nothing was sent: the server answers its own 500.)
+                await capture.send_cut()
+            raise
         if type(outcome) is Ran:
             if not outcome.live:
                 start = capture.start

@@ -12,7 +12,14 @@ from .clock import Clock
 from .engine.effects import Ran
 from .events import logger
 from .problems import Problem
-from .records import BodyBuffer, StoredResponse, scan_response_headers, with_content_length
+from .records import (
+    BodyBuffer,
+    StoredResponse,
+    UnfinishedResponse,
+    is_complete,
+    scan_response_headers,
+    with_content_length,
+)
 from .request_view import HeaderView, RequestView
 
 Scope = MutableMapping[str, Any]
@@ -46,8 +53,11 @@ class ResponseCapture:
         "_scope",
         "_send",
         "buffer",
+        "ended",
         "expected_size",
+        "failed",
         "first",
+        "gone",
         "held",
         "live",
         "size",
@@ -77,7 +87,10 @@ class ResponseCapture:
         self.expected_size: int | None = None
         self.live = False
         self.held = False  # a stream held back until its transaction's writes land
-        self.size = 0
+        self.size = 0  # bytes of the body, buffered or sent live
+        self.ended = False  # a body message with more_body=False came
+        self.failed = False  # the app raised
+        self.gone = False  # the app was told its client disconnected
 
     async def run(self) -> Ran | None:
         """Run the app on the scope (without the bypass extensions), the body replayed to
@@ -87,7 +100,11 @@ class ResponseCapture:
         scope = self._scope
         if "extensions" in scope:
             scope = without_bypass(scope)
-        await self._app(scope, self.receive, self.send)
+        try:
+            await self._app(scope, self.receive, self.send)
+        except Exception:
+            self.failed = True
+            raise
         return self.ran()
 
     async def send(self, message: Message) -> None:
@@ -101,6 +118,8 @@ class ResponseCapture:
             if self.live:
                 await self._send(message)
         elif kind == "http.response.body":
+            if not message.get("more_body", False):
+                self.ended = True
             if self.live:
                 self.size += len(message.get("body", b""))
                 await self._send(message)
@@ -108,6 +127,7 @@ class ResponseCapture:
             chunk = message.get("body", b"")
             if not chunk:
                 return
+            self.size += len(chunk)
             if self.buffer is not None:
                 self.buffer.add(chunk)
             elif not self.first:
@@ -121,20 +141,45 @@ class ResponseCapture:
         elif self.live:
             await self._send(message)
 
+    async def send_cut(self) -> None:
+        """Once the key is released, send an unfinished response as the app sent it, so the
+        server cuts it as it would have without the middleware (a live one went already)."""
+        start = self.start
+        if start is None or self.live:
+            return
+        body = self.first if self.buffer is None else self.buffer.take()
+        await self._send(start)
+        await self._send({"type": "http.response.body", "body": body, "more_body": not self.ended})
+
     async def receive(self) -> Message:
         """``replaying_receive(body, receive)`` as a method of the capture."""
         if not self._replayed:
             self._replayed = True
             return {"type": "http.request", "body": self._body, "more_body": False}
         assert self._receive is not None, "a capture built without receive replays nothing"
-        return await self._receive()
+        message = await self._receive()
+        if message.get("type") == "http.disconnect":
+            self.gone = True
+        return message
 
     def ran(self) -> Ran | None:
-        """The app's answer once it returned (``None``: it sent nothing)."""
+        """The app's answer once it returned (``None``: it sent nothing);
+        ``UnfinishedResponse`` when it did not finish it."""
         start = self.start
         if start is None:
             return None
         headers = start.get("headers", [])
+        if self.live and self.gone and not self.ended:
+            # A stream its app stopped because its client went away (Starlette's does):
+            # done, as a WSGI stream closed early is; the handler started a success.
+            return Ran(start["status"], headers, b"", live=True, ended=True, size=self.size)
+        declared = self.expected_size
+        if not self.ended or (
+            declared is not None
+            and declared != self.size  # (the common case decided without a call)
+            and not is_complete(start["status"], declared, self.size)
+        ):
+            raise UnfinishedResponse
         if self.live:
             return Ran(start["status"], headers, b"", live=True, ended=True, size=self.size)
         body = self.first if self.buffer is None else self.buffer.take()

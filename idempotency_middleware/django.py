@@ -17,7 +17,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
-from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.utils.module_loading import import_string
 
 from . import core, problems, refusals
@@ -29,7 +29,13 @@ from .engine.effects import Ran, StreamEnd
 from .engine.renewal import ThreadRenewals
 from .options import DOOR_OPTIONS, Options, check_option_names
 from .problems import Problem
-from .records import Headers, StoredResponse
+from .records import (
+    Headers,
+    StoredResponse,
+    UnfinishedResponse,
+    is_complete,
+    scan_response_headers,
+)
 from .refusals import A_SYNC_STORE
 from .stores.protocol import SyncStore
 
@@ -128,6 +134,12 @@ class IdempotencyDjangoMiddleware:
             assert response is not None
             _count_stream(response, lambda size, failed: self._resume(running, size, failed))
             return response
+        except UnfinishedResponse:
+            # Released; the response goes out as the view left it, for the server to cut.
+            assert response is not None
+            return response
+        except _CutStream as cut:
+            return cut.response  # a held stream that failed midway, released
         if type(outcome) is Ran:
             assert response is not None
             return response
@@ -202,26 +214,61 @@ def _ran(response: HttpResponseBase) -> Ran:
     headers = _headers(response)
     if response.streaming:  # StreamingHttpResponse, FileResponse: sent live, not kept
         return Ran(response.status_code, headers, b"", live=True, ended=False)
-    return Ran(response.status_code, headers, response.content)
+    body = response.content
+    if not is_complete(response.status_code, scan_response_headers(headers)[1], len(body)):
+        raise UnfinishedResponse
+    return Ran(response.status_code, headers, body)
+
+
+class _CutStream(Exception):
+    """A held stream failed midway: ``response`` streams what it sent, then its error."""
+
+    def __init__(self, response: StreamingHttpResponse) -> None:
+        super().__init__("the held stream failed midway")
+        self.response = response
+
+
+def _cut(streaming: Any, chunks: list[bytes], error: Exception) -> _CutStream:
+    """A held stream that failed, to be sent as it went: what it yielded, then its error,
+    so the server cuts it as it would have without the middleware."""
+
+    def replay() -> Iterator[bytes]:
+        yield from chunks
+        raise error
+
+    cut = StreamingHttpResponse(replay(), status=streaming.status_code)
+    del cut["Content-Type"]
+    for name, value in streaming.items():
+        cut[name] = value
+    return _CutStream(cut)
 
 
 def _held(streaming: Any) -> HttpResponse:
     """A streaming response read whole, to be sent once the attempt's transaction landed
     (its writes must land before the first byte)."""
+    chunks: list[bytes] = []
     try:
         if streaming.is_async:
             from asgiref.sync import async_to_sync
 
-            async def read(chunks: AsyncIterable[bytes]) -> bytes:
-                return b"".join([chunk async for chunk in chunks])
+            async def read(content: AsyncIterable[bytes]) -> None:
+                async for chunk in content:
+                    chunks.append(chunk)
 
             # The door runs in a thread of its own (Django's sync middleware), with no loop.
-            body = async_to_sync(read)(streaming.streaming_content)
+            async_to_sync(read)(streaming.streaming_content)
         else:
-            body = b"".join(streaming.streaming_content)
+            for chunk in streaming.streaming_content:
+                chunks.append(chunk)
+    except Exception as error:
+        raise _cut(streaming, chunks, error) from error
     finally:
         streaming.close()
-    return _response(streaming.status_code, _headers(streaming), body)
+    body = b"".join(chunks)
+    headers = _headers(streaming)
+    if not is_complete(streaming.status_code, scan_response_headers(headers)[1], len(body)):
+        raise _cut(streaming, chunks, UnfinishedResponse())
+    return _response(streaming.status_code, headers, body)
 
 
 def replay_response(stored: StoredResponse) -> HttpResponse:
@@ -252,15 +299,20 @@ def _count_stream(response: Any, finish: Finish) -> None:
     Setting ``streaming_content`` also keeps a ``FileResponse`` off ``wsgi.file_wrapper``,
     which would bypass the count."""
     content = response.streaming_content
-    response.streaming_content = (
-        _AsyncCount(content, finish) if response.is_async else _SyncCount(content, finish)
-    )
+    declared = scan_response_headers(_headers(response))[1]
+    status = response.status_code
+    count = _AsyncCount(content, finish) if response.is_async else _SyncCount(content, finish)
+    count.complete = lambda size: is_complete(status, declared, size)
+    response.streaming_content = count
 
 
 class _Count:
     def __init__(self, finish: Finish) -> None:
         self._finish: Finish | None = finish
         self.size = 0
+        # Whether a stream that ran to its end sent the body its headers declared (one
+        # that did not is unfinished: nothing is kept).
+        self.complete: Callable[[int], bool] = lambda size: True
 
     def end(self, failed: bool) -> None:
         finish, self._finish = self._finish, None
@@ -282,6 +334,7 @@ class _SyncCount(_Count):
             for chunk in self._chunks:
                 self.size += len(chunk)
                 yield chunk
+            failed = not self.complete(self.size)
         except Exception:
             failed = True
             raise
@@ -300,6 +353,7 @@ class _AsyncCount(_Count):
             async for chunk in self._chunks:
                 self.size += len(chunk)
                 yield chunk
+            failed = not self.complete(self.size)
         except Exception:
             failed = True
             raise

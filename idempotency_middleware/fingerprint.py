@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 from decimal import Decimal
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
@@ -19,8 +20,13 @@ import orjson
 # more significant digits than a double holds would collapse onto their neighbours. A body
 # with a run of 16+ digits (or dots) may hold one, so it takes the exact (slower) path.
 # (translate maps digits and dots to "0" in C; faster than a regex search.)
-_DIGITS_TO_ZERO = bytes.maketrans(b"0123456789.", b"0" * 11)
+# The same table folds exponent marks and signs (E to e, + to -) so an exponent of 3 digits
+# or more (leading zeros included) reads "e000" or "e-000": the only way a number with
+# fewer than 16 digits leaves a double's range (or is rounded as a subnormal).
+_DIGITS_TO_ZERO = bytes.maketrans(b"0123456789.E+", b"0" * 11 + b"e-")
 _LONG_NUMBER = b"0" * 16
+# (A regex: a substring search for "e000" is several times slower on digit-heavy text.)
+_BIG_EXPONENT = re.compile(rb"e-?000")
 
 
 @functools.lru_cache(maxsize=256)
@@ -60,12 +66,9 @@ def canonical_body(content_type: bytes | str | None, body: bytes) -> tuple[bytes
     """Return ``(kind, canonical bytes)`` for a body; the kind keeps forms from colliding."""
     kind = _body_kind(content_type)
     if body and kind == b"json":
-        if _LONG_NUMBER not in body.translate(_DIGITS_TO_ZERO):
-            try:
-                # orjson keeps 1 and 1.0 apart and sorts keys.
-                return kind, orjson.dumps(orjson.loads(body), option=orjson.OPT_SORT_KEYS)
-            except (orjson.JSONDecodeError, orjson.JSONEncodeError):
-                pass
+        fast = _fast_canonical_json(body)
+        if fast is not None:
+            return kind, fast
         exact = _exact_canonical_json(body)
         return (kind, exact) if exact is not None else (b"bytes", body)
     if kind == b"form":
@@ -75,6 +78,26 @@ def canonical_body(content_type: bytes | str | None, body: bytes) -> tuple[bytes
             return b"bytes", body
         return b"form", _sorted_pairs(text)
     return b"bytes", body
+
+
+def _fast_canonical_json(body: bytes) -> bytes | None:
+    """Canonical JSON through orjson, or ``None`` when orjson cannot give it exactly."""
+    folded = body.translate(_DIGITS_TO_ZERO)
+    if _LONG_NUMBER in folded:
+        return None
+    try:
+        # orjson keeps 1 and 1.0 apart and sorts keys.
+        canonical = orjson.dumps(orjson.loads(body), option=orjson.OPT_SORT_KEYS)
+    except (orjson.JSONDecodeError, orjson.JSONEncodeError):
+        return None
+    # A number below a double's range silently becomes 0.0, -0.0 or a subnormal (printed
+    # with an exponent of -308 or below) where the exact path keeps it: 1e-400 is not 0.0.
+    # With no run of 16 digits, only an exponent of 3 digits reaches there. (An ordinary
+    # body fails the first check; "e123" inside a string, the second. A false alarm only
+    # costs the exact path.)
+    if _BIG_EXPONENT.search(folded) is not None and (b"0.0" in canonical or b"e-3" in canonical):
+        return None
+    return canonical
 
 
 def _refuse_constant(name: str) -> Any:
@@ -119,7 +142,7 @@ def _write_canonical(value: Any, out: list[bytes]) -> None:
         if Decimal(repr(nearest)) == value:
             out.append(orjson.dumps(nearest))
         else:
-            out.append(b"~" + str(value).encode("ascii"))
+            out.append(_exact_number(value))
     elif isinstance(value, int) and not isinstance(value, bool):
         out.append(str(value).encode("ascii"))
     else:  # str, bool, None
@@ -127,6 +150,17 @@ def _write_canonical(value: Any, out: list[bytes]) -> None:
             out.append(orjson.dumps(value))
         except TypeError:  # a lone surrogate from a \ud800 escape: keep it escaped
             out.append(b"~" + json.dumps(value).encode("ascii"))
+
+
+def _exact_number(value: Decimal) -> bytes:
+    """A number no double holds, by its exact value: ``1e400`` and ``10e399`` are one
+    number (``~1e400``); the ``~`` keeps it apart from any double's form."""
+    sign, digits, exponent = value.as_tuple()
+    assert isinstance(exponent, int)  # finite: JSON has no NaN or Infinity
+    text = "".join(map(str, digits))
+    significant = text.rstrip("0")  # never empty: every zero is a double
+    exponent += len(text) - len(significant)
+    return b"~%s%se%d" % (b"-" if sign else b"", significant.encode("ascii"), exponent)
 
 
 def fingerprint_request(

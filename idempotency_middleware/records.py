@@ -74,6 +74,20 @@ def _is_streaming_media(content_type: bytes) -> bool:
     return media_type in STREAMING_MEDIA_TYPES
 
 
+class UnfinishedResponse(Exception):
+    """The app's response did not finish (ASGI: no ``more_body=False``; any door: a body
+    shorter or longer than its ``Content-Length``). Raised by a door's capture into the
+    attempt, which releases the key: nothing is stored, and a retry runs again. The door
+    then hands the client what it captured, so the server cuts it as it would have."""
+
+
+def is_complete(status: int, declared: int | None, size: int) -> bool:
+    """Whether a body of ``size`` bytes matches the ``Content-Length`` its response
+    declared (``None``: none, or malformed). 1xx, 204 and 304 responses carry no body
+    whatever a Content-Length says (a 304's is the selected representation's)."""
+    return declared is None or declared == size or status < 200 or status in (204, 304)
+
+
 class BodyBuffer:
     """Collects a response body as the app sends it.
 
@@ -175,17 +189,24 @@ def with_content_length(headers: Headers, length: int) -> Headers:
 
 
 def storable_headers(headers: Headers) -> Headers:
-    """Drop what must not be persisted (see :data:`DROPPED_HEADERS`): a new list of
-    ``(name, value)`` tuples."""
-    if type(headers) is list:
-        # The usual response: a list of tuples with nothing to drop, copied in C (a list
-        # comprehension would rebuild every tuple).
-        for header in headers:
-            if type(header) is not tuple or header[0].lower() in DROPPED_HEADERS:
-                break
-        else:
-            return headers.copy()
-    return [(name, value) for name, value in headers if name.lower() not in DROPPED_HEADERS]
+    """Drop what must not be persisted: :data:`DROPPED_HEADERS`, and the headers a
+    ``Connection`` header names (RFC 9110 7.6.1: ``Connection: x-hop`` makes ``X-Hop``
+    hop-by-hop), case-insensitively, from every ``Connection`` header's comma-separated
+    list. A new list of ``(name, value)`` tuples."""
+    dropped = DROPPED_HEADERS
+    if type(headers) is not list:
+        headers = list(headers)  # (any iterable of pairs: read twice below)
+    # The usual response: a list of tuples with nothing to drop, copied in C (a list
+    # comprehension would rebuild every tuple).
+    for header in headers:
+        if type(header) is not tuple or header[0].lower() in DROPPED_HEADERS:
+            break
+    else:
+        return headers.copy()
+    for name, value in headers:
+        if name.lower() == b"connection":
+            dropped = dropped.union(option.strip().lower() for option in value.split(b","))
+    return [(name, value) for name, value in headers if name.lower() not in dropped]
 
 
 class Record(NamedTuple):

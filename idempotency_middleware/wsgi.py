@@ -17,7 +17,7 @@ from .engine.drivers import Suspended, SyncDriver
 from .engine.effects import Ran, StreamEnd
 from .engine.renewal import ThreadRenewals
 from .options import DOOR_OPTIONS, MiddlewareOptions, Options, check_option_names
-from .records import StoredResponse
+from .records import StoredResponse, UnfinishedResponse
 from .refusals import A_SYNC_STORE
 from .stores.protocol import SyncStore
 from .wsgi_environ import Environ, StartResponse, WSGIApp
@@ -128,7 +128,15 @@ class IdempotencyWSGIMiddleware:
                 finish(0, True)
                 raise
 
-            return wsgi_io.LiveBody(captured.buffer.take(), captured.live, finish)
+            return wsgi_io.LiveBody(
+                captured.buffer.take(), captured.live, finish, captured.complete
+            )
+        except UnfinishedResponse:
+            return captured.send_cut(start_response, None)  # released; the server cuts it
+        except Exception as error:
+            if not captured.failed or captured.status_line is None:
+                raise
+            return captured.send_cut(start_response, error)  # released; the server cuts it
         if type(outcome) is Ran:
             assert captured.status_line is not None
             start_response(captured.status_line, captured.headers, captured.exc_info)

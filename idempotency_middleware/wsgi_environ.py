@@ -13,7 +13,14 @@ from .attempt_context import streams_now
 from .engine.effects import Ran
 from .options import Options
 from .problems import Problem
-from .records import BodyBuffer, Headers, StoredResponse, scan_response_headers
+from .records import (
+    BodyBuffer,
+    Headers,
+    StoredResponse,
+    UnfinishedResponse,
+    is_complete,
+    scan_response_headers,
+)
 from .request_view import HeaderView, RequestView
 
 Environ = dict[str, Any]
@@ -33,11 +40,17 @@ class LiveBody:
     ``finish(size, failed)`` exactly once, when the stream ends, fails or is closed."""
 
     def __init__(
-        self, prefix: bytes, iterable: Iterable[bytes], finish: Callable[[int, bool], None]
+        self,
+        prefix: bytes,
+        iterable: Iterable[bytes],
+        finish: Callable[[int, bool], None],
+        complete: Callable[[int], bool] = lambda size: True,
     ) -> None:
         self._prefix = prefix
         self._iterable = iterable
         self._finish: Callable[[int, bool], None] | None = finish
+        # Whether a stream that ran to its end sent the body its headers declared.
+        self._complete = complete
         self._size = 0
 
     def __iter__(self) -> Iterator[bytes]:
@@ -51,6 +64,8 @@ class LiveBody:
         except Exception:
             self._end(failed=True)
             raise
+        # Sent whole, but not the length it declared: unfinished, so nothing is kept.
+        self._end(failed=not self._complete(self._size))
 
     def close(self) -> None:
         try:
@@ -78,23 +93,49 @@ class CapturedResponse:
         self.buffer = BodyBuffer()
         self.streaming = False  # its media type streams (records.STREAMING_MEDIA_TYPES)
         self.live: Iterable[bytes] | None = None  # a streaming response's iterable
+        self.failed = False  # the app (or its iterable) raised
+        self.body = b""  # the body of an unfinished response, for ``send_cut``
 
     def run(self, app: WSGIApp, environ: Environ) -> Ran | None:
-        """Run the app, buffering its body unless it streams."""
-        iterable = app(environ, self.start_response)
-        if self.status_line is not None and self.streaming:
-            self.live = iterable
-            return Ran(status_code(self.status_line), self.encoded_headers, b"", True, False)
+        """Run the app, buffering its body unless it streams; ``UnfinishedResponse`` when
+        the body does not match its Content-Length."""
         try:
-            for chunk in iterable:
-                self.buffer.add(chunk)
-        finally:
-            close = getattr(iterable, "close", None)
-            if close is not None:
-                close()
+            iterable = app(environ, self.start_response)
+            if self.status_line is not None and self.streaming:
+                self.live = iterable
+                return Ran(status_code(self.status_line), self.encoded_headers, b"", True, False)
+            try:
+                for chunk in iterable:
+                    self.buffer.add(chunk)
+            finally:
+                close = getattr(iterable, "close", None)
+                if close is not None:
+                    close()
+        except Exception:
+            self.failed = True
+            raise
         if self.status_line is None:
             return None
-        return Ran(status_code(self.status_line), self.encoded_headers, self.buffer.take())
+        status, body = status_code(self.status_line), self.buffer.take()
+        if not is_complete(status, self.buffer.expected_size, len(body)):
+            self.body = body
+            raise UnfinishedResponse
+        return Ran(status, self.encoded_headers, body)
+
+    def complete(self, size: int) -> bool:
+        """Whether a live body of ``size`` bytes is the one its headers declared."""
+        assert self.status_line is not None
+        return is_complete(status_code(self.status_line), self.buffer.expected_size, size)
+
+    def send_cut(self, start_response: StartResponse, error: Exception | None) -> Iterable[bytes]:
+        """Once the key is released, an unfinished response as the app gave it: its body,
+        or what it yielded before ``error``, then ``error`` raised, so the server cuts it
+        (or answers 500, with no byte sent) as it would have without the middleware."""
+        assert self.status_line is not None
+        start_response(self.status_line, self.headers, self.exc_info)
+        if error is None:
+            return [self.body]
+        return _failing(self.buffer.take(), error)
 
     def start_response(
         self,
@@ -119,6 +160,12 @@ class CapturedResponse:
         if self.streaming:
             self.streaming = streams_now()
         return self.buffer.add  # the legacy write() callable
+
+
+def _failing(prefix: bytes, error: Exception) -> Iterator[bytes]:
+    if prefix:
+        yield prefix
+    raise error
 
 
 def key_lines(environ: Environ, options: Options) -> list[bytes]:

@@ -16,9 +16,12 @@ Views (a call counter per endpoint in ``state()``, named ``"METHOD /route"``):
   exception with ``fail``
 - ``POST file``: a ``FileResponse`` of ``FILE_CONTENT``
 - ``POST async-stream?fail=1``: an async view streaming an async generator, likewise
+- ``POST cut?length=N&stream=1`` (or ``fail=1``): a body that does not match its
+  Content-Length, buffered or streaming (or a stream failing midway)
 - ``POST txn?table=T&stream=1`` (or ``stream=async``): adds a put of ``{"id": <body's
   id>}`` (if absent) to the attempt's ``completion_transaction()`` and answers 201 JSON, or
-  with ``stream`` a ``text/event-stream`` of two chunks (sync or async); it answers 501
+  with ``stream`` a ``text/event-stream`` of two chunks (sync or async; ``stream=cut``: one,
+  then an exception); it answers 501
   naming the exception when there is no transaction to use (no key: ``LookupError``)
 """
 
@@ -158,10 +161,41 @@ def txn(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
         return StreamingHttpResponse(
             iter([STREAM_FIRST_CHUNK, STREAM_LAST_CHUNK]), content_type="text/event-stream"
         )
+    if request.GET.get("stream") == "cut":
+
+        def cut_short() -> Iterator[bytes]:
+            yield STREAM_FIRST_CHUNK
+            raise StreamFailed("the stream failed midway")
+
+        return StreamingHttpResponse(cut_short(), content_type="text/event-stream")
     return HttpResponse(orjson.dumps({"call": call}), status=201, content_type="application/json")
 
 
+POST_CUT = "POST /cut"
+
+
+def cut(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
+    """A response whose body does not match its Content-Length (``?length=N``), buffered
+    or (``?stream=1``) streaming; or (``?fail=1``) a stream that fails midway."""
+    state().record_call(POST_CUT)
+    if request.GET.get("fail") == "1":
+
+        def failing() -> Iterator[bytes]:
+            yield b"part"
+            raise StreamFailed("the stream failed midway")
+
+        return StreamingHttpResponse(failing(), content_type="text/event-stream")
+    response: HttpResponse | StreamingHttpResponse
+    if request.GET.get("stream") == "1":
+        response = StreamingHttpResponse(iter([b"part", b"ial"]), content_type="text/plain")
+    else:
+        response = HttpResponse(b"partial", content_type="text/plain")
+    response["Content-Length"] = request.GET["length"]
+    return response
+
+
 urlpatterns = [
+    path("cut", cut),
     path("orders/<int:order_id>", order),
     path("orders", orders),
     path("slow", slow),

@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterator
 
 import boto3
+import httpx
 import orjson
 import pytest
 
@@ -128,3 +129,23 @@ def test_a_request_without_a_key_has_no_transaction(
     response = served.client.post(f"/txn?table={orders_table}", json={"id": "order-4"})
 
     assert (response.status_code, response.text) == (501, "LookupError")
+
+
+def test_a_streaming_response_with_writes_that_fails_midway_is_cut_and_writes_nothing(
+    django_servers: DjangoServers,
+    dynamodb_store: DynamoDBStore,
+    orders_table: str,
+    moto_endpoint: str,
+) -> None:
+    served = django_servers.start(store=dynamodb_store)
+    key = new_key()
+    url = f"/txn?table={orders_table}&stream=cut"
+
+    for _ in range(2):
+        # Held for its writes, it failed midway: the client sees waitress's cut of a stream
+        # failing after its first chunk, not a whole response nor a 500.
+        with pytest.raises(httpx.RemoteProtocolError):
+            served.client.post(url, json={"id": "order-4"}, headers=keyed(key))
+
+    assert served.state.calls(project.POST_TXN) == 2  # released: the retry ran it again
+    assert orders(moto_endpoint, orders_table) == []

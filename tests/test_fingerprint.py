@@ -10,6 +10,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from idempotency_middleware import fingerprint
 from idempotency_middleware.fingerprint import canonical_query, fingerprint_request
 
 PURE = settings(max_examples=200, deadline=None)
@@ -275,3 +276,98 @@ def test_any_query_in_any_order_has_one_canonical_form(
     reordered = list(pairs)
     rng.shuffle(reordered)
     assert canonical_query(urlencode(pairs)) == canonical_query(urlencode(reordered))
+
+
+# --- One fingerprint whatever the path ---------------------------------------------------
+
+# JSON text with numbers of every shape: integers past 64 bits, -0, 1 vs 1.0, exponents in
+# and far out of a double's range (with leading zeros, either case, either sign), more
+# significant digits than a double holds; strings escaped or not; duplicate keys.
+_FIXED_NUMBERS = (
+    "-0", "0", "-0.0", "0.0", "1", "1.0", "1e0", "1E+0", "1e-400", "0e-400", "-0e400",
+    "1e308", "1.7976931348623157e308", "4.9e-324", "2.2250738585072014e-308", "1.234567e-320",
+)  # fmt: skip
+_digits = st.text("0123456789", min_size=1, max_size=22)
+
+
+@st.composite
+def _number_texts(draw: st.DrawFn) -> str:
+    shape = draw(st.sampled_from(["int", "decimal", "float", "exponent", "fixed"]))
+    if shape == "int":
+        return str(draw(st.integers(min_value=-(10**30), max_value=10**30)))
+    if shape == "float":
+        return repr(draw(st.floats(allow_nan=False, allow_infinity=False)))
+    if shape == "fixed":
+        return draw(st.sampled_from(_FIXED_NUMBERS))
+    sign = draw(st.sampled_from(["", "-"]))
+    whole = draw(_digits).lstrip("0") or "0"
+    number = sign + whole
+    if shape == "decimal" or draw(st.booleans()):
+        number += "." + draw(_digits)
+    if shape == "exponent":
+        exponent = draw(st.integers(min_value=0, max_value=450))
+        number += draw(st.sampled_from(["e", "E"])) + draw(st.sampled_from(["", "+", "-"]))
+        number += "0" * draw(st.integers(min_value=0, max_value=2)) + str(exponent)
+    return number
+
+
+def _string_text(text: str, ascii_only: bool) -> str:
+    return json.dumps(text, ensure_ascii=ascii_only)
+
+
+json_texts = st.recursive(
+    _number_texts()
+    | st.sampled_from(["true", "false", "null"])
+    | st.builds(_string_text, st.text(max_size=6), st.booleans()),
+    lambda children: (
+        st.lists(children, max_size=4).map(lambda items: "[" + ", ".join(items) + "]")
+        | st.lists(
+            st.tuples(st.sampled_from(["a", "b", "\\u0061", "é", "😀"]), children), max_size=4
+        ).map(lambda pairs: "{" + ",".join(f'"{key}" :{value}' for key, value in pairs) + "}")
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(json_texts)
+def test_the_fast_and_the_exact_paths_always_agree(text: str) -> None:
+    body = text.encode()
+    fast = fingerprint._fast_canonical_json(body)
+    exact = fingerprint._exact_canonical_json(body)
+    assert exact is not None  # valid JSON always canonicalizes
+    if fast is not None:
+        assert fast == exact
+
+
+@pytest.mark.parametrize("pad", [b"", b', "pad": 1234567890123456'])
+def test_a_number_past_a_double_never_collapses_onto_its_neighbour(pad: bytes) -> None:
+    # Whether or not the rest of the body sends it down the exact path.
+    assert fp(b'{"a": 1e-400' + pad + b"}") != fp(b'{"a": 0.0' + pad + b"}")
+    assert fp(b'{"a": 1.234567e-320' + pad + b"}") != fp(b'{"a": 1.2347e-320' + pad + b"}")
+    assert fp(b'{"a": 1e400' + pad + b"}") == fp(b'{"a": 10e399' + pad + b"}")
+
+
+@pytest.mark.parametrize(
+    ("left", "right", "same"),
+    [
+        pytest.param(b'{"a": 1, "a": 2}', b'{"a": 2}', True, id="duplicate-keys-last-wins"),
+        pytest.param(b"1", b"1.0", False, id="int-vs-float"),
+        pytest.param(b"-0", b"0", True, id="integer-minus-zero"),
+        pytest.param(b"-0.0", b"0.0", False, id="float-minus-zero"),
+        pytest.param(b"1e2", b"100.0", True, id="exponent-form"),
+        pytest.param(b"1.0", b"10e-1", True, id="one-number-two-forms"),
+        pytest.param(b"0.1000000000000000000001", b"0.1", False, id="past-a-double"),
+        pytest.param(
+            b"123456789012345678901234567890",
+            b"1.2345678901234568e29",
+            False,
+            id="big-int-vs-float",
+        ),
+        pytest.param(b'"\\u0041"', b'"A"', True, id="string-escapes"),
+        pytest.param(b'{"a":1,"b":2}', b'{ "b" : 2 , "a" : 1 }', True, id="order-whitespace"),
+        pytest.param(b"\xef\xbb\xbf{}", b"{}", True, id="byte-order-mark-ignored"),
+    ],
+)
+def test_what_is_and_is_not_the_same_json_body(left: bytes, right: bytes, same: bool) -> None:
+    assert (fp(left) == fp(right)) is same

@@ -302,3 +302,25 @@ def test_the_first_content_type_and_content_length_of_a_response_count() -> None
             (b"content-length", b"9"),
         ]
     ) == (False, 3)
+
+
+def test_headers_named_by_connection_are_not_stored() -> None:
+    # RFC 9110 7.6.1: a header the Connection header names is hop-by-hop, whatever its name.
+    headers = [
+        (b"Content-Type", b"application/json"),
+        (b"Connection", b" X-Hop , keep-alive,,x-other"),
+        (b"x-hop", b"1"),
+        (b"X-Other", b"2"),
+        (b"connection", b"X-Third"),
+        (b"X-THIRD", b"3"),
+        (b"X-Kept", b"4"),
+    ]
+    assert storable_headers(headers) == [
+        (b"Content-Type", b"application/json"),
+        (b"X-Kept", b"4"),
+    ]
+
+
+def test_a_connection_header_naming_nothing_drops_nothing_else() -> None:
+    headers = [(b"connection", b"close"), (b"x-close", b"1"), (b"close-x", b"2")]
+    assert storable_headers(headers) == [(b"x-close", b"1"), (b"close-x", b"2")]

@@ -41,6 +41,7 @@ from tests.transaction_apps import (
     ORDERS_GATED,
     ORDERS_RAISE,
     ORDERS_STREAM,
+    ORDERS_STREAM_CUT,
     ORDERS_SYNC,
     PROBE,
     STREAM_END,
@@ -423,6 +424,25 @@ def test_event_stream_with_writes_is_held_sent_whole_stored_and_replayed(
     assert retry.content == first.content
     assert deployment.state.runs(ORDERS_STREAM) == runs + 1
     assert deployment.tables.stock(sku) == 3
+
+
+def test_event_stream_with_writes_that_never_finishes_is_cut_writes_nothing_and_runs_again(
+    deployment: Deployment,
+) -> None:
+    sku = deployment.stocked(5)
+    key = new_key()
+    body = order(sku, 2)
+    runs = deployment.state.runs(ORDERS_STREAM_CUT)
+
+    for _ in range(2):
+        # Held for its writes, it failed midway: the client sees the cut a server makes
+        # of a stream failing after its first event, not a whole response.
+        with pytest.raises(httpx.RemoteProtocolError):
+            deployment.post(ORDERS_STREAM_CUT, key, body)
+
+    assert deployment.state.runs(ORDERS_STREAM_CUT) == runs + 2  # released: run again
+    assert deployment.orders_of(sku) == []
+    assert deployment.tables.stock(sku) == 5
 
 
 def test_event_stream_held_for_its_writes_is_sent_with_its_length(

@@ -14,6 +14,8 @@ and the response, so a replay is told from a fresh run and the writes from their
 - ``POST /orders-raise``: adds the writes, then raises
 - ``POST /orders-500``: adds the writes, then answers 500
 - ``POST /orders-stream``: adds the writes, then answers a ``text/event-stream`` (200)
+- ``POST /orders-stream-cut``: adds the writes, then a ``text/event-stream`` that fails
+  after its first event (the response never finishes)
 - ``POST /orders-gated``: adds the writes, then waits for the next gate the test armed
   (``TransactionAppState.arm_gate``; none armed: it goes on at once), then 201
 - ``POST /probe``: calls ``completion_transaction()`` and answers 200 with what it raised,
@@ -49,6 +51,7 @@ __all__ = [
     "ORDERS_GATED",
     "ORDERS_RAISE",
     "ORDERS_STREAM",
+    "ORDERS_STREAM_CUT",
     "ORDERS_SYNC",
     "PROBE",
     "STREAM_END",
@@ -62,6 +65,7 @@ ORDERS_SYNC = "/orders-sync"
 ORDERS_RAISE = "/orders-raise"
 ORDERS_500 = "/orders-500"
 ORDERS_STREAM = "/orders-stream"
+ORDERS_STREAM_CUT = "/orders-stream-cut"
 ORDERS_GATED = "/orders-gated"
 PROBE = "/probe"
 
@@ -165,6 +169,11 @@ def _stream(document: dict[str, Any]) -> Iterator[bytes]:
     yield STREAM_END
 
 
+def _cut_stream(document: dict[str, Any]) -> Iterator[bytes]:
+    yield b"data: " + orjson.dumps(document) + b"\n\n"
+    raise RuntimeError("the stream failed after its first event")
+
+
 # -- FastAPI -------------------------------------------------------------------------------
 
 
@@ -208,6 +217,17 @@ def build_fastapi_app(state: TransactionAppState) -> FastAPI:
 
         async def events() -> AsyncIterator[bytes]:
             for chunk in _stream(document):
+                yield chunk
+                await asyncio.sleep(0)
+
+        return StreamingResponse(events(), media_type=EVENT_STREAM)
+
+    @app.post(ORDERS_STREAM_CUT)
+    async def post_orders_stream_cut(request: Request) -> StreamingResponse:
+        document = await order_of(request, ORDERS_STREAM_CUT)
+
+        async def events() -> AsyncIterator[bytes]:
+            for chunk in _cut_stream(document):
                 yield chunk
                 await asyncio.sleep(0)
 
@@ -264,6 +284,10 @@ def build_flask_app(state: TransactionAppState) -> Flask:
     @app.post(ORDERS_STREAM)
     def post_orders_stream() -> FlaskResponse:
         return FlaskResponse(_stream(order_of(ORDERS_STREAM)), mimetype=EVENT_STREAM)
+
+    @app.post(ORDERS_STREAM_CUT)
+    def post_orders_stream_cut() -> FlaskResponse:
+        return FlaskResponse(_cut_stream(order_of(ORDERS_STREAM_CUT)), mimetype=EVENT_STREAM)
 
     @app.post(ORDERS_GATED)
     def post_orders_gated() -> FlaskResponse:
