@@ -28,12 +28,14 @@ from .actions import (
 from .asgi import IdempotencyMiddleware
 from .consumers import IdempotentConsumer, Outcome
 from .deferred import defer_completion
+from .encryption import Encryption
 from .errors import (
     IdempotencyError,
     InvalidKeyError,
     KeyInProgressError,
     KeyReusedError,
     ResultNotStoredError,
+    StoredResultUnreadableError,
     StoreUnavailableError,
     TransactionConflictError,
     TransactionRejectedError,
@@ -67,6 +69,7 @@ __all__ = [
     "AsyncDynamoDBStore",
     "AsyncStore",
     "DynamoDBStore",
+    "Encryption",
     "HeaderView",
     "IdempotencyError",
     "IdempotencyEvent",
@@ -89,6 +92,7 @@ __all__ = [
     "SQLiteStore",
     "StoreUnavailable",
     "StoreUnavailableError",
+    "StoredResultUnreadableError",
     "SyncStore",
     "Transaction",
     "TransactionConflictError",

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import pickle
+import warnings
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
@@ -24,8 +26,10 @@ from .engine import flow
 from .engine.drivers import AsyncDriver, SyncDriver
 from .engine.effects import Ran
 from .engine.renewal import LoopRenewals, ThreadRenewals
+from .errors import StoredResultUnreadableError
 from .keys import storage_key
 from .options import Options
+from .records import StoredResponse
 from .results import ResultCodec, Serializer
 from .stores.protocol import A_SYNC_STORE, AN_ASYNC_STORE, AsyncStore, SyncStore
 
@@ -52,6 +56,23 @@ def check_store(store: object, is_async: bool, what: str) -> None:
             f"{what} is a plain function and needs {A_SYNC_STORE}; "
             f"{type(store).__name__} has no claim/complete/release/renew. For a coroutine "
             "function, use async def"
+        )
+
+
+def warn_if_pickle(serializer: Serializer | None, encryption: object, *, stacklevel: int) -> None:
+    """Warn once, at decoration, about a ``serializer`` whose ``loads`` is ``pickle.loads``:
+    whoever can write the store could run code at a replay. Not with ``encryption``: its
+    records are authenticated."""
+    if serializer is None or encryption is not None:
+        return
+    loads = serializer[1]
+    if loads is pickle.loads or getattr(loads, "__module__", None) in ("pickle", "_pickle"):
+        warnings.warn(
+            "serializer loads with pickle: whoever can write to the idempotency store could "
+            "run code when a result is replayed. Prefer JSON results (the default), or pass "
+            "encryption=Encryption(...) so stored results are authenticated",
+            UserWarning,
+            stacklevel=stacklevel + 1,
         )
 
 
@@ -150,6 +171,23 @@ class FunctionAttempts:
         outcome = await self.async_driver.drive(flow.attempt(self.context, attempt), run)
         return outcome, results[0] if results else None
 
+    def replayed(self, attempt: core.Attempt, stored: StoredResponse) -> Any:
+        """The result a stored response gives back; ``StoredResultUnreadableError`` (with an
+        ``unreadable`` event) when its bytes do not decode: never run again."""
+        try:
+            return self.codec.decode(stored.body)
+        except Exception as error:
+            reporter = self.context.reporter
+            reason = f"the stored result does not decode: {error!r}"
+            if reporter.wants("unreadable"):
+                reporter.report(attempt, "unreadable", error=reason)
+            unreadable = StoredResultUnreadableError(
+                f"{self.label}: the call with this key completed, but its stored result "
+                f"cannot be read ({reason}); it will not run again under this key: forget "
+                "the key to run it again"
+            )
+            raise unreadable from error
+
     # A call run without a claim is no attempt: inside a covered request's handler it must
     # not take the request's attempt for its own (its writes, a deferral).
     def unprotected(self, call: Callable[[], Any]) -> Any:
@@ -205,4 +243,5 @@ __all__ = [
     "check_store",
     "function_key_hash",
     "is_coroutine_callable",
+    "warn_if_pickle",
 ]

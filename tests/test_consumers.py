@@ -21,6 +21,7 @@ from idempotency_middleware import (
     KeyReusedError,
     MemoryStore,
     Outcome,
+    StoredResultUnreadableError,
     StoreUnavailableError,
     TransactionConflictError,
     completion_transaction,
@@ -677,7 +678,8 @@ def test_a_stored_result_that_cannot_be_read_is_dead_and_never_run_again() -> No
     outcome = consumer.process("m-1")
 
     assert outcome.action == "dead"
-    assert isinstance(outcome.error, ValueError)
+    assert isinstance(outcome.error, StoredResultUnreadableError)
+    assert isinstance(outcome.error.__cause__, ValueError)
     assert runs == ["m-1"]
 
 

@@ -12,7 +12,7 @@ from collections.abc import Generator, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from ...clock import Clock
-from ...records import Record, Status, StoredResponse, decode_response, encode_response
+from ...records import Record, Status, StoredResponse, encode_response, read_response
 from ..kit import Flow as AnyFlow
 from ..protocol import (
     CLAIMED,
@@ -181,7 +181,7 @@ def row_to_record(row: Sequence[Any]) -> Record:
         owner,
         float(lock_expires_at),
         float(expires_at),
-        decode_response(bytes(blob)) if blob is not None else None,
+        read_response(bytes(blob)) if blob is not None else None,
         bool(too_large),
         int(size),
     )

@@ -32,7 +32,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ...records import Record, Status, StoredResponse, decode_response, encode_response
+from ...records import Record, Status, StoredResponse, encode_response, read_response
 from ..kit import Flow
 from ..protocol import (
     CLAIMED,
@@ -206,7 +206,7 @@ def record_from_hash(key_hash: str, fields: dict[bytes, bytes]) -> Record | None
         fields[b"owner"].decode(),
         float(fields[b"lock_expires_at"]),
         float(fields[b"expires_at"]),
-        decode_response(blob) if blob is not None else None,
+        read_response(blob) if blob is not None else None,
         fields.get(b"too_large") == b"1",
         int(fields.get(b"response_size", b"0")),
     )
