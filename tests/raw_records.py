@@ -24,9 +24,10 @@ import pytest
 from idempotency_middleware import DynamoDBStore, SQLiteStore
 from tests.conftest import REGION
 from tests.db_stores import location, new_store
+from tests.servers import StoreKind
 
 # The kinds whose raw records these reach (MemoryStore keeps objects, not bytes).
-RAW_KINDS = ["sqlite", "redis", "postgres", "dynamodb"]
+RAW_KINDS: list[StoreKind] = ["sqlite", "redis", "postgres", "dynamodb"]
 
 
 @dataclass
@@ -60,8 +61,8 @@ class RawStore:
         elif self.kind == "postgres":
             import psycopg
 
-            with psycopg.connect(self.where) as connection:
-                changed = connection.execute(
+            with psycopg.connect(self.where) as pg:
+                changed = pg.execute(
                     f'UPDATE "{self.store.table}" SET response = %s WHERE key = %s',
                     (blob, key_hash),
                 ).rowcount
@@ -85,7 +86,7 @@ class RawStore:
             import redis
 
             with contextlib.closing(redis.Redis.from_url(self.where)) as client:
-                fields = client.hgetall(f"{self.store.prefix}{key_hash}")
+                fields: dict[bytes, bytes] = client.hgetall(f"{self.store.prefix}{key_hash}")  # type: ignore[assignment]
             assert fields, "no record"
             return b"".join(name + b"=" + value for name, value in fields.items())
         if self.kind == "postgres":
