@@ -369,3 +369,24 @@ def test_with_encryption_a_pickle_serializer_does_not_warn() -> None:
             serializer=(pickle.dumps, pickle.loads),
             encryption=OLD,
         )
+
+
+# --- the command line -------------------------------------------------------------------------
+
+
+def test_show_says_a_record_is_encrypted_or_unreadable_instead_of_printing_bytes() -> None:
+    from idempotency_middleware.cli import record_as_json
+    from idempotency_middleware.records import UnreadableResponse
+
+    store = MemoryStore()
+    value = secret()
+    sealed_charge(store, OLD, [])(value)
+    (record,) = store._records.values()
+    assert record.response is not None
+
+    shown = record_as_json(record)
+    unreadable = record_as_json(record._replace(response=UnreadableResponse.because("corrupt")))
+
+    assert shown["response"] == {"encrypted": True, "size": len(record.response.body)}
+    assert value not in repr(shown)
+    assert unreadable["response"] == {"unreadable": "corrupt"}
