@@ -390,3 +390,16 @@ def test_show_says_a_record_is_encrypted_or_unreadable_instead_of_printing_bytes
     assert shown["response"] == {"encrypted": True, "size": len(record.response.body)}
     assert value not in repr(shown)
     assert unreadable["response"] == {"unreadable": "corrupt"}
+
+
+def test_replays_from_the_replay_cache_are_opened_too() -> None:
+    store = MemoryStore()
+    runs: list[str] = []
+    charge = sealed_charge(store, ROTATED, runs, replay_cache_size=8)
+
+    results = [charge("o-1") for _ in range(3)]
+
+    assert results == ["charged o-1"] * 3
+    assert runs == ["o-1"]
+    (record,) = store._records.values()
+    assert type(record.response) is SealedResponse

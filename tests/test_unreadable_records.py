@@ -35,7 +35,7 @@ from idempotency_middleware.records import (
 from tests.apps import POST_ORDERS
 from tests.conftest import open_harness
 from tests.raw_records import RAW_KINDS, RawStore, open_raw_store, raw_store_of
-from tests.servers import Combo, Harness
+from tests.servers import SQLITE_COMBOS, Combo, Harness
 from tests.test_adapter_paths import EventLog, assert_problem
 from tests.test_django import DjangoServers
 
@@ -115,6 +115,27 @@ def test_an_undecodable_record_is_a_500_problem_and_never_runs_again(
     unreadable = events.wait_for("unreadable")
     assert unreadable.status == 500
     assert unreadable.error is not None and "format" in unreadable.error
+
+
+@pytest.fixture(params=SQLITE_COMBOS, ids=lambda combo: combo.id)
+def sqlite_harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    yield from open_harness(request, request.param)
+
+
+def test_the_unreadable_problem_follows_the_problem_base_url(sqlite_harness: Harness) -> None:
+    raw_harness = sqlite_harness
+    events = EventLog()
+    base = "https://api.example.com/problems/"
+    client = raw_harness.serve(on_event=events, problem_base_url=base)
+    key = {"Idempotency-Key": str(uuid.uuid4())}
+    client.post("/orders", json={"n": 1}, headers=key)
+    raw_store_of(raw_harness).corrupt(key_hash_of(events), CORRUPT[0])
+
+    retry = client.post("/orders", json={"n": 1}, headers=key)
+
+    assert retry.json()["type"] == base + "stored-response-unreadable"
+    assert retry.headers["cache-control"] == "no-store"
+    assert int(retry.headers["content-length"]) == len(retry.content)
 
 
 @pytest.mark.parametrize("asgi", [False, True], ids=["wsgi", "asgi"])
