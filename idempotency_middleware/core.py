@@ -231,11 +231,14 @@ def call_attempt(
 
 
 def answer_held(
-    record: Record, fingerprint: str, encryption: Encryption | None = None
+    record: Record,
+    fingerprint: str,
+    encryption: Encryption | None = None,
+    sealed_only: bool = False,
 ) -> StoredResponse | Refusal:
     """What a request gets when another request holds its key. A sealed response is opened
     with ``encryption``; one that cannot be read back (corrupt, or not opening) is refused,
-    never replayed and never run again."""
+    never replayed and never run again, as is a plain one when ``sealed_only``."""
     if record.fingerprint != fingerprint:
         return KEY_REUSED
     if record.status is Status.IN_PROGRESS:
@@ -247,7 +250,17 @@ def answer_held(
         response = open_response(response, encryption, record.key_hash, fingerprint)
         if type(response) is UnreadableResponse:
             return Refusal("unreadable", error=StoredResultUnreadableError(response.reason))
+    elif sealed_only:
+        return Refusal("unreadable", error=StoredResultUnreadableError(PLAIN_REFUSED))
     return response
+
+
+# Why a door that unpickles results refuses a plain record: whoever can write the store
+# could have written it, and unpickling it could run their code.
+PLAIN_REFUSED = (
+    "the record is not encrypted, and this door's serializer unpickles: only records "
+    "encrypted with its keys are read back"
+)
 
 
 def is_waitable(record: Record, claim: ClaimRequest) -> bool:

@@ -12,6 +12,7 @@ the key and the payload (a call's arguments, a message) and in how they word the
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import pickle
 import warnings
@@ -61,12 +62,9 @@ def check_store(store: object, is_async: bool, what: str) -> None:
 
 def warn_if_pickle(serializer: Serializer | None, encryption: object, *, stacklevel: int) -> None:
     """Warn once, at decoration, about a ``serializer`` whose ``loads`` is ``pickle.loads``:
-    whoever can write the store could run code at a replay. Not with ``encryption``: its
-    records are authenticated."""
-    if serializer is None or encryption is not None:
-        return
-    loads = serializer[1]
-    if loads is pickle.loads or getattr(loads, "__module__", None) in ("pickle", "_pickle"):
+    whoever can write the store could run code at a replay. Not with ``encryption``: such a
+    door reads back only the records it encrypted (authenticated), never a plain one."""
+    if encryption is None and unpickles(serializer):
         warnings.warn(
             "serializer loads with pickle: whoever can write to the idempotency store could "
             "run code when a result is replayed. Prefer JSON results (the default), or pass "
@@ -74,6 +72,14 @@ def warn_if_pickle(serializer: Serializer | None, encryption: object, *, stackle
             UserWarning,
             stacklevel=stacklevel + 1,
         )
+
+
+def unpickles(serializer: Serializer | None) -> bool:
+    """Whether ``serializer``'s ``loads`` is pickle's."""
+    if serializer is None:
+        return False
+    loads = serializer[1]
+    return loads is pickle.loads or getattr(loads, "__module__", None) in ("pickle", "_pickle")
 
 
 def function_key_hash(name: str, key: str) -> str:
@@ -102,7 +108,12 @@ class FunctionAttempts:
         self.codec = ResultCodec(function, serializer, name)
         self.policy = options.default_policy._replace(route=name)
         self.clock: Clock = options.clock
-        self.context = flow.Context.for_options(options, store, http=False)
+        context = flow.Context.for_options(options, store, http=False)
+        if options.encryption is not None and unpickles(serializer):
+            # Encryption authenticates what this door wrote; a plain record may be anyone's,
+            # and unpickling it could run their code: read back encrypted records only.
+            context = dataclasses.replace(context, sealed_only=True)
+        self.context = context
         self.async_driver: AsyncDriver | None = None
         self.sync_driver: SyncDriver | None = None
         if is_async:
@@ -243,5 +254,6 @@ __all__ = [
     "check_store",
     "function_key_hash",
     "is_coroutine_callable",
+    "unpickles",
     "warn_if_pickle",
 ]

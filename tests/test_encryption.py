@@ -403,3 +403,47 @@ def test_replays_from_the_replay_cache_are_opened_too() -> None:
     assert runs == ["o-1"]
     (record,) = store._records.values()
     assert type(record.response) is SealedResponse
+
+
+PLANTED: list[str] = []
+
+
+def plant(what: str) -> None:
+    PLANTED.append(what)
+
+
+class Planted:
+    """What a writer of the store could plant in a pickled result: code run when unpickled."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (plant, ("ran",))
+
+
+def test_with_a_pickle_serializer_and_encryption_a_plain_record_is_never_unpickled(
+    raw_store: RawStore,
+) -> None:
+    runs: list[str] = []
+    serializer = (pickle.dumps, pickle.loads)
+    events: list[IdempotencyEvent] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = sealed_charge(raw_store.store, None, runs, serializer=serializer)
+    plain("o-1")  # a plain record, as anyone who can write the store could write
+    sealed = sealed_charge(
+        raw_store.store, ROTATED, runs, serializer=serializer, on_event=events.append
+    )
+    planted = bytes([1]) + len(b"[200,[]]").to_bytes(4, "big") + b"[200,[]]"
+    planted += pickle.dumps(Planted())
+    sealed("o-2")
+    assert sealed("o-2") == "charged o-2"  # its own encrypted records replay
+    key_hash = events[-1].key_hash
+    raw_store.corrupt(key_hash, planted)
+
+    for order in ("o-1", "o-2"):
+        with pytest.raises(StoredResultUnreadableError, match="not encrypted"):
+            sealed(order)
+    assert PLANTED == []
+    assert runs == ["o-1", "o-2"]
+    plain("o-2")  # the same record read by a door without encryption: the payload is live
+    assert PLANTED == ["ran"]
+    PLANTED.clear()

@@ -79,6 +79,8 @@ class Context:
     stored_statuses: Container[int] = DEFAULT_STORED_STATUSES
     # Seals responses before the store, opens them on a replay (None: stored as they are).
     encryption: Encryption | None = None
+    # Plain records are refused as unreadable (a door whose serializer unpickles).
+    sealed_only: bool = False
 
     @classmethod
     def for_options(cls, options: Options, store: object, *, http: bool = True) -> Context:
@@ -111,7 +113,9 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
     if cache is not None:
         cached = yield Recall(cache, claim.key_hash, claim.now)
         if cached is not None:
-            answer = core.answer_held(cached, claim.fingerprint, context.encryption)
+            answer = core.answer_held(
+                cached, claim.fingerprint, context.encryption, context.sealed_only
+            )
             kind = core.held_event_kind(answer)
             if reporter.wants(kind):
                 yield Emit(reporter, attempt, kind, answer.status, error=_why(answer))
@@ -166,7 +170,9 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
                     continue
         if cache is not None:
             yield Remember(cache, record)
-        answer = core.answer_held(record, claim.fingerprint, context.encryption)
+        answer = core.answer_held(
+            record, claim.fingerprint, context.encryption, context.sealed_only
+        )
         kind = core.held_event_kind(answer)
         if reporter.wants(kind):
             yield Emit(reporter, attempt, kind, answer.status, latency_ms, error=_why(answer))
