@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 
 from benchmarks import (
     dynamodb_requests,
+    encryption,
     functions,
     memory,
     overhead,
@@ -50,6 +51,8 @@ BENCHMARKS: list[tuple[str, Callable[[Sequence[str] | None], None], bool]] = [
     ("wsgi_overhead", wsgi_overhead.main, False),
     ("roundtrips", roundtrips.main, False),
     ("memory", memory.main, False),
+    # Its DynamoDB Local table runs when the variable is set; the MemoryStore one always.
+    ("encryption", encryption.main, False),
 ]
 
 

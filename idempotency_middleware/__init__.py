@@ -28,12 +28,14 @@ from .actions import (
 from .asgi import IdempotencyMiddleware
 from .consumers import IdempotentConsumer, Outcome
 from .deferred import defer_completion
+from .encryption import Encryption
 from .errors import (
     IdempotencyError,
     InvalidKeyError,
     KeyInProgressError,
     KeyReusedError,
     ResultNotStoredError,
+    StoredResultUnreadableError,
     StoreUnavailableError,
     TransactionConflictError,
     TransactionRejectedError,
@@ -68,6 +70,7 @@ __all__ = [
     "AsyncDynamoDBStore",
     "AsyncStore",
     "DynamoDBStore",
+    "Encryption",
     "HeaderView",
     "IdempotencyError",
     "IdempotencyEvent",
@@ -91,6 +94,7 @@ __all__ = [
     "SQSWorker",
     "StoreUnavailable",
     "StoreUnavailableError",
+    "StoredResultUnreadableError",
     "SyncStore",
     "Transaction",
     "TransactionConflictError",

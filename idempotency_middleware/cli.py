@@ -26,7 +26,7 @@ import orjson
 
 from . import __version__, cli_functions
 from .keys import InvalidKey, parse_idempotency_key, storage_key
-from .records import Record
+from .records import Record, SealedResponse, UnreadableResponse
 from .stores.dynamodb import DynamoDBStore
 from .stores.protocol import StoreUnavailable, SyncOperations
 
@@ -195,7 +195,12 @@ def record_as_json(record: Record) -> dict[str, object]:
         "response_size": record.response_size,
         "response_not_stored": record.response_not_stored,
     }
-    if record.response is not None:
+    if type(record.response) is SealedResponse:
+        # The command line holds no key: it says so rather than print ciphertext as a body.
+        described["response"] = {"encrypted": True, "size": len(record.response.body)}
+    elif type(record.response) is UnreadableResponse:
+        described["response"] = {"unreadable": record.response.reason}
+    elif record.response is not None:
         body = record.response.body
         try:
             text: str | None = body.decode("utf-8")

@@ -19,16 +19,23 @@ from typing import Any, Literal
 
 from . import core, refusals
 from .clock import SYSTEM_CLOCK, Clock
+from .encryption import Encryption
 from .engine import flow
 from .engine.effects import Ran
-from .errors import InvalidKeyError
+from .errors import InvalidKeyError, StoredResultUnreadableError
 from .events import EventHook
-from .function_attempts import FunctionAttempts, check_store, is_coroutine_callable
+from .function_attempts import (
+    FunctionAttempts,
+    check_store,
+    is_coroutine_callable,
+    warn_if_pickle,
+)
 from .options import (
     DEFAULT_CLOCK_SKEW_SECONDS,
     DEFAULT_LOCK_TIMEOUT_SECONDS,
     DEFAULT_TTL_SECONDS,
     Options,
+    named_options,
 )
 from .payloads import fingerprint_payload
 from .records import StoredResponse
@@ -92,6 +99,7 @@ class IdempotentConsumer:
     ``idempotent`` function with the same ``name`` share their keys.
     """
 
+    @named_options("IdempotentConsumer")
     def __init__(
         self,
         handler: Callable[[Any], Any],
@@ -110,6 +118,7 @@ class IdempotentConsumer:
         on_event: EventHook | None = None,
         clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS,
         clock: Clock = SYSTEM_CLOCK,
+        encryption: Encryption | None = None,
     ) -> None:
         options = Options.build(
             required=True,
@@ -120,6 +129,7 @@ class IdempotentConsumer:
             on_event=on_event,
             clock=clock,
             clock_skew_seconds=clock_skew_seconds,
+            encryption=encryption,
         )
         if not callable(handler):
             raise TypeError(f"IdempotentConsumer takes a handler (a callable), got {handler!r}")
@@ -148,6 +158,7 @@ class IdempotentConsumer:
             and all(map(callable, serializer))
         ):
             raise TypeError("serializer must be a (dumps, loads) pair of callables")
+        warn_if_pickle(serializer, encryption, stacklevel=3)  # (past named_options)
         _check_count(max_attempts, "max_attempts", 1)
         if on_exhausted is not None and not callable(on_exhausted):
             raise TypeError(f"on_exhausted must be a callable or None, got {on_exhausted!r}")
@@ -199,7 +210,7 @@ class IdempotentConsumer:
                 return Outcome("ack", self._attempts.unprotected(lambda: handler(message)))
         except Exception as error:
             return self._failed(message, error, delivery_count)
-        verdict = self._verdict(outcome, result)
+        verdict = self._verdict(attempt, outcome, result)
         if isinstance(verdict, Outcome):
             return verdict
         if verdict[0] == "dead":
@@ -225,7 +236,7 @@ class IdempotentConsumer:
                 return Outcome("ack", ran)
         except Exception as error:
             return await self._afailed(message, error, delivery_count)
-        verdict = self._verdict(outcome, result)
+        verdict = self._verdict(attempt, outcome, result)
         if isinstance(verdict, Outcome):
             return verdict
         if verdict[0] == "dead":
@@ -263,7 +274,7 @@ class IdempotentConsumer:
         return self._attempts.attempt(key, fingerprint)
 
     def _verdict(
-        self, outcome: flow.Outcome, result: Any
+        self, attempt: core.Attempt, outcome: flow.Outcome, result: Any
     ) -> Outcome | tuple[Literal["dead", "failed"], Exception]:
         """The attempt's outcome as a verdict; ``("dead", error)`` when the message can
         never be processed, ``("failed", error)`` when the handler's work did not land."""
@@ -271,8 +282,8 @@ class IdempotentConsumer:
             return Outcome("ack", result)
         if type(outcome) is StoredResponse:
             try:
-                return Outcome("ack", self._attempts.codec.decode(outcome.body), replayed=True)
-            except Exception as unreadable:
+                return Outcome("ack", self._attempts.replayed(attempt, outcome), replayed=True)
+            except StoredResultUnreadableError as unreadable:
                 return ("dead", unreadable)  # a stored result that cannot be read: never re-run
         assert type(outcome) is core.Refusal, outcome
         reason = outcome.reason
@@ -280,7 +291,7 @@ class IdempotentConsumer:
             # Done, but its result was too large to keep: nothing to give back, nothing to run.
             return Outcome("ack", None, replayed=True)
         error = refusals.error_for(outcome, self.name)
-        if reason == "reused":
+        if reason in ("reused", "unreadable"):
             return ("dead", error)
         if reason in ("transaction_conflict", "transaction_rejected"):
             return ("failed", error)  # it ran, but nothing landed: the key was released

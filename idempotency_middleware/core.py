@@ -17,16 +17,18 @@ arguments: the engine takes them from its clock and its ``entropy.Entropy``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Any, NamedTuple
 
 from . import problems
+from .encryption import Encryption, open_response
+from .errors import StoredResultUnreadableError
 from .events import EventKind
 from .fingerprint import fingerprint_request
 from .keys import InvalidKey, parse_idempotency_key, storage_key
-from .options import Options, Policy
+from .options import DEFAULT_STORED_STATUSES, Options, Policy
 from .problems import Problem
-from .records import Headers, Record, Status, StoredResponse, storable_headers
+from .records import Headers, Record, Status, StoredResponse, UnreadableResponse, storable_headers
 from .refusals import (
     COMMIT_UNAVAILABLE,
     IN_PROGRESS_RETRY_AFTER,
@@ -245,15 +247,37 @@ def call_attempt(
     )
 
 
-def answer_held(record: Record, fingerprint: str) -> StoredResponse | Refusal:
-    """What a request gets when another request holds its key."""
+def answer_held(
+    record: Record,
+    fingerprint: str,
+    encryption: Encryption | None = None,
+    sealed_only: bool = False,
+) -> StoredResponse | Refusal:
+    """What a request gets when another request holds its key. A sealed response is opened
+    with ``encryption``; one that cannot be read back (corrupt, or not opening) is refused,
+    never replayed and never run again, as is a plain one when ``sealed_only``."""
     if record.fingerprint != fingerprint:
         return KEY_REUSED
     if record.status is Status.IN_PROGRESS:
         return KEY_IN_PROGRESS._replace(held_until=record.lock_expires_at)
-    if record.response is None:
+    response = record.response
+    if response is None:
         return Refusal("not_stored", size=record.response_size)
-    return record.response
+    if type(response) is not StoredResponse:  # sealed, or unreadable already
+        response = open_response(response, encryption, record.key_hash, fingerprint)
+        if type(response) is UnreadableResponse:
+            return Refusal("unreadable", error=StoredResultUnreadableError(response.reason))
+    elif sealed_only:
+        return Refusal("unreadable", error=StoredResultUnreadableError(PLAIN_REFUSED))
+    return response
+
+
+# Why a door that unpickles results refuses a plain record: whoever can write the store
+# could have written it, and unpickling it could run their code.
+PLAIN_REFUSED = (
+    "the record is not encrypted, and this door's serializer unpickles: only records "
+    "encrypted with its keys are read back"
+)
 
 
 def is_waitable(record: Record, claim: ClaimRequest) -> bool:
@@ -286,9 +310,10 @@ def held_event_kind(answer: StoredResponse | Refusal) -> EventKind:
     return answer.event_kind
 
 
-def keeps_response(status: int) -> bool:
-    """Responses below 500 are the outcome of the request; 5xx ones are released for retry."""
-    return status < 500
+def keeps_response(status: int, stored_statuses: Container[int] = DEFAULT_STORED_STATUSES) -> bool:
+    """Whether a response of ``status`` is kept and replayed (``stored_statuses``; by
+    default below 500: the outcome of the request). Any other releases the key for retry."""
+    return status in stored_statuses
 
 
 def completion_for(

@@ -141,6 +141,13 @@ class ResultNotStoredError(IdempotencyError):
         self.size = size
 
 
+class StoredResultUnreadableError(IdempotencyError):
+    """The key completed, but its stored result cannot be read back: its bytes are corrupt
+    in the store, or it is encrypted and cannot be opened (its key id is not among the
+    ``Encryption`` keys, or it was tampered with). It is never run again under this key:
+    restore the missing key, or forget the key to run the work again."""
+
+
 class TransactionConflictError(IdempotencyError):
     """A condition of the work's transaction failed, so nothing was written: not the
     business writes, not the result. The key was released; retrying runs the work again.
@@ -195,6 +202,7 @@ __all__ = [
     "ResultNotStoredError",
     "StoreUnavailable",
     "StoreUnavailableError",
+    "StoredResultUnreadableError",
     "TransactionConflictError",
     "TransactionRejectedError",
 ]

@@ -22,6 +22,7 @@ EventKind = Literal[
     "conflict",  # 409 (KeyInProgressError): the key is in progress
     "mismatch",  # 422: the key was used with a different request
     "not_stored",  # 410: completed, but its response could not be kept
+    "unreadable",  # 500: completed, but its stored response cannot be read; not re-run
     "completed",  # the handler's response was stored
     "deferred",  # the handler deferred its work; its response was stored as the interim one
     "transaction_conflict",  # a condition of the handler's transaction failed; released
@@ -45,6 +46,7 @@ _LEVELS: dict[str, int] = {
     "conflict": logging.INFO,
     "mismatch": logging.INFO,
     "not_stored": logging.INFO,
+    "unreadable": logging.ERROR,
     "taken_over": logging.WARNING,
     "lost": logging.WARNING,
     "store_error": logging.ERROR,
@@ -64,6 +66,8 @@ _MESSAGES: dict[str, str] = {
     "conflict": "idempotency key in progress; answered 409",
     "mismatch": "idempotency key reused with a different request; answered 422",
     "not_stored": "idempotency key completed without a stored response; answered 410",
+    "unreadable": "stored idempotent response cannot be read (corrupt, tampered with, or "
+    "encrypted under a key not configured); answered without running again",
     "completed": "idempotent response stored",
     "deferred": "idempotent interim response stored; the work completes the key later",
     "transaction_conflict": "a condition of the transaction failed; nothing written, key released",

@@ -218,7 +218,7 @@ def document_idempotency(app: FastAPI, *, middleware: IdempotencyMiddleware | No
 
     Every operation the middleware covers (its ``methods``, ``rules`` and the route opt-ins)
     gets the key header, required or optional as its policy says, and the middleware's own
-    responses (400, 409, 410, 413, 422, 503) as ``application/problem+json``, sharing the
+    responses (400, 409, 410, 413, 422, 500, 503) as ``application/problem+json``, sharing the
     ``IdempotencyProblem`` schema component. A status the operation already documents keeps
     its content (FastAPI's 422 validation error stays ``application/json``); ours is added
     beside it. The options are those of the ``IdempotencyMiddleware`` entry in
@@ -393,6 +393,9 @@ def _problem_responses(
     yield 413, too_large.title, [too_large]
     reused = problems.fingerprint_mismatch()
     yield 422, reused.title, [reused]
+    # (Beside a route's own 500s, if it documents any: the description says "Or: ...".)
+    unreadable = problems.stored_response_unreadable()
+    yield 500, unreadable.title, [unreadable]
     unavailable = problems.store_unavailable(refusals.STORE_UNAVAILABLE_RETRY_AFTER)
     yield 503, unavailable.title, [unavailable]
 

@@ -12,7 +12,10 @@ the key and the payload (a call's arguments, a message) and in how they word the
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
+import pickle
+import warnings
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
@@ -24,8 +27,10 @@ from .engine import flow
 from .engine.drivers import AsyncDriver, SyncDriver
 from .engine.effects import Ran
 from .engine.renewal import LoopRenewals, ThreadRenewals
+from .errors import StoredResultUnreadableError
 from .keys import storage_key
 from .options import Options
+from .records import StoredResponse
 from .refusals import A_SYNC_STORE, AN_ASYNC_STORE
 from .results import ResultCodec, Serializer
 from .stores.protocol import AsyncStore, SyncStore
@@ -56,6 +61,28 @@ def check_store(store: object, is_async: bool, what: str) -> None:
         )
 
 
+def warn_if_pickle(serializer: Serializer | None, encryption: object, *, stacklevel: int) -> None:
+    """Warn once, at decoration, about a ``serializer`` whose ``loads`` is ``pickle.loads``:
+    whoever can write the store could run code at a replay. Not with ``encryption``: such a
+    door reads back only the records it encrypted (authenticated), never a plain one."""
+    if encryption is None and unpickles(serializer):
+        warnings.warn(
+            "serializer loads with pickle: whoever can write to the idempotency store could "
+            "run code when a result is replayed. Prefer JSON results (the default), or pass "
+            "encryption=Encryption(...) so stored results are authenticated",
+            UserWarning,
+            stacklevel=stacklevel + 1,
+        )
+
+
+def unpickles(serializer: Serializer | None) -> bool:
+    """Whether ``serializer``'s ``loads`` is pickle's."""
+    if serializer is None:
+        return False
+    loads = serializer[1]
+    return loads is pickle.loads or getattr(loads, "__module__", None) in ("pickle", "_pickle")
+
+
 def function_key_hash(name: str, key: str) -> str:
     """The stored (hashed) key of ``key`` for function or consumer ``name``."""
     return storage_key(FUNCTION_NAMESPACE, name, None, key)
@@ -82,7 +109,12 @@ class FunctionAttempts:
         self.codec = ResultCodec(function, serializer, name)
         self.policy = options.default_policy._replace(route=name)
         self.clock: Clock = options.clock
-        self.context = flow.Context.for_options(options, store, http=False)
+        context = flow.Context.for_options(options, store, http=False)
+        if options.encryption is not None and unpickles(serializer):
+            # Encryption authenticates what this door wrote; a plain record may be anyone's,
+            # and unpickling it could run their code: read back encrypted records only.
+            context = dataclasses.replace(context, sealed_only=True)
+        self.context = context
         self.async_driver: AsyncDriver | None = None
         self.sync_driver: SyncDriver | None = None
         if is_async:
@@ -151,6 +183,23 @@ class FunctionAttempts:
         outcome = await self.async_driver.drive(flow.attempt(self.context, attempt), run)
         return outcome, results[0] if results else None
 
+    def replayed(self, attempt: core.Attempt, stored: StoredResponse) -> Any:
+        """The result a stored response gives back; ``StoredResultUnreadableError`` (with an
+        ``unreadable`` event) when its bytes do not decode: never run again."""
+        try:
+            return self.codec.decode(stored.body)
+        except Exception as error:
+            reporter = self.context.reporter
+            reason = f"the stored result does not decode: {error!r}"
+            if reporter.wants("unreadable"):
+                reporter.report(attempt, "unreadable", error=reason)
+            unreadable = StoredResultUnreadableError(
+                f"{self.label}: the call with this key completed, but its stored result "
+                f"cannot be read ({reason}); it will not run again under this key: forget "
+                "the key to run it again"
+            )
+            raise unreadable from error
+
     # A call run without a claim is no attempt: inside a covered request's handler it must
     # not take the request's attempt for its own (its writes, a deferral).
     def unprotected(self, call: Callable[[], Any]) -> Any:
@@ -206,4 +255,6 @@ __all__ = [
     "check_store",
     "function_key_hash",
     "is_coroutine_callable",
+    "unpickles",
+    "warn_if_pickle",
 ]

@@ -16,11 +16,17 @@ from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, cast, overl
 from . import core, refusals
 from .clock import SYSTEM_CLOCK, Clock
 from .core import CALL_METHOD
+from .encryption import Encryption
 from .engine import flow
 from .engine.effects import Ran
 from .errors import InvalidKeyError
 from .events import EventHook
-from .function_attempts import FunctionAttempts, check_store, is_coroutine_callable
+from .function_attempts import (
+    FunctionAttempts,
+    check_store,
+    is_coroutine_callable,
+    warn_if_pickle,
+)
 from .options import (
     DEFAULT_CLOCK_SKEW_SECONDS,
     DEFAULT_LOCK_TIMEOUT_SECONDS,
@@ -64,6 +70,7 @@ def idempotent(
     on_event: EventHook | None = None,
     clock: Clock = SYSTEM_CLOCK,
     clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS,
+    encryption: Encryption | None = None,
 ) -> _Decorator:
     """Run the decorated function once per key; calls with a completed key get its result.
 
@@ -81,6 +88,7 @@ def idempotent(
         on_event=on_event,
         clock=clock,
         clock_skew_seconds=clock_skew_seconds,
+        encryption=encryption,
     )
     if not (isinstance(key, str) and key) and not callable(key):
         raise TypeError(
@@ -94,6 +102,8 @@ def idempotent(
         isinstance(serializer, tuple) and len(serializer) == 2 and all(map(callable, serializer))
     ):
         raise TypeError("serializer must be a (dumps, loads) pair of callables")
+    # (3: through the named_options wrapper to the line that called idempotent)
+    warn_if_pickle(serializer, encryption, stacklevel=3)
     return _Decorator(store, key, payload, name, serializer, options)
 
 
@@ -235,7 +245,7 @@ class _FunctionDoor:
         outcome, result = self.attempts.drive(attempt, lambda: function(*args, **kwargs))
         if outcome is flow.RUN_UNPROTECTED:
             return self.attempts.unprotected(lambda: function(*args, **kwargs))
-        return self._result(outcome, result)
+        return self._result(attempt, outcome, result)
 
     async def acall(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         attempt = self._attempt(args, kwargs)
@@ -245,7 +255,7 @@ class _FunctionDoor:
         outcome, result = await self.attempts.adrive(attempt, lambda: function(*args, **kwargs))
         if outcome is flow.RUN_UNPROTECTED:
             return await self.attempts.aunprotected(lambda: function(*args, **kwargs))
-        return self._result(outcome, result)
+        return self._result(attempt, outcome, result)
 
     def _attempt(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> core.Attempt | None:
         """The call's attempt; ``None`` when it runs unprotected (no key, not required)."""
@@ -275,11 +285,11 @@ class _FunctionDoor:
             fingerprint = fingerprint_payload(self.name, self.payload(*args, **kwargs))
         return self.attempts.attempt(key, fingerprint)
 
-    def _result(self, outcome: flow.Outcome, result: Any) -> Any:
+    def _result(self, attempt: core.Attempt, outcome: flow.Outcome, result: Any) -> Any:
         if type(outcome) is Ran:
             return result
         if type(outcome) is StoredResponse:
-            return self.attempts.codec.decode(outcome.body)
+            return self.attempts.replayed(attempt, outcome)
         assert type(outcome) is core.Refusal, outcome
         raise refusals.error_for(outcome, self.name)
 

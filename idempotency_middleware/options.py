@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 from .clock import DEFAULT_CLOCK_SKEW_SECONDS as DEFAULT_CLOCK_SKEW_SECONDS
 from .clock import SYSTEM_CLOCK, Clock
+from .encryption import Encryption, check_encryption
 from .events import EventHook
 from .rules import (
     IdempotencyRule,
@@ -33,6 +34,9 @@ DEFAULT_METHODS = ("POST", "PATCH")
 DEFAULT_TTL_SECONDS = 86400
 DEFAULT_LOCK_TIMEOUT_SECONDS = 60
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+# The statuses whose responses are the outcome of a request, kept and replayed: below 500
+# (a 5xx is the server's failure, released so a retry runs again).
+DEFAULT_STORED_STATUSES: frozenset[int] = frozenset(range(100, 500))
 
 # A claim is renewed this many times per lock timeout, so one slow or failed renewal still
 # leaves time for the next before the lock runs out.
@@ -112,6 +116,8 @@ class MiddlewareOptions(TypedDict, total=False):
     problem_base_url: str | None
     clock_skew_seconds: float
     check_store: bool
+    stored_statuses: Iterable[int]
+    encryption: Encryption | None
 
 
 # What a middleware takes by keyword: its store and its options.
@@ -176,6 +182,8 @@ class Options:
     # ((rule, covered methods, policy or None when disabled), ...), first match wins
     rule_policies: tuple[tuple[IdempotencyRule, frozenset[str], Policy | None], ...]
     route_policies: RoutePolicies = ()
+    stored_statuses: frozenset[int] = DEFAULT_STORED_STATUSES
+    encryption: Encryption | None = None
 
     @classmethod
     def build(
@@ -197,6 +205,8 @@ class Options:
         problem_base_url: str | None = None,
         clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS,
         check_store: bool = False,
+        stored_statuses: Iterable[int] = DEFAULT_STORED_STATUSES,
+        encryption: Encryption | None = None,
     ) -> Options:
         if not isinstance(header_name, str) or not _TOKEN.match(header_name):
             raise ValueError(f"header_name {header_name!r} is not a valid HTTP header name")
@@ -233,6 +243,8 @@ class Options:
             raise ValueError("scope must be a callable taking a request view")
         if problem_base_url is not None:
             check_problem_base_url(problem_base_url)
+        statuses = check_stored_statuses(stored_statuses)
+        check_encryption(encryption)
         rules = tuple(rules)
         for rule in rules:
             if not isinstance(rule, IdempotencyRule):
@@ -271,6 +283,8 @@ class Options:
             check_store=bool(check_store),
             default_policy=default_policy,
             rule_policies=rule_policies,
+            stored_statuses=statuses,
+            encryption=encryption,
         )
 
     def with_route_rules(self, rules: Iterable[IdempotencyRule]) -> Options:
@@ -327,6 +341,23 @@ class Options:
             if template_matches(rule, template):
                 return found if method in methods else None
         return self.default_policy if method in self.methods else None
+
+
+def check_stored_statuses(value: object) -> frozenset[int]:
+    """``stored_statuses`` as a set of HTTP status codes; ``ValueError`` naming a value
+    that is not one (100-599)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ValueError(
+            "stored_statuses must be a collection of HTTP status codes, such as "
+            f"range(200, 300), got {value!r}"
+        )
+    statuses = tuple(value)
+    for status in statuses:
+        if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
+            raise ValueError(
+                f"stored_statuses holds {status!r}, which is not an HTTP status code (100-599)"
+            )
+    return frozenset(statuses)
 
 
 def check_problem_base_url(value: object) -> None:

@@ -126,6 +126,20 @@ def response_not_stored(size: int) -> Problem:
     )
 
 
+def stored_response_unreadable() -> Problem:
+    # 500, not 410: the response was kept, but this server cannot read it back (corrupt in
+    # the store, or encrypted under a key it does not have). Running again would be a second
+    # run of work done once; the fix is the server's (restore the key, or forget the key).
+    return Problem(
+        500,
+        "stored-response-unreadable",
+        "Stored response of the original request cannot be read",
+        "The request with this idempotency key was already processed, but its stored "
+        "response cannot be read back. It will not be run again; the server's operators "
+        "have been told.",
+    )
+
+
 def store_unavailable(retry_after: int) -> Problem:
     return Problem(
         503,

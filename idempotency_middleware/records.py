@@ -145,6 +145,9 @@ _MAX_PRESIZE = 256 * 1024 * 1024
 COMPRESS_THRESHOLD = 1024
 _FORMAT_PLAIN = 1
 _FORMAT_ZLIB = 2
+# An encrypted response (``encryption.Encryption``): the body of a ``SealedResponse``
+# follows the format byte as it is; only the doors, which hold the keys, can open it.
+FORMAT_SEALED = 3
 
 
 class Status(str, enum.Enum):
@@ -168,6 +171,32 @@ class StoredResponse(NamedTuple):
         headers = with_content_length(self.headers, len(self.body))
         headers.append(REPLAYED_HEADER)
         return headers
+
+
+class SealedResponse(StoredResponse):
+    """An encrypted response as the stores carry it: ``body`` is the sealed envelope (key
+    id, nonce, ciphertext; ``encryption.Encryption.seal``), status and headers are inside
+    it. A store keeps and returns it as it keeps any response; a door opens it."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, envelope: bytes) -> SealedResponse:
+        return cls(0, [], envelope)
+
+
+class UnreadableResponse(StoredResponse):
+    """A stored response that cannot be read back: its bytes cannot be decoded (corrupt in
+    the store), or it cannot be opened (its key id unknown, or tampered with). It is never
+    replayed and its key never re-run; ``reason`` says why (for logs, never for clients)."""
+
+    reason: str
+
+    @classmethod
+    def because(cls, reason: str) -> UnreadableResponse:
+        unreadable = cls(0, [], b"")
+        unreadable.reason = reason
+        return unreadable
 
 
 def with_content_length(headers: Headers, length: int) -> Headers:
@@ -247,7 +276,10 @@ class Record(NamedTuple):
 
 
 def encode_response(response: StoredResponse) -> bytes:
-    """A compact binary form: a format byte, a length-prefixed JSON head, then the body."""
+    """A compact binary form: a format byte, a length-prefixed JSON head, then the body (a
+    sealed response: its format byte, then its envelope)."""
+    if type(response) is SealedResponse:
+        return bytes([FORMAT_SEALED]) + response.body
     head = orjson.dumps(
         [response.status, [[n.decode("latin-1"), v.decode("latin-1")] for n, v in response.headers]]
     )
@@ -260,19 +292,44 @@ def encode_response(response: StoredResponse) -> bytes:
 
 
 def decode_response(blob: bytes) -> StoredResponse:
-    """Inverse of :func:`encode_response`."""
+    """Inverse of :func:`encode_response`; ``ValueError`` when ``blob`` is not one."""
+    if not blob:
+        raise ValueError("the stored response is empty")
     fmt, payload = blob[0], blob[1:]
+    if fmt == FORMAT_SEALED:
+        return SealedResponse.of(bytes(payload))
     if fmt == _FORMAT_ZLIB:
-        payload = zlib.decompress(payload)
+        try:
+            payload = zlib.decompress(payload)
+        except zlib.error as error:
+            raise ValueError(f"the stored response does not decompress: {error}") from None
     elif fmt != _FORMAT_PLAIN:
         raise ValueError(f"unknown stored response format {fmt}")
     head_length = int.from_bytes(payload[:4], "big")
-    status, headers = orjson.loads(payload[4 : 4 + head_length])
-    return StoredResponse(
-        status=int(status),
-        headers=[(n.encode("latin-1"), v.encode("latin-1")) for n, v in headers],
-        body=bytes(payload[4 + head_length :]),
-    )
+    if len(payload) < 4 or head_length > len(payload) - 4:
+        raise ValueError("the stored response's head is cut short")
+    try:
+        status, headers = orjson.loads(payload[4 : 4 + head_length])
+        decoded = StoredResponse(
+            status=status,
+            headers=[(n.encode("latin-1"), v.encode("latin-1")) for n, v in headers],
+            body=bytes(payload[4 + head_length :]),
+        )
+    except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError) as error:
+        raise ValueError(f"the stored response's head is not readable: {error!r}") from None
+    if not is_status(decoded.status):
+        raise ValueError(f"the stored response's status is not one: {decoded.status!r}")
+    return decoded
+
+
+def read_response(blob: bytes) -> StoredResponse:
+    """:func:`decode_response` for a store reading a record: bytes that cannot be decoded
+    (corrupt in the store) give an :class:`UnreadableResponse`, which the doors answer as
+    such, instead of an exception out of the claim."""
+    try:
+        return decode_response(blob)
+    except ValueError as error:
+        return UnreadableResponse.because(str(error))
 
 
 def is_status(value: object) -> TypeGuard[int]:

@@ -15,6 +15,7 @@ from .errors import (
     KeyInProgressError,
     KeyReusedError,
     ResultNotStoredError,
+    StoredResultUnreadableError,
     StoreUnavailableError,
 )
 from .events import EventKind
@@ -29,6 +30,7 @@ RefusalReason = Literal[
     "in_progress",
     "reused",
     "not_stored",
+    "unreadable",
     "unavailable",
     "commit_unavailable",
     "transaction_conflict",
@@ -40,6 +42,7 @@ _REFUSAL_STATUS: dict[str, int] = {
     "in_progress": 409,
     "reused": 422,
     "not_stored": 410,
+    "unreadable": 500,
     "unavailable": 503,
     "commit_unavailable": 503,
     "transaction_conflict": 409,
@@ -49,6 +52,7 @@ _REFUSAL_EVENT: dict[str, EventKind] = {
     "in_progress": "conflict",
     "reused": "mismatch",
     "not_stored": "not_stored",
+    "unreadable": "unreadable",
     "transaction_conflict": "transaction_conflict",
     "transaction_rejected": "transaction_rejected",
 }
@@ -59,6 +63,8 @@ class Refusal(NamedTuple):
 
     ``in_progress``: another attempt holds the key; ``reused``: the key was used with other
     input; ``not_stored``: completed, but its response (``size`` bytes) was not kept;
+    ``unreadable``: completed, but its stored response cannot be read back (``error``
+    says why);
     ``unavailable``: the store failed on the claim; ``commit_unavailable``: it failed on a
     transaction's commit, which then landed whole or not at all;
     ``transaction_conflict``: a condition of the handler's transaction failed, nothing was
@@ -100,6 +106,8 @@ def problem_for(refusal: Refusal) -> Problem:
         return problems.fingerprint_mismatch()
     if reason == "not_stored":
         return problems.response_not_stored(refusal.size)
+    if reason == "unreadable":
+        return problems.stored_response_unreadable()
     if reason == "transaction_conflict":
         error = refusal.error
         return problems.transaction_conflict(
@@ -142,6 +150,14 @@ def error_for(refusal: Refusal, name: str) -> Exception:
             "under this key",
             size=refusal.size,
         )
+    if refusal.reason == "unreadable":
+        unreadable = StoredResultUnreadableError(
+            f"idempotent function {name}: the call with this key completed, but its stored "
+            f"result cannot be read ({refusal.error}); it will not run again under this key: "
+            "restore the encryption key it was stored under, or forget the key to run it again"
+        )
+        unreadable.__cause__ = refusal.error
+        return unreadable
     error = refusal.error
     reason = getattr(error, "reason", "") or "the store failed"
     unavailable = StoreUnavailableError(

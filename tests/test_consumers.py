@@ -22,6 +22,7 @@ from idempotency_middleware import (
     KeyReusedError,
     MemoryStore,
     Outcome,
+    StoredResultUnreadableError,
     StoreUnavailableError,
     TransactionConflictError,
     completion_transaction,
@@ -703,7 +704,8 @@ def test_a_stored_result_that_cannot_be_read_is_dead_and_never_run_again() -> No
     outcome = consumer.process("m-1")
 
     assert outcome.action == "dead"
-    assert isinstance(outcome.error, ValueError)
+    assert isinstance(outcome.error, StoredResultUnreadableError)
+    assert isinstance(outcome.error.__cause__, ValueError)
     assert runs == ["m-1"]
 
 
@@ -735,3 +737,13 @@ def test_forget_on_a_store_without_a_sync_delete_says_to_use_aforget() -> None:
         consumer.forget("m-1")
     with pytest.raises(TypeError, match="non-empty str"):
         asyncio.run(consumer.aforget(""))
+
+
+def test_a_misspelled_option_names_the_valid_ones() -> None:
+    with pytest.raises(TypeError, match=r"'ttl' \(did you mean 'ttl_seconds'\?\).*max_attempts"):
+        IdempotentConsumer(
+            lambda message: None,
+            store=MemoryStore(),
+            key=lambda message: "k",
+            ttl=60,  # type: ignore[call-arg]
+        )

@@ -25,7 +25,7 @@ from idempotency_middleware.keys import InvalidKey, parse_idempotency_key
 from tests.servers import CLIENT_TIMEOUT_SECONDS, serve_asgi
 
 PROBLEM_REF = {"$ref": f"#/components/schemas/{PROBLEM_SCHEMA_NAME}"}
-MIDDLEWARE_STATUSES = {"400", "409", "410", "413", "422", "503"}
+MIDDLEWARE_STATUSES = {"400", "409", "410", "413", "422", "500", "503"}
 BASE = "https://api.example.com/problems/"
 
 

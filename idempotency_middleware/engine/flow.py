@@ -19,7 +19,7 @@ and the replay cache are effects too (``Emit``, ``Recall``, ``Remember``).
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Container, Generator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -27,10 +27,11 @@ from .. import core
 from ..breaker import CircuitBreaker
 from ..cache import ReplayCache
 from ..clock import Clock
+from ..encryption import Encryption
 from ..entropy import SYSTEM_ENTROPY, Entropy
 from ..errors import TransactionConflictError, TransactionRejectedError
 from ..events import ROUTINE_KINDS, EventKind, Reporter
-from ..options import Options
+from ..options import DEFAULT_STORED_STATUSES, Options
 from ..records import StoredResponse
 from ..stores.protocol import Completion, Held, StoreUnavailable
 from .effects import (
@@ -74,6 +75,12 @@ class Context:
     on_store_error: str
     http: bool = True  # an HTTP door (False: ``idempotent`` functions)
     entropy: Entropy = SYSTEM_ENTROPY  # owner tokens and jitter
+    # The statuses whose responses are kept (the rest release the key for a retry).
+    stored_statuses: Container[int] = DEFAULT_STORED_STATUSES
+    # Seals responses before the store, opens them on a replay (None: stored as they are).
+    encryption: Encryption | None = None
+    # Plain records are refused as unreadable (a door whose serializer unpickles).
+    sealed_only: bool = False
 
     @classmethod
     def for_options(cls, options: Options, store: object, *, http: bool = True) -> Context:
@@ -89,6 +96,8 @@ class Context:
             ReplayCache(options.replay_cache_size) if options.replay_cache_size else None,
             options.on_store_error,
             http,
+            stored_statuses=options.stored_statuses,
+            encryption=options.encryption,
         )
 
 
@@ -104,10 +113,12 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
     if cache is not None:
         cached = yield Recall(cache, claim.key_hash, claim.now)
         if cached is not None:
-            answer = core.answer_held(cached, claim.fingerprint)
+            answer = core.answer_held(
+                cached, claim.fingerprint, context.encryption, context.sealed_only
+            )
             kind = core.held_event_kind(answer)
             if reporter.wants(kind):
-                yield Emit(reporter, attempt, kind, answer.status)
+                yield Emit(reporter, attempt, kind, answer.status, error=_why(answer))
             return answer
     wait_until: float | None = None  # set when a duplicate starts waiting (wait_seconds)
     polls = 0
@@ -159,10 +170,12 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
                     continue
         if cache is not None:
             yield Remember(cache, record)
-        answer = core.answer_held(record, claim.fingerprint)
+        answer = core.answer_held(
+            record, claim.fingerprint, context.encryption, context.sealed_only
+        )
         kind = core.held_event_kind(answer)
         if reporter.wants(kind):
-            yield Emit(reporter, attempt, kind, answer.status, latency_ms)
+            yield Emit(reporter, attempt, kind, answer.status, latency_ms, error=_why(answer))
         return answer
     # Asked once for the DEBUG events of the usual path (claimed, completed, deferred).
     routine = reporter.wants_routine()
@@ -213,7 +226,7 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
         return ran
     # (Unpacked at once: cheaper than a NamedTuple attribute read per field.)
     status, headers, body, live, _, size, writes, deferred = ran
-    if not core.keeps_response(status) or (end is not None and end.failed):
+    if not core.keeps_response(status, context.stored_statuses) or (end is not None and end.failed):
         yield from _release(context, attempt)
         return ran
     streamed_size = None if not live else (size if end is None else end.size)
@@ -221,6 +234,10 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
     completion = core.completion_for(
         attempt, status, headers, body, clock.now(), streamed_size, writes, deferred
     )
+    if context.encryption is not None and streamed_size is None:
+        # Sealed once, here, before any store sees it (a live stream keeps no body).
+        sealed = context.encryption.seal(completion.response, claim.key_hash, claim.fingerprint)
+        completion = completion._replace(response=sealed)
     try:
         try:
             stored = yield completion
@@ -254,6 +271,14 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
         # outcome; the discarded response must not reach the client as if it had.
         return core.KEY_IN_PROGRESS
     return ran
+
+
+def _why(answer: Outcome) -> str | None:
+    """What an event about a held key says beside its kind: why a stored response could
+    not be read (never part of a client's answer)."""
+    if type(answer) is core.Refusal and answer.reason == "unreadable":
+        return str(answer.error)
+    return None
 
 
 def _release(context: Context, attempt: core.Attempt) -> Generator[Effect, Any, None]:

@@ -33,9 +33,9 @@ from ...records import (
     Record,
     Status,
     StoredResponse,
-    decode_response,
     decode_response_document,
     encode_response,
+    read_response,
 )
 from ..protocol import ClaimRequest, Completion, DeferredToken, StoreUnavailable
 from .config import OverflowSettings
@@ -443,7 +443,7 @@ def item_to_record(layout: TableLayout, item: Item, overflow_blob: bytes | None 
     else:
         blob = item.get("response", {}).get("B", overflow_blob)
         if blob is not None:
-            response = decode_response(bytes(blob))
+            response = read_response(bytes(blob))
         missing = bool(item.get("too_large", {}).get("BOOL", False)) or (
             blob is None and overflow_reference(item) is not None
         )

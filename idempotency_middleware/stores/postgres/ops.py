@@ -12,7 +12,7 @@ from collections.abc import Generator, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from ...clock import Clock
-from ...records import Record, Status, StoredResponse, decode_response, encode_response
+from ...records import Record, Status, StoredResponse, encode_response, read_response
 from ..kit import Flow as AnyFlow
 from ..protocol import (
     CLAIMED,
@@ -174,7 +174,7 @@ class Statements:
 
 def row_to_record(row: Sequence[Any]) -> Record:
     key_hash, status, fingerprint, owner, lock_expires_at, expires_at, blob, size, too_large = row
-    response = decode_response(bytes(blob)) if blob is not None else None
+    response = read_response(bytes(blob)) if blob is not None else None
     deadlines = float(lock_expires_at), float(expires_at)
     return Record(
         key_hash,

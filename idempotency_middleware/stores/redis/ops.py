@@ -32,7 +32,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ...records import Record, Status, StoredResponse, decode_response, encode_response
+from ...records import Record, Status, StoredResponse, encode_response, read_response
 from ..kit import Flow
 from ..protocol import (
     CLAIMED,
@@ -176,7 +176,7 @@ def record_from_hash(key_hash: str, fields: dict[bytes, bytes]) -> Record | None
     if status is None:
         return None
     blob = fields.get(b"response")
-    response = decode_response(blob) if blob is not None else None
+    response = read_response(blob) if blob is not None else None
     deadlines = float(fields[b"lock_expires_at"]), float(fields[b"expires_at"])
     fingerprint, owner = fields[b"fingerprint"].decode(), fields[b"owner"].decode()
     size, too_large = int(fields.get(b"response_size", b"0")), fields.get(b"too_large") == b"1"

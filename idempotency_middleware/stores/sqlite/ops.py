@@ -28,7 +28,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from ...clock import Clock
 from ...errors import StoreUnavailable
-from ...records import Record, Status, StoredResponse, decode_response, encode_response
+from ...records import Record, Status, StoredResponse, encode_response, read_response
 from ..protocol import Claimed, ClaimRequest, ClaimResult, Completion, DeferredToken, Held
 
 T = TypeVar("T")
@@ -135,7 +135,7 @@ class Statements:
 
 def _row_to_record(row: tuple[Any, ...]) -> Record:
     key, status, fingerprint, owner, lock, expires, blob, too_large, size = row  # REALs: floats
-    response = decode_response(bytes(blob)) if blob is not None else None
+    response = read_response(bytes(blob)) if blob is not None else None
     return Record(
         key, Status(status), fingerprint, owner, lock, expires, response, bool(too_large), size
     )
