@@ -583,6 +583,24 @@ def test_a_store_that_cannot_serve_the_handler_is_a_type_error() -> None:
         IdempotentConsumer(coroutine, store=SyncOnly(), key=str)
 
 
+def test_the_timing_options_can_be_read_back() -> None:
+    consumer = IdempotentConsumer(
+        print,
+        store=MemoryStore(),
+        key=str,
+        ttl_seconds=600,
+        lock_timeout_seconds=25,
+        clock_skew_seconds=0.5,
+        max_attempts=4,
+    )
+    default = IdempotentConsumer(print, store=MemoryStore(), key=str)
+
+    assert (consumer.ttl_seconds, consumer.lock_timeout_seconds) == (600, 25)
+    assert (consumer.clock_skew_seconds, consumer.max_attempts) == (0.5, 4)
+    assert (default.ttl_seconds, default.lock_timeout_seconds) == (86400, 60)
+    assert (default.clock_skew_seconds, default.max_attempts) == (1.0, None)
+
+
 @pytest.mark.parametrize(
     ("options", "match"),
     [
@@ -620,9 +638,7 @@ def test_a_message_is_processed_once_then_forgotten_and_redriven(
     assert first.result() == Outcome("ack", {"processed": delivered["id"]})
     assert process(fstore, consumer, delivered, 3).replayed is True
     assert forget(fstore, consumer, delivered["id"]) is True
-    assert process(fstore, consumer, delivered, 1) == Outcome(
-        "ack", {"processed": delivered["id"]}
-    )
+    assert process(fstore, consumer, delivered, 1) == Outcome("ack", {"processed": delivered["id"]})
     assert handler.runs == [delivered["id"]] * 2
 
 
