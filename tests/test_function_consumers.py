@@ -1,10 +1,11 @@
 """The examples in examples/ run as tests, each side effect counted across redeliveries,
 duplicates and retries.
 
-- ``examples.sqs_consumer`` (an ``SQSWorker``) reads a real queue (moto's SQS on 127.0.0.1): a producer retry
-  (two messages, one idempotency key), a consumer that crashes after recording a payment and
-  before deleting its message (redelivered), and a duplicate that arrives while the first is
-  still running (left for SQS to redeliver). Its stores: DynamoDB on moto and SQLite.
+- ``examples.sqs_consumer`` (an ``SQSWorker``) reads a real queue (moto's SQS on 127.0.0.1):
+  a producer retry (two messages, one idempotency key), a consumer that crashes after
+  recording a payment and before deleting its message (redelivered), and a duplicate that
+  arrives while the first is still running (put back for SQS to redeliver). Its stores:
+  DynamoDB on moto and SQLite.
 - ``examples.lambda_batch``'s handler gets SQS batch events (DynamoDB on moto): duplicates,
   a failing record, Lambda's retry of the whole batch, a duplicate in flight elsewhere.
 - ``examples.celery_task`` and ``examples.service_method``: redeliveries and retries.
