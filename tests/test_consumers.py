@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from idempotency_middleware import (
+    AsyncDynamoDBStore,
     DynamoDBStore,
     IdempotentConsumer,
     InvalidKeyError,
@@ -30,12 +31,14 @@ from idempotency_middleware import (
 )
 from idempotency_middleware.consumers import message_payload
 from tests.conftest import REGION, new_table
+from tests.faultproxy import FaultProxy
 from tests.function_stores import (
     DownStore,
     Events,
     FunctionStore,
     Hold,
     fresh_key,
+    function_table,
     open_function_store,
 )
 from tests.store_kinds import STORE_KINDS
@@ -745,3 +748,54 @@ def test_forget_on_a_store_without_a_sync_delete_says_to_use_aforget() -> None:
         consumer.forget("m-1")
     with pytest.raises(TypeError, match="non-empty str"):
         asyncio.run(consumer.aforget(""))
+
+
+# -- a store that goes down while the handler runs -------------------------------------------
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_store_lost_while_the_handler_runs_acks_the_done_work_and_keeps_the_key_held(
+    fault_proxy: FaultProxy, moto_endpoint: str, flavour: str
+) -> None:
+    """The claim lands; the store stops answering (connections reset) before the completion.
+    The handler's work is done, so the delivery is an ``ack`` with its result (a ``retry``
+    would run it again once the claim's lock ran out); the claim stays held until its lock
+    timeout, so a duplicate meanwhile is a ``retry`` and does not run."""
+    table = function_table(moto_endpoint)
+    runs: list[str] = []
+
+    def handle(message: dict[str, Any]) -> str:
+        runs.append(message["id"])
+        fault_proxy.set("refuse")  # the store is lost while the handler runs
+        return "done"
+
+    delivered = message()
+    options: dict[str, Any] = {"endpoint_url": fault_proxy.url, "region_name": REGION}
+    if flavour == "sync":
+        with DynamoDBStore(table, max_attempts=1, **options) as store:
+            consumer = IdempotentConsumer(
+                handle, store=store, key=lambda m: m["id"], name=fresh_key(), max_attempts=1
+            )
+            outcome = consumer.process(delivered, 1)
+            fault_proxy.set("pass")
+            again = consumer.process(delivered, 2)
+    else:
+
+        async def ahandle(message: dict[str, Any]) -> str:
+            return handle(message)
+
+        async def deliver_twice() -> tuple[Outcome, Outcome]:
+            async with AsyncDynamoDBStore(table, max_attempts=1, **options) as store:
+                consumer = IdempotentConsumer(
+                    ahandle, store=store, key=lambda m: m["id"], name=fresh_key(), max_attempts=1
+                )
+                first = await consumer.aprocess(delivered, 1)
+                fault_proxy.set("pass")
+                return first, await consumer.aprocess(delivered, 2)
+
+        outcome, again = asyncio.run(deliver_twice())
+
+    assert outcome == Outcome("ack", "done")
+    assert again.action == "retry", again  # the claim it could not complete is still held
+    assert again.retry_after is not None and again.retry_after > 1
+    assert runs == [delivered["id"]]
