@@ -10,6 +10,8 @@ functions for async kinds.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -799,3 +801,44 @@ def test_a_store_lost_while_the_handler_runs_acks_the_done_work_and_keeps_the_ke
     assert again.action == "retry", again  # the claim it could not complete is still held
     assert again.retry_after is not None and again.retry_after > 1
     assert runs == [delivered["id"]]
+
+
+def test_a_deliverys_requests_on_the_wire_new_two_redelivered_one_running_duplicate_one(
+    fault_proxy: FaultProxy, moto_endpoint: str
+) -> None:
+    """What reaches DynamoDB (counted by the proxy in front of moto): a new delivery is
+    two requests (the claim, the completion), a redelivery after it completed one, a
+    duplicate while the first runs one."""
+    started, finish = threading.Event(), threading.Event()
+
+    def handle(message: dict[str, Any]) -> str:
+        started.set()
+        finish.wait(10)
+        return "done"
+
+    delivered = message()
+    with DynamoDBStore(
+        function_table(moto_endpoint), endpoint_url=fault_proxy.url, region_name=REGION
+    ) as store:
+        consumer = IdempotentConsumer(handle, store=store, key=lambda m: m["id"], name=fresh_key())
+        fault_proxy.forget()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            first = pool.submit(consumer.process, delivered)
+            assert started.wait(10)
+            claimed = fault_proxy.operations()
+            fault_proxy.forget()
+            duplicate = consumer.process(delivered)
+            on_duplicate = fault_proxy.operations()
+            fault_proxy.forget()
+            finish.set()
+            assert first.result(10) == Outcome("ack", "done")
+            completed = fault_proxy.operations()
+        fault_proxy.forget()
+        redelivered = consumer.process(delivered)
+        on_redelivery = fault_proxy.operations()
+
+    assert duplicate.action == "retry" and redelivered == Outcome("ack", "done", replayed=True)
+    # New: a conditional put (the claim), then an update (the completion).
+    assert (claimed, completed) == (["PutItem"], ["UpdateItem"])
+    assert on_duplicate == ["PutItem"]  # its failed condition returns the running record
+    assert on_redelivery == ["PutItem"]  # its failed condition returns the stored result
