@@ -516,6 +516,16 @@ def test_store_calls_per_delivery_new_two_redelivered_one_running_duplicate_one(
     assert counting.calls == {"claim": 3, "complete": 1}
 
 
+def test_store_calls_for_a_failing_handler_the_claim_and_the_release(
+    fstore: FunctionStore,
+) -> None:
+    counting = fstore.counting()
+    consumer = consumer_for(fstore, Handler(failures=1), store=counting)
+
+    assert process(fstore, consumer, message()).action == "retry"
+    assert counting.calls == {"claim": 1, "release": 1}
+
+
 # -- the default payload -------------------------------------------------------------------
 
 
