@@ -82,7 +82,8 @@ class SQSWorker:
     its ``Attributes`` (``ApproximateReceiveCount``, ``MessageGroupId``...) and
     ``MessageAttributes``. In a FIFO queue, once a message of a group is to be retried, the
     group's later messages of the batch do not run and are made visible again at once, so
-    SQS delivers the group in order.
+    SQS delivers the group in order. The first batch reads the queue's attributes and logs a
+    warning for each consumer option that does not fit them (``fit_warnings``).
     """
 
     def __init__(
