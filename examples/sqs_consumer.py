@@ -2,9 +2,10 @@
 
 SQS delivers at least once: a message comes back when its consumer crashed before deleting
 it, and a producer that retries a send makes a second message with a new MessageId. So the
-key is the producer's ``IdempotencyKey`` attribute (the MessageId when there is none) and
-the handler is ``@idempotent``: a delivery whose key already completed replays the stored
-result instead of paying again, and the message is deleted.
+key is the producer's ``IdempotencyKey`` attribute (the MessageId when there is none), and an
+``SQSWorker`` runs an ``IdempotentConsumer``: a delivery whose key already completed replays
+the stored result instead of paying again, and the message is deleted; a duplicate still
+running elsewhere goes back to the queue until that run's claim could be taken over.
 
     python -m examples.sqs_consumer             # on a fresh clone (after `make install`)
     python -m examples.sqs_consumer QUEUE_URL   # your queue (AWS_ENDPOINT_URL=... for a local SQS)
@@ -17,14 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import sys
 import tempfile
 from typing import Any
 
-from idempotency_middleware import KeyInProgressError, SQLiteStore, SyncStore, idempotent
-
-logger = logging.getLogger(__name__)
+from idempotency_middleware import IdempotentConsumer, SQLiteStore, SQSWorker, SyncStore
 
 Message = dict[str, Any]  # one message as boto3's receive_message returns it
 
@@ -46,39 +44,22 @@ def consume(
 ) -> None:
     """Long-poll ``queue_url`` and record each payment in ``ledger`` once."""
 
-    @idempotent(store=store, key=message_key, payload=lambda message: message["Body"])
     def record_payment(message: Message) -> int:
         ledger.append(message["Body"])  # the side effect: a payment, an email, a row
         return len(ledger)  # the entry's number: a replay returns this same number
 
-    while True:
-        response = sqs.receive_message(
-            QueueUrl=queue_url,
-            MaxNumberOfMessages=10,
-            WaitTimeSeconds=wait_time_seconds,
-            MessageAttributeNames=["IdempotencyKey"],
-        )
-        messages = response.get("Messages", [])
-        if not messages and stop_when_empty:
-            return
-        for message in messages:
-            receipt = message["ReceiptHandle"]
-            try:
-                record_payment(message)
-            except KeyInProgressError as error:
-                # Another consumer is processing a duplicate right now: look again later.
-                sqs.change_message_visibility(
-                    QueueUrl=queue_url,
-                    ReceiptHandle=receipt,
-                    VisibilityTimeout=math.ceil(error.retry_after),
-                )
-            except Exception:
-                # Not deleted: SQS redelivers it after its visibility timeout (then to a DLQ).
-                logger.exception("message %s failed", message["MessageId"])
-            else:
-                # Deleted once recorded. A crash before this line is harmless: the redelivery
-                # replays the stored result, and no second payment is recorded.
-                sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=receipt)
+    consumer = IdempotentConsumer(
+        record_payment,
+        store=store,
+        key=message_key,  # the payload is the message's Body: a redelivery is the same work
+        name="payments.record",
+        lock_timeout_seconds=20,  # below the queue's visibility timeout (30 s by default)
+        max_attempts=5,  # then given up: logged, and deleted
+    )
+    worker = SQSWorker(consumer, queue_url, client=sqs, wait_time_seconds=wait_time_seconds)
+    # Each batch: ack (deleted), retry (back to the queue), or dead (deleted, given up).
+    while worker.run_once() or not stop_when_empty:
+        pass
 
 
 def local_queue(sqs: Any) -> str:

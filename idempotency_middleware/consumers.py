@@ -188,6 +188,26 @@ class IdempotentConsumer:
         """Whether the handler is a coroutine function (use ``aprocess``, not ``process``)."""
         return self._is_async
 
+    @property
+    def max_attempts(self) -> int | None:
+        """The delivery count at which a failing handler's message is given up (``dead``)."""
+        return self._max_attempts
+
+    @property
+    def ttl_seconds(self) -> float:
+        """How long a completed key is kept (its result replayed) after its completion."""
+        return self._attempts.policy.ttl_seconds
+
+    @property
+    def lock_timeout_seconds(self) -> float:
+        """How long a claim holds when its lease is no longer renewed (its consumer died)."""
+        return self._attempts.policy.lock_timeout_seconds
+
+    @property
+    def clock_skew_seconds(self) -> float:
+        """The margin past an expired lock before another delivery takes its claim over."""
+        return self._attempts.policy.clock_skew_seconds
+
     # -- processing ----------------------------------------------------------------------
 
     def process(self, message: Any, delivery_count: int | None = None) -> Outcome:

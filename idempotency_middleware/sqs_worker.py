@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import logging
 import math
 import threading
@@ -33,6 +34,9 @@ MAX_VISIBILITY_TIMEOUT = 43_200
 MAX_WAIT_TIME_SECONDS = 20
 # After a failed receive, run() waits this long before polling again.
 RECEIVE_ERROR_PAUSE_SECONDS = 1.0
+# Beyond the last receive SQS may make of a message, how much longer its completed key is to
+# be kept: a backlog of visible messages no worker receives meanwhile.
+TTL_MARGIN_SECONDS = 3600
 
 Message = dict[str, Any]  # one message as boto3's receive_message returns it
 
@@ -78,7 +82,8 @@ class SQSWorker:
     its ``Attributes`` (``ApproximateReceiveCount``, ``MessageGroupId``...) and
     ``MessageAttributes``. In a FIFO queue, once a message of a group is to be retried, the
     group's later messages of the batch do not run and are made visible again at once, so
-    SQS delivers the group in order.
+    SQS delivers the group in order. The first batch reads the queue's attributes and logs a
+    warning for each consumer option that does not fit them (``fit_warnings``).
     """
 
     def __init__(
@@ -105,6 +110,8 @@ class SQSWorker:
             # 0 would leave nothing to extend: each message visible again as it is received.
             _check_int(visibility_timeout, "visibility_timeout", 1, MAX_VISIBILITY_TIMEOUT)
         self._visibility_timeout = visibility_timeout
+        self._max_receive_count: int | None = None
+        self._checked = False
         self._own_client = client is None
         self.client: Any = _sqs_client() if client is None else client
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -131,11 +138,33 @@ class SQSWorker:
     def visibility_timeout(self) -> int:
         """The worker's ``visibility_timeout``, else the queue's (read once)."""
         if self._visibility_timeout is None:
-            attributes = self.client.get_queue_attributes(
-                QueueUrl=self.queue_url, AttributeNames=["VisibilityTimeout"]
-            )["Attributes"]
-            self._visibility_timeout = int(attributes["VisibilityTimeout"])
+            self._read_queue()
+        assert self._visibility_timeout is not None
         return self._visibility_timeout
+
+    def _read_queue(self) -> None:
+        """Read the queue's visibility timeout and redrive policy."""
+        attributes = self.client.get_queue_attributes(
+            QueueUrl=self.queue_url, AttributeNames=["VisibilityTimeout", "RedrivePolicy"]
+        )["Attributes"]
+        if self._visibility_timeout is None:
+            self._visibility_timeout = int(attributes["VisibilityTimeout"])
+        self._max_receive_count = max_receive_count(attributes.get("RedrivePolicy"))
+
+    def _check_queue(self) -> None:
+        """Warn, once, about consumer options that do not fit the queue's timeouts. A worker
+        given its visibility timeout may lack ``sqs:GetQueueAttributes``: then it cannot tell
+        the redrive policy, and says so at DEBUG."""
+        try:
+            self._read_queue()
+        except Exception as error:
+            if self._visibility_timeout is None:
+                raise
+            logger.debug("SQS worker on %s: no redrive policy read: %r", self.queue_url, error)
+        self._checked = True
+        timeout, receives = self.visibility_timeout, self._max_receive_count
+        for warning in fit_warnings(self.consumer, timeout, receives):
+            logger.warning("SQS worker on %s: %s", self.queue_url, warning)
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -153,7 +182,11 @@ class SQSWorker:
 
     def run_once(self) -> list[Outcome]:
         """Receive one batch (waiting up to ``wait_time_seconds``), process it, settle it
-        with SQS; the outcomes, one per message received, in order."""
+        with SQS; the outcomes, one per message received, in order. The first call reads
+        the queue's attributes and logs a warning for each consumer option that does not
+        fit them (see ``fit_warnings``)."""
+        if not self._checked:
+            self._check_queue()
         timeout = self.visibility_timeout
         messages: list[Message] = self.client.receive_message(
             QueueUrl=self.queue_url,
@@ -257,6 +290,53 @@ class SQSWorker:
                     failure.get("Code"),
                     failure.get("Message", ""),
                 )
+
+
+def max_receive_count(redrive_policy: object) -> int | None:
+    """The ``maxReceiveCount`` of a queue's ``RedrivePolicy`` attribute (a JSON string), or
+    ``None`` without one."""
+    try:
+        return int(json.loads(str(redrive_policy))["maxReceiveCount"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def fit_warnings(
+    consumer: IdempotentConsumer, visibility_timeout: int, max_receive_count: int | None
+) -> list[str]:
+    """What in ``consumer``'s options does not fit an SQS queue with this visibility timeout
+    and redrive policy (``max_receive_count``, ``None`` without one); one sentence each."""
+    warnings: list[str] = []
+    takeover = consumer.lock_timeout_seconds + consumer.clock_skew_seconds
+    if takeover > visibility_timeout:
+        warnings.append(
+            f"the consumer's lock timeout ({consumer.lock_timeout_seconds:g} s) plus its clock "
+            f"skew margin ({consumer.clock_skew_seconds:g} s) outlasts the visibility timeout "
+            f"({visibility_timeout} s): a message redelivered after a worker died finds the "
+            "dead worker's claim still locked and is put back until it is free, one more "
+            "receive counted against maxReceiveCount; set lock_timeout_seconds to at most "
+            f"{max(visibility_timeout - consumer.clock_skew_seconds, 0):g} (the lease renews "
+            "it while a handler runs, however long)"
+        )
+    if max_receive_count is None:
+        return warnings
+    horizon = visibility_timeout * max_receive_count
+    if consumer.ttl_seconds < horizon + TTL_MARGIN_SECONDS:
+        warnings.append(
+            f"the consumer's ttl_seconds ({consumer.ttl_seconds:g}) does not outlive the "
+            f"queue's redelivery horizon, the visibility timeout ({visibility_timeout} s) times "
+            f"maxReceiveCount ({max_receive_count}) plus {TTL_MARGIN_SECONDS} s for backlogs: "
+            "a message redelivered after its key expired runs its handler again; set "
+            f"ttl_seconds to at least {horizon + TTL_MARGIN_SECONDS}"
+        )
+    if consumer.max_attempts is not None and consumer.max_attempts > max_receive_count:
+        warnings.append(
+            f"the consumer's max_attempts ({consumer.max_attempts}) is above the queue's "
+            f"maxReceiveCount ({max_receive_count}): SQS moves a failing message to its "
+            "dead-letter queue before the consumer gives up on it, so on_exhausted is never "
+            f"called; set max_attempts to at most {max_receive_count}"
+        )
+    return warnings
 
 
 def _group(message: Mapping[str, Any]) -> str | None:

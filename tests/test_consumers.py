@@ -1,20 +1,24 @@
 """``IdempotentConsumer``: every delivery gets a verdict for its broker (ack, retry, dead).
 
-The whole table of situations runs on MemoryStore and SQLiteStore, each with a sync and an
-async handler (``VERDICT_KINDS``); one delivery story (new, duplicate while running,
-redelivered, forgotten, run again) runs on every store kind. Handlers are written once as
-plain functions; ``FunctionStore.adapt`` makes them coroutine functions for async kinds.
+The whole table of situations runs on every store kind (``STORE_KINDS``: memory, SQLite,
+Redis, PostgreSQL, DynamoDB on moto and on DynamoDB Local), each with a sync and an async
+handler; "the store is unavailable" there is a closed port (a missing directory for SQLite).
+Handlers are written once as plain functions; ``FunctionStore.adapt`` makes them coroutine
+functions for async kinds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from idempotency_middleware import (
+    AsyncDynamoDBStore,
     DynamoDBStore,
     IdempotentConsumer,
     InvalidKeyError,
@@ -30,21 +34,21 @@ from idempotency_middleware import (
 )
 from idempotency_middleware.consumers import message_payload
 from tests.conftest import REGION, new_table
+from tests.faultproxy import FaultProxy
 from tests.function_stores import (
     DownStore,
     Events,
     FunctionStore,
     Hold,
     fresh_key,
+    function_table,
     open_function_store,
 )
-from tests.store_kinds import MEMORY_KINDS, SQLITE_KINDS, STORE_KINDS
+from tests.store_kinds import STORE_KINDS
 from tests.transaction_tables import create_business_tables
 
-VERDICT_KINDS = [*MEMORY_KINDS, *SQLITE_KINDS]
 
-
-@pytest.fixture(params=VERDICT_KINDS)
+@pytest.fixture(params=STORE_KINDS)
 def fstore(request: pytest.FixtureRequest) -> Iterator[FunctionStore]:
     yield from open_function_store(request, request.param)
 
@@ -513,6 +517,16 @@ def test_store_calls_per_delivery_new_two_redelivered_one_running_duplicate_one(
     assert counting.calls == {"claim": 3, "complete": 1}
 
 
+def test_store_calls_for_a_failing_handler_the_claim_and_the_release(
+    fstore: FunctionStore,
+) -> None:
+    counting = fstore.counting()
+    consumer = consumer_for(fstore, Handler(failures=1), store=counting)
+
+    assert process(fstore, consumer, message()).action == "retry"
+    assert counting.calls == {"claim": 1, "release": 1}
+
+
 # -- the default payload -------------------------------------------------------------------
 
 
@@ -585,6 +599,24 @@ def test_a_store_that_cannot_serve_the_handler_is_a_type_error() -> None:
         IdempotentConsumer(coroutine, store=SyncOnly(), key=str)
 
 
+def test_the_timing_options_can_be_read_back() -> None:
+    consumer = IdempotentConsumer(
+        print,
+        store=MemoryStore(),
+        key=str,
+        ttl_seconds=600,
+        lock_timeout_seconds=25,
+        clock_skew_seconds=0.5,
+        max_attempts=4,
+    )
+    default = IdempotentConsumer(print, store=MemoryStore(), key=str)
+
+    assert (consumer.ttl_seconds, consumer.lock_timeout_seconds) == (600, 25)
+    assert (consumer.clock_skew_seconds, consumer.max_attempts) == (0.5, 4)
+    assert (default.ttl_seconds, default.lock_timeout_seconds) == (86400, 60)
+    assert (default.clock_skew_seconds, default.max_attempts) == (1.0, None)
+
+
 @pytest.mark.parametrize(
     ("options", "match"),
     [
@@ -603,33 +635,26 @@ def test_bad_options_are_type_errors_naming_them(options: dict[str, Any], match:
         IdempotentConsumer(handle, **arguments)
 
 
-# -- every store ---------------------------------------------------------------------------
+# -- one delivery story --------------------------------------------------------------------
 
 
-@pytest.fixture(params=STORE_KINDS)
-def any_store(request: pytest.FixtureRequest) -> Iterator[FunctionStore]:
-    yield from open_function_store(request, request.param)
-
-
-def test_a_message_is_processed_once_then_forgotten_and_redriven_on_every_store(
-    any_store: FunctionStore,
+def test_a_message_is_processed_once_then_forgotten_and_redriven(
+    fstore: FunctionStore,
 ) -> None:
     handler = Handler()
-    hold = any_store.hold()
-    consumer = consumer_for(any_store, handler, hold=hold)
+    hold = fstore.hold()
+    consumer = consumer_for(fstore, handler, hold=hold)
     delivered = message()
-    method = consumer.aprocess if any_store.is_async else consumer.process
-    first = any_store.start(method, delivered, 1)
-    any_store.wait_until(hold.entered.is_set, "the first delivery to run")
+    method = consumer.aprocess if fstore.is_async else consumer.process
+    first = fstore.start(method, delivered, 1)
+    fstore.wait_until(hold.entered.is_set, "the first delivery to run")
 
-    assert process(any_store, consumer, delivered, 2).action == "retry"
+    assert process(fstore, consumer, delivered, 2).action == "retry"
     hold.open()
     assert first.result() == Outcome("ack", {"processed": delivered["id"]})
-    assert process(any_store, consumer, delivered, 3).replayed is True
-    assert forget(any_store, consumer, delivered["id"]) is True
-    assert process(any_store, consumer, delivered, 1) == Outcome(
-        "ack", {"processed": delivered["id"]}
-    )
+    assert process(fstore, consumer, delivered, 3).replayed is True
+    assert forget(fstore, consumer, delivered["id"]) is True
+    assert process(fstore, consumer, delivered, 1) == Outcome("ack", {"processed": delivered["id"]})
     assert handler.runs == [delivered["id"]] * 2
 
 
@@ -747,3 +772,95 @@ def test_a_misspelled_option_names_the_valid_ones() -> None:
             key=lambda message: "k",
             ttl=60,  # type: ignore[call-arg]
         )
+
+
+# -- a store that goes down while the handler runs -------------------------------------------
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_store_lost_while_the_handler_runs_acks_the_done_work_and_keeps_the_key_held(
+    fault_proxy: FaultProxy, moto_endpoint: str, flavour: str
+) -> None:
+    """The claim lands; the store stops answering (connections reset) before the completion.
+    The handler's work is done, so the delivery is an ``ack`` with its result (a ``retry``
+    would run it again once the claim's lock ran out); the claim stays held until its lock
+    timeout, so a duplicate meanwhile is a ``retry`` and does not run."""
+    table = function_table(moto_endpoint)
+    runs: list[str] = []
+
+    def handle(message: dict[str, Any]) -> str:
+        runs.append(message["id"])
+        fault_proxy.set("refuse")  # the store is lost while the handler runs
+        return "done"
+
+    delivered = message()
+    options: dict[str, Any] = {"endpoint_url": fault_proxy.url, "region_name": REGION}
+    if flavour == "sync":
+        with DynamoDBStore(table, max_attempts=1, **options) as store:
+            consumer = IdempotentConsumer(
+                handle, store=store, key=lambda m: m["id"], name=fresh_key(), max_attempts=1
+            )
+            outcome = consumer.process(delivered, 1)
+            fault_proxy.set("pass")
+            again = consumer.process(delivered, 2)
+    else:
+
+        async def ahandle(message: dict[str, Any]) -> str:
+            return handle(message)
+
+        async def deliver_twice() -> tuple[Outcome, Outcome]:
+            async with AsyncDynamoDBStore(table, max_attempts=1, **options) as store:
+                consumer = IdempotentConsumer(
+                    ahandle, store=store, key=lambda m: m["id"], name=fresh_key(), max_attempts=1
+                )
+                first = await consumer.aprocess(delivered, 1)
+                fault_proxy.set("pass")
+                return first, await consumer.aprocess(delivered, 2)
+
+        outcome, again = asyncio.run(deliver_twice())
+
+    assert outcome == Outcome("ack", "done")
+    assert again.action == "retry", again  # the claim it could not complete is still held
+    assert again.retry_after is not None and again.retry_after > 1
+    assert runs == [delivered["id"]]
+
+
+def test_a_deliverys_requests_on_the_wire_new_two_redelivered_one_running_duplicate_one(
+    fault_proxy: FaultProxy, moto_endpoint: str
+) -> None:
+    """What reaches DynamoDB (counted by the proxy in front of moto): a new delivery is
+    two requests (the claim, the completion), a redelivery after it completed one, a
+    duplicate while the first runs one."""
+    started, finish = threading.Event(), threading.Event()
+
+    def handle(message: dict[str, Any]) -> str:
+        started.set()
+        finish.wait(10)
+        return "done"
+
+    delivered = message()
+    with DynamoDBStore(
+        function_table(moto_endpoint), endpoint_url=fault_proxy.url, region_name=REGION
+    ) as store:
+        consumer = IdempotentConsumer(handle, store=store, key=lambda m: m["id"], name=fresh_key())
+        fault_proxy.forget()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            first = pool.submit(consumer.process, delivered)
+            assert started.wait(10)
+            claimed = fault_proxy.operations()
+            fault_proxy.forget()
+            duplicate = consumer.process(delivered)
+            on_duplicate = fault_proxy.operations()
+            fault_proxy.forget()
+            finish.set()
+            assert first.result(10) == Outcome("ack", "done")
+            completed = fault_proxy.operations()
+        fault_proxy.forget()
+        redelivered = consumer.process(delivered)
+        on_redelivery = fault_proxy.operations()
+
+    assert duplicate.action == "retry" and redelivered == Outcome("ack", "done", replayed=True)
+    # New: a conditional put (the claim), then an update (the completion).
+    assert (claimed, completed) == (["PutItem"], ["UpdateItem"])
+    assert on_duplicate == ["PutItem"]  # its failed condition returns the running record
+    assert on_redelivery == ["PutItem"]  # its failed condition returns the stored result

@@ -6,6 +6,7 @@ so the tests that watch one keep it to a second or two.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -25,6 +26,7 @@ from idempotency_middleware import (
     SQSWorker,
     StoreUnavailableError,
 )
+from idempotency_middleware.sqs_worker import max_receive_count
 from tests.conftest import REGION
 from tests.test_missing_extras import run_python
 
@@ -341,3 +343,106 @@ def test_without_boto3_the_worker_names_the_sqs_extra() -> None:
         "boto3 SQSWorker needs boto3, which is not installed: "
         'pip install "idempotency-middleware[sqs]" (or pass client=)'
     ]
+
+
+# -- warnings about options that do not fit the queue ----------------------------------------
+
+
+def queue_with_redrive(sqs: Any, visibility_timeout: int, max_receive_count: int) -> str:
+    dead_letters = new_queue(sqs)
+    arn = sqs.get_queue_attributes(QueueUrl=dead_letters, AttributeNames=["QueueArn"])[
+        "Attributes"
+    ]["QueueArn"]
+    queue_url = new_queue(sqs, visibility_timeout=visibility_timeout)
+    policy = {"deadLetterTargetArn": arn, "maxReceiveCount": str(max_receive_count)}
+    sqs.set_queue_attributes(QueueUrl=queue_url, Attributes={"RedrivePolicy": json.dumps(policy)})
+    return queue_url
+
+
+def worker_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.name == "idempotency_middleware.sqs_worker" and record.levelno == logging.WARNING
+    ]
+
+
+def test_options_that_do_not_fit_the_queue_are_warned_about_once_at_start(
+    sqs: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue_url = queue_with_redrive(sqs, visibility_timeout=30, max_receive_count=5)
+    consumer = consumer_of(Handler(), ttl_seconds=600, lock_timeout_seconds=60, max_attempts=8)
+    worker = worker_for(consumer, sqs, queue_url)
+
+    with caplog.at_level(logging.WARNING, logger="idempotency_middleware.sqs_worker"):
+        worker.run_once()
+        send(sqs, queue_url, "order-1")
+        worker.run_once()
+
+    lock, ttl, attempts = worker_warnings(caplog)
+    assert lock.startswith(f"SQS worker on {queue_url}: the consumer's lock timeout (60 s)")
+    assert "plus its clock skew margin (1 s) outlasts the visibility timeout (30 s)" in lock
+    assert "set lock_timeout_seconds to at most 29" in lock
+    # 30 s x 5 receives, plus an hour for backlogs.
+    assert "ttl_seconds (600) does not outlive" in ttl
+    assert "set ttl_seconds to at least 3750" in ttl
+    assert "max_attempts (8) is above the queue's maxReceiveCount (5)" in attempts
+    assert "on_exhausted is never called; set max_attempts to at most 5" in attempts
+
+
+def test_options_that_fit_the_queue_are_not_warned_about(
+    sqs: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue_url = queue_with_redrive(sqs, visibility_timeout=30, max_receive_count=5)
+    consumer = consumer_of(Handler(), ttl_seconds=3750, lock_timeout_seconds=29, max_attempts=5)
+
+    with caplog.at_level(logging.WARNING, logger="idempotency_middleware.sqs_worker"):
+        send(sqs, queue_url, "order-1")
+        [outcome] = worker_for(consumer, sqs, queue_url).run_once()
+
+    assert outcome.action == "ack"
+    assert worker_warnings(caplog) == []
+
+
+def test_the_workers_own_visibility_timeout_is_the_one_checked(
+    sqs: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The queue says 30 s, the worker asks for 120 s on each receive: a 60 s lock fits.
+    queue_url = queue_with_redrive(sqs, visibility_timeout=30, max_receive_count=5)
+    consumer = consumer_of(Handler(), ttl_seconds=600, lock_timeout_seconds=60)
+
+    with caplog.at_level(logging.WARNING, logger="idempotency_middleware.sqs_worker"):
+        worker_for(consumer, sqs, queue_url, visibility_timeout=120).run_once()
+
+    [ttl] = worker_warnings(caplog)
+    assert "visibility timeout (120 s) times maxReceiveCount (5)" in ttl
+    assert "at least 4200" in ttl
+
+
+def test_without_a_redrive_policy_only_the_lock_timeout_is_checked(
+    sqs: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue_url = new_queue(sqs, visibility_timeout=30)
+    consumer = consumer_of(Handler(), ttl_seconds=60, lock_timeout_seconds=45, max_attempts=50)
+
+    with caplog.at_level(logging.WARNING, logger="idempotency_middleware.sqs_worker"):
+        worker_for(consumer, sqs, queue_url).run_once()
+
+    [lock] = worker_warnings(caplog)
+    assert "lock timeout (45 s)" in lock
+
+
+@pytest.mark.parametrize(
+    ("policy", "count"),
+    [
+        ('{"deadLetterTargetArn": "arn:aws:sqs:us-east-1:1:dlq", "maxReceiveCount": "5"}', 5),
+        ('{"deadLetterTargetArn": "arn:aws:sqs:us-east-1:1:dlq", "maxReceiveCount": 3}', 3),
+        (None, None),
+        ("not json", None),
+        ('{"deadLetterTargetArn": "arn"}', None),
+    ],
+)
+def test_the_redrive_policys_max_receive_count_is_read_when_there_is_one(
+    policy: str | None, count: int | None
+) -> None:
+    assert max_receive_count(policy) == count

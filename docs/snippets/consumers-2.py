@@ -20,10 +20,15 @@ consumer = IdempotentConsumer(
     name="payments.charge",
     # A completed key must outlive every redelivery SQS may still make of its message.
     ttl_seconds=VISIBILITY_TIMEOUT * MAX_RECEIVE_COUNT + MARGIN,
-    # A dead consumer's claim is free again by the time SQS redelivers its message; a live
-    # handler's lease is renewed while it runs, however long that is.
-    lock_timeout_seconds=VISIBILITY_TIMEOUT,
+    # A dead consumer's claim is free again (lock plus the 1 s clock skew margin) by the time
+    # SQS redelivers its message; a live handler's lease is renewed while it runs.
+    lock_timeout_seconds=VISIBILITY_TIMEOUT - 10,
     max_attempts=MAX_RECEIVE_COUNT,
 )
 # --8<-- [end:show]
 assert consumer.process({"messageId": "m-1", "body": "{}"}).action == "ack"
+# SQSWorker finds nothing to warn about on such a queue.
+from idempotency_middleware.sqs_worker import fit_warnings
+
+assert fit_warnings(consumer, VISIBILITY_TIMEOUT, MAX_RECEIVE_COUNT) == []
+assert len(fit_warnings(consumer, VISIBILITY_TIMEOUT - 60, MAX_RECEIVE_COUNT * 4)) == 2

@@ -64,6 +64,7 @@ consumer = IdempotentConsumer(
     store=SQLiteStore("payments-idempotency.sqlite3"),
     key=payment_key,
     name="payments.record",
+    lock_timeout_seconds=25,  # plus 1 s of clock skew margin: within the 30 s visibility
     max_attempts=5,  # at most the queue's maxReceiveCount
     on_exhausted=lambda message, error: print("giving up on", message["MessageId"], error),
 )
