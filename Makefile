@@ -4,7 +4,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install servers demo test lint typecheck docs docs-serve unit test-dynamodb-local coverage bench bench-functions bench-transport bench-floor bench-instructions profile clean
+.PHONY: install servers demo test lint typecheck docs docs-serve unit test-dynamodb-local collect coverage bench bench-functions bench-transport bench-floor bench-instructions profile clean
+
+# Bytecode is written (an environment may set PYTHONDONTWRITEBYTECODE): one make test runs
+# many Python processes that import the same modules (two pytest workers, the DynamoDB Local
+# run, the servers and examples tests start), and without a cache each pytest process
+# rewrote every test module's asserts again, about 8 s of CPU each.
+unexport PYTHONDONTWRITEBYTECODE
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -50,12 +56,20 @@ unit: servers
 test-dynamodb-local: $(STAMP)
 	@bash scripts/dynamodb-local.sh
 
+# Collects the suite once, which leaves every test module compiled (asserts rewritten) in
+# __pycache__ for the suite's processes to load; make test runs it beside mypy.
+collect: $(STAMP)
+	@mkdir -p .cache
+	@$(VENV)/bin/pytest -qq --collect-only -p no:cacheprovider >.cache/collect.out 2>&1 \
+	  || { cat .cache/collect.out; exit 1; }
+
 # Branch coverage of the package over the DynamoDB Local run and the whole suite, threads
 # and subprocesses included ([tool.coverage] in pyproject.toml): the suite runs under
 # `coverage run`; the DynamoDB Local pytest (in its own namespaces) starts coverage through
 # COVERAGE_PROCESS_START and coverage's .pth file. The two run at once (DynamoDB Local mostly
 # waits on its Java server), the suite on PYTEST_WORKERS pytest-xdist workers, one test file
-# per worker at a time (module fixtures are made once). DynamoDB Local's output is printed
+# per worker at a time (module fixtures are made once), the longest files first
+# (tests/conftest.py: FILE_SECONDS). DynamoDB Local's output is printed
 # when it ends. One report at the end; below fail_under it fails. A failing run fails make
 # with its status, after the report.
 COVERAGE := $(VENV)/bin/coverage
@@ -68,17 +82,20 @@ coverage: servers
 	@status=0; local_status=0; \
 	COVERAGE_PROCESS_START=$(CURDIR)/pyproject.toml COVERAGE_FILE=$(COVERAGE_DATA) \
 	  bash scripts/dynamodb-local.sh >.cache/dynamodb-local.out 2>&1 & local_run=$$!; \
-	$(COVERAGE) run -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile || status=$$?; \
+	$(COVERAGE) run -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder || status=$$?; \
 	wait $$local_run || local_status=$$?; \
 	cat .cache/dynamodb-local.out; \
 	[ $$status -ne 0 ] || status=$$local_status; \
 	$(COVERAGE) combine --quiet && $(COVERAGE) report || { [ $$status -ne 0 ] || status=2; }; \
 	exit $$status
 
-# Everything a change must pass, timed from a bare clone (the venv's install included).
+# Everything a change must pass, timed from a bare clone (the venv's install included). The
+# checks run at once (mypy, the longest, uses one core: the docs build and the collection
+# that compiles the tests use the other); the suite runs once they all passed.
 test:
 	@start=$$(date +%s); status=0; \
-	$(MAKE) --no-print-directory lint typecheck docs coverage || status=$$?; \
+	$(MAKE) --no-print-directory -j 4 --output-sync=target lint typecheck docs collect \
+	  && $(MAKE) --no-print-directory coverage || status=$$?; \
 	echo "make test: $$(( $$(date +%s) - start )) s"; \
 	exit $$status
 

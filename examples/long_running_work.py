@@ -71,7 +71,13 @@ async def run(job: Job) -> None:
         # that a retry of the POST runs the handler again (and queues the report anew)
         # instead of getting the 202 replayed until the key expires.
         reports[job.report_id] = {"status": "failed"}
-        await store.arelease_deferred(job.token)
+        try:
+            await store.arelease_deferred(job.token)
+        except Exception:
+            # The store is out of reach too (stopping with the server, say): the key stays
+            # deferred until it expires. What stopped the work still propagates, so that a
+            # cancelled worker ends and the server can stop.
+            logger.exception("report %s: its key could not be released", job.report_id)
         raise
     # From now on a retry of the POST gets this 200 replayed instead of the 202. (False
     # would mean the token no longer applies: the key expired, or was released.)

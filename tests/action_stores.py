@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sqlite3
 import threading
 import time
@@ -141,7 +142,11 @@ class PostgresWire:
         self._mark = 0
 
     def _trace(self, connection: Any) -> None:
-        connection.pgconn.trace(self._file.fileno())
+        # libpq writes through a stream of its own on this descriptor, never closed: on
+        # the file's own it would outlive the file, and once a new connection's socket
+        # took the number, a traced Terminate (a pool closing later) landed in that
+        # socket ("server closed the connection unexpectedly"). A duplicate is libpq's.
+        connection.pgconn.trace(os.dup(self._file.fileno()))
         flags = psycopg.pq.Trace.SUPPRESS_TIMESTAMPS | psycopg.pq.Trace.REGRESS_MODE
         connection.pgconn.set_trace_flags(flags)
 

@@ -121,6 +121,67 @@ def open_harness(request: pytest.FixtureRequest, combo: Combo) -> Iterator[Harne
         )
 
 
+# --- Longest files first on pytest-xdist's workers ----------------------------------------
+# make test runs the suite with --dist loadfile --no-loadscope-reorder: a file is one unit of
+# work, handed out in collection order. xdist's own order (most tests first) left files with
+# few but long tests (the chaos run, the load test) to the end, where one worker ran them
+# alone for most of a minute. Here files are ordered by their running time, longest first,
+# so the two workers end together. Seconds measured under make test on 2 cores (only the
+# order matters); a file not listed counts 0.1 s a test.
+FILE_SECONDS = {
+    "test_store_contract.py": 150,
+    "test_actions.py": 100,
+    "test_behaviour.py": 75,
+    "test_docs_commands.py": 55,
+    "test_function_concurrency.py": 53,
+    "test_chaos.py": 52,
+    "test_actions_concurrency.py": 51,
+    "test_dynamodb_wire.py": 46,
+    "test_docs_snippets.py": 42,
+    "test_transactions.py": 39,
+    "test_functions.py": 39,
+    "test_load.py": 14,
+    "test_breaker_outage.py": 38,
+    "test_idempotency_examples.py": 33,
+    "test_store_faults.py": 29,
+    "test_routes_and_scope.py": 28,
+    "test_docs_site.py": 28,
+    "test_deferred.py": 21,
+    "test_clock_skew.py": 21,
+    "test_fuzz_adapters.py": 17,
+    "test_function_results.py": 17,
+    "test_lease_renewal.py": 16,
+    "test_quickstarts.py": 16,
+    "test_transactions_http.py": 16,
+    "test_concurrency.py": 13,
+    "test_fingerprint.py": 13,
+    "test_transaction_crash.py": 13,
+    "test_postgres_store.py": 12,
+    "test_records.py": 11,
+    "test_wait.py": 11,
+    "test_deferred_step_functions.py": 11,
+    "test_benchmark_redis.py": 10,
+    "test_cli_errors.py": 10,
+}
+DEFAULT_SECONDS_PER_TEST = 0.1
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On xdist's workers, the files longest first (the order within a file is kept)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    per_file: dict[str, int] = {}
+    for item in items:
+        per_file[item.path.name] = per_file.get(item.path.name, 0) + 1
+
+    def seconds(item: pytest.Item) -> float:
+        name = item.path.name
+        return FILE_SECONDS.get(name, per_file[name] * DEFAULT_SECONDS_PER_TEST)
+
+    # sort is stable: a file's tests keep their order; files of equal weight, theirs.
+    items.sort(key=lambda item: (-seconds(item), str(item.path)))
+
+
 # --- A second DynamoDB implementation: Amazon's DynamoDB Local ---------------------------
 # scripts/dynamodb-local.sh starts DynamoDB Local inside a private network namespace and sets
 # this variable; the contract suite then also runs its DynamoDB cases against it. Unset (the

@@ -23,6 +23,7 @@ from tests.servers import free_port
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "docs" / "snippets" / "run"
 START_TIMEOUT_SECONDS = 90.0
+STOP_TIMEOUT_SECONDS = 15.0
 # What a batch example prints when it did what its page says.
 BATCH = {
     "sqs_consumer": "recorded 3 payments",
@@ -125,12 +126,17 @@ def test_the_server_example_runs_with_the_commands_its_page_gives(
             for _ in range(2)
         ]
     finally:
+        # The whole group at once, as Ctrl-C in the page's terminal would: the example must
+        # stop although its local DynamoDB goes down with it.
         os.killpg(server.pid, signal.SIGTERM)
+        stopped = True
         try:
-            server.wait(15)
+            server.wait(STOP_TIMEOUT_SECONDS)
         except subprocess.TimeoutExpired:
+            stopped = False
             os.killpg(server.pid, signal.SIGKILL)
             server.wait(10)
+    assert stopped, f"still running {STOP_TIMEOUT_SECONDS:.0f} s after SIGTERM: {log.read_text()}"
     (first_head, first_body), (retry_head, retry_body) = map(last_response, answers)
     assert re.match(r"HTTP/1\.1 20[0-2]", first_head), answers[0] + log.read_text()
     assert "idempotent-replayed" not in first_head.lower()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 import threading
 import time
 import uuid
@@ -71,7 +72,11 @@ class Trace:
         self.mark = 0
 
     def _trace(self, connection: Any) -> None:
-        connection.pgconn.trace(self.file.fileno())
+        # libpq writes through a stream of its own on this descriptor, never closed: on
+        # the file's own it would outlive the file, and once a new connection's socket
+        # took the number, a traced Terminate (a pool closing later) landed in that
+        # socket ("server closed the connection unexpectedly"). A duplicate is libpq's.
+        connection.pgconn.trace(os.dup(self.file.fileno()))
         flags = psycopg.pq.Trace.SUPPRESS_TIMESTAMPS | psycopg.pq.Trace.REGRESS_MODE
         connection.pgconn.set_trace_flags(flags)
 
