@@ -131,13 +131,13 @@ def open_harness(request: pytest.FixtureRequest, combo: Combo) -> Iterator[Harne
 FILE_SECONDS = {
     "test_store_contract.py": 150,
     "test_actions.py": 100,
-    "test_behaviour.py": 75,
+    "test_behaviour.py": 92,
     "test_docs_commands.py": 55,
     "test_function_concurrency.py": 53,
     "test_chaos.py": 52,
     "test_actions_concurrency.py": 51,
     "test_dynamodb_wire.py": 46,
-    "test_docs_snippets.py": 42,
+    "test_docs_snippets.py": 79,
     "test_transactions.py": 39,
     "test_functions.py": 39,
     "test_load.py": 14,
@@ -162,6 +162,11 @@ FILE_SECONDS = {
     "test_deferred_step_functions.py": 11,
     "test_benchmark_redis.py": 10,
     "test_cli_errors.py": 10,
+    "test_faststream.py": 14,
+    "test_sqs_crash.py": 11,
+    "test_sqs_worker.py": 10,
+    "test_encryption.py": 8,
+    "test_consumers.py": 8,
 }
 DEFAULT_SECONDS_PER_TEST = 0.1
 
