@@ -35,7 +35,7 @@ from ...records import (
     StoredResponse,
     decode_response_document,
     encode_response,
-    read_response,
+    record_from_fields,
 )
 from ..protocol import ClaimRequest, Completion, DeferredToken, StoreUnavailable
 from .config import OverflowSettings
@@ -431,26 +431,28 @@ def item_to_record(layout: TableLayout, item: Item, overflow_blob: bytes | None 
     item whose S3 object could not be read is completed without a response)."""
     key_hash = item[layout.key_attribute]["S"]
     document = item.get("response_json", {}).get("S")
-    response: StoredResponse | None = None
+    response: object = item.get("response", {}).get("B", overflow_blob)
+    missing = bool(item.get("too_large", {}).get("BOOL", False)) or (
+        response is None and overflow_reference(item) is not None
+    )
+    size: object = item.get("response_size", {}).get("N", "0")
     if document is not None:
         # A final response written by a Step Functions state (or any other writer).
         try:
             response = decode_response_document(document)
+            size = len(response.body)
         except ValueError as error:
             logger.error("idempotency record %s: unreadable response_json: %s", key_hash, error)
+            response, size = None, len(document)
         missing = response is None
-        size = len(response.body) if response is not None else len(document)
-    else:
-        blob = item.get("response", {}).get("B", overflow_blob)
-        if blob is not None:
-            response = read_response(bytes(blob))
-        missing = bool(item.get("too_large", {}).get("BOOL", False)) or (
-            blob is None and overflow_reference(item) is not None
-        )
-        size = int(item.get("response_size", {}).get("N", "0"))
-    deadlines = float(item["lock_expires_at"]["N"]), float(item["expires_at"]["N"])
-    status, fingerprint, owner = (item[name]["S"] for name in ("status", "fingerprint", "owner"))
-    return Record(key_hash, Status(status), fingerprint, owner, *deadlines, response, missing, size)
+    status, fingerprint, owner = (item.get(name, {}).get("S") for name in TEXTS)
+    lock, expires = (item.get(name, {}).get("N") for name in ("lock_expires_at", "expires_at"))
+    return record_from_fields(
+        key_hash, status, fingerprint, owner, lock, expires, response, missing, size
+    )
+
+
+TEXTS = ("status", "fingerprint", "owner")
 
 
 def create_table_request(layout: TableLayout) -> dict[str, Any]:
