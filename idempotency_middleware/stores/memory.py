@@ -6,6 +6,7 @@ import threading
 
 from ..breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD, BreakerOwner, CircuitBreaker
 from ..clock import SYSTEM_CLOCK, Clock
+from ..encryption import Encryption
 from ..records import Record, Status
 from .protocol import (
     CLAIMED,
@@ -18,6 +19,7 @@ from .protocol import (
     awaits_nothing,
     parse_token,
     prepare_final,
+    seal_final,
 )
 
 # Records are built with tuple.__new__ (every field given): calling the NamedTuple class runs
@@ -130,19 +132,25 @@ class MemoryStore(BreakerOwner):
             return True
 
     def complete_deferred(
-        self, token: str, status: int, headers: HeaderPairs = (), body: bytes = b""
+        self,
+        token: str,
+        status: int,
+        headers: HeaderPairs = (),
+        body: bytes = b"",
+        *,
+        encryption: Encryption | None = None,
     ) -> bool:
-        prepared = prepare_final(token, status, headers, body, self._clock.now())
+        prepared = prepare_final(token, status, headers, body, self._clock.now(), encryption)
         if prepared is None:
             return False
-        parsed, response = prepared
-        size = len(response.body)
-        too_large = self._max_response_bytes is not None and size > self._max_response_bytes
+        parsed = prepared[0]
         with self._lock:
             existing = self._records.get(parsed.key_hash)
-            if not _deferred_by(existing, parsed.owner):
+            response = seal_final(existing, *prepared, encryption)
+            if response is None or existing is None:
                 return False
-            assert existing is not None
+            size = len(response.body)
+            too_large = self._max_response_bytes is not None and size > self._max_response_bytes
             self._records[parsed.key_hash] = existing._replace(
                 status=Status.COMPLETED,
                 expires_at=float(parsed.expires_at),
@@ -161,9 +169,15 @@ class MemoryStore(BreakerOwner):
             return True
 
     async def acomplete_deferred(
-        self, token: str, status: int, headers: HeaderPairs = (), body: bytes = b""
+        self,
+        token: str,
+        status: int,
+        headers: HeaderPairs = (),
+        body: bytes = b"",
+        *,
+        encryption: Encryption | None = None,
     ) -> bool:
-        return self.complete_deferred(token, status, headers, body)
+        return self.complete_deferred(token, status, headers, body, encryption=encryption)
 
     async def arelease_deferred(self, token: str) -> bool:
         return self.release_deferred(token)

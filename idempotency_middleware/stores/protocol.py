@@ -21,10 +21,12 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
+from ..encryption import Encryption, check_encryption
+
 # Re-exported for store authors (``StoreUnavailable`` is ``StoreUnavailableError``).
 from ..errors import StoreUnavailable as StoreUnavailable
 from ..errors import StoreUnavailableError as StoreUnavailableError
-from ..records import Headers, Record, StoredResponse, is_status, storable_headers
+from ..records import Headers, Record, Status, StoredResponse, is_status, storable_headers
 
 HeaderPairs = Iterable[tuple[bytes, bytes]]
 """A response's headers as ASGI carries them: ``(name, value)`` byte pairs."""
@@ -171,10 +173,17 @@ def sync_twin(store: object, async_name: str) -> Callable[..., Any] | None:
 class SyncDeferrals(Protocol):
     """Finishing deferred keys (``defer_completion()``) by token: ``False`` when the token
     no longer applies (completed, expired, taken over), ``ValueError`` when malformed.
+    ``encryption``: the doors' ``Encryption``, to store the final response encrypted.
     ``release_deferred``: the work did not happen, a retry runs the handler again."""
 
     def complete_deferred(
-        self, token: str, status: int, headers: Any = (), body: bytes = b""
+        self,
+        token: str,
+        status: int,
+        headers: Any = (),
+        body: bytes = b"",
+        *,
+        encryption: Encryption | None = None,
     ) -> bool: ...
 
     def release_deferred(self, token: str) -> bool: ...
@@ -185,7 +194,13 @@ class AsyncDeferrals(Protocol):
     """:class:`SyncDeferrals` for an async store."""
 
     async def acomplete_deferred(
-        self, token: str, status: int, headers: Any = (), body: bytes = b""
+        self,
+        token: str,
+        status: int,
+        headers: Any = (),
+        body: bytes = b"",
+        *,
+        encryption: Encryption | None = None,
     ) -> bool: ...
 
     async def arelease_deferred(self, token: str) -> bool: ...
@@ -269,13 +284,32 @@ def final_response(status: int, headers: HeaderPairs, body: bytes) -> StoredResp
 
 
 def prepare_final(
-    token: str, status: int, headers: HeaderPairs, body: bytes, now: float
+    token: str, status: int, headers: HeaderPairs, body: bytes, now: float, encryption: object
 ) -> tuple[DeferredToken, StoredResponse] | None:
     """What every store's ``complete_deferred`` checks before writing: the token
-    (``ValueError``), the response (``TypeError``/``ValueError``), and the token's expiry
-    at ``now`` (``None``: expired, nothing to write)."""
+    (``ValueError``), the response and ``encryption`` (``TypeError``/``ValueError``), and
+    the token's expiry at ``now`` (``None``: expired, nothing to write)."""
     parsed = parse_token(token)
     response = final_response(status, headers, body)
+    check_encryption(encryption)
     if parsed.expires_at <= now:
         return None
     return parsed, response
+
+
+def seal_final(
+    holder: Record | None,
+    token: DeferredToken,
+    response: StoredResponse,
+    encryption: Encryption | None,
+) -> StoredResponse | None:
+    """The final response ``token`` may write over ``holder``, the key's record: ``None``
+    unless it is the token owner's and not completed yet (deferred, or in progress when the
+    work finished before the interim response was stored). With ``encryption`` it is
+    sealed, bound to the holder's fingerprint as the door that opens it expects (the token
+    does not carry it; the write is fenced by the owner, so it lands on that very record)."""
+    if holder is None or holder.owner != token.owner or holder.status is Status.COMPLETED:
+        return None
+    if encryption is None:
+        return response
+    return encryption.seal(response, token.key_hash, holder.fingerprint)
