@@ -277,6 +277,13 @@ class Record(NamedTuple):
         return self.is_expired(now)
 
 
+def deferred_by(record: Record | None, owner: str) -> bool:
+    """Whether a deferral token of ``owner`` may still finish ``record``: its owner's, not
+    completed yet (deferred, or in progress when the work finished before the interim
+    response was stored)."""
+    return record is not None and record.owner == owner and record.status is not Status.COMPLETED
+
+
 def encode_response(response: StoredResponse) -> bytes:
     """A compact binary form: a format byte, a length-prefixed JSON head, then the body (a
     sealed response: its format byte, then its envelope)."""

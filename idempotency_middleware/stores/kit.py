@@ -20,7 +20,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from ..breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD, BreakerOwner, CircuitBreaker
 from ..clock import SYSTEM_CLOCK, Clock
-from ..encryption import Encryption
+from ..encryption import Encryption, seal_final
 from ..errors import FIXES, IdempotencyError
 from ..records import Record, StoredResponse
 from .protocol import (
@@ -32,7 +32,6 @@ from .protocol import (
     StoreUnavailable,
     parse_token,
     prepare_final,
-    seal_final,
 )
 
 T = TypeVar("T")
@@ -366,12 +365,6 @@ class KitStore(ClosingStore, BreakerOwner):
         await self._transport.aclose()
 
 
-# -- per-event-loop clients ---------------------------------------------------------------
-
-# Bare yields a coroutine closing without a loop may make (aiobotocore's client makes one).
-_STEPS_WITHOUT_LOOP = 100
-
-
 def _sealed_final(
     ops: Operations,
     token: DeferredToken,
@@ -383,6 +376,12 @@ def _sealed_final(
     fingerprint the seal is bound to (see ``protocol.seal_final``)."""
     sealed = seal_final((yield from ops.get(token.key_hash)), token, response, encryption)
     return False if sealed is None else (yield from ops.complete_final(token, sealed, now))
+
+
+# -- per-event-loop clients ---------------------------------------------------------------
+
+# Bare yields a coroutine closing without a loop may make (aiobotocore's client makes one).
+_STEPS_WITHOUT_LOOP = 100
 
 
 def finish_without_loop(closing: Coroutine[Any, Any, Any]) -> bool:

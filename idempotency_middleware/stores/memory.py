@@ -6,8 +6,8 @@ import threading
 
 from ..breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD, BreakerOwner, CircuitBreaker
 from ..clock import SYSTEM_CLOCK, Clock
-from ..encryption import Encryption
-from ..records import Record, Status
+from ..encryption import Encryption, seal_final
+from ..records import Record, Status, deferred_by
 from .protocol import (
     CLAIMED,
     TAKEN_OVER,
@@ -19,7 +19,6 @@ from .protocol import (
     awaits_nothing,
     parse_token,
     prepare_final,
-    seal_final,
 )
 
 # Records are built with tuple.__new__ (every field given): calling the NamedTuple class runs
@@ -163,7 +162,7 @@ class MemoryStore(BreakerOwner):
     def release_deferred(self, token: str) -> bool:
         parsed = parse_token(token)
         with self._lock:
-            if not _deferred_by(self._records.get(parsed.key_hash), parsed.owner):
+            if not deferred_by(self._records.get(parsed.key_hash), parsed.owner):
                 return False
             del self._records[parsed.key_hash]
             return True
@@ -235,9 +234,3 @@ class MemoryStore(BreakerOwner):
 
     async def acheck(self) -> None:
         """Nothing to check."""
-
-
-def _deferred_by(record: Record | None, owner: str) -> bool:
-    """A key a deferral token may still finish: its owner's, not completed yet (deferred,
-    or in progress when the work finished before the interim response was stored)."""
-    return record is not None and record.owner == owner and record.status is not Status.COMPLETED

@@ -26,7 +26,7 @@ from ..encryption import Encryption, check_encryption
 # Re-exported for store authors (``StoreUnavailable`` is ``StoreUnavailableError``).
 from ..errors import StoreUnavailable as StoreUnavailable
 from ..errors import StoreUnavailableError as StoreUnavailableError
-from ..records import Headers, Record, Status, StoredResponse, is_status, storable_headers
+from ..records import Headers, Record, StoredResponse, is_status, storable_headers
 
 HeaderPairs = Iterable[tuple[bytes, bytes]]
 """A response's headers as ASGI carries them: ``(name, value)`` byte pairs."""
@@ -295,21 +295,3 @@ def prepare_final(
     if parsed.expires_at <= now:
         return None
     return parsed, response
-
-
-def seal_final(
-    holder: Record | None,
-    token: DeferredToken,
-    response: StoredResponse,
-    encryption: Encryption | None,
-) -> StoredResponse | None:
-    """The final response ``token`` may write over ``holder``, the key's record: ``None``
-    unless it is the token owner's and not completed yet (deferred, or in progress when the
-    work finished before the interim response was stored). With ``encryption`` it is
-    sealed, bound to the holder's fingerprint as the door that opens it expects (the token
-    does not carry it; the write is fenced by the owner, so it lands on that very record)."""
-    if holder is None or holder.owner != token.owner or holder.status is Status.COMPLETED:
-        return None
-    if encryption is None:
-        return response
-    return encryption.seal(response, token.key_hash, holder.fingerprint)

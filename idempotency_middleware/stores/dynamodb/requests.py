@@ -211,23 +211,17 @@ def _set_completed(
     return update, []
 
 
-def claimed_by(item: Item, owner: str) -> bool:
-    """Whether a claim that failed its condition found its own claim: the same PutItem sent
-    again by a retry after its first answer was lost (a timeout, a cut connection, a 5xx
-    after the write). The claim is this request's, not another's."""
+def owned_in(item: Item | None, owner: str, *statuses: Status) -> bool:
+    """Whether a write that failed its condition finds ``owner``'s own item in one of
+    ``statuses``: a claim its own claim (the same PutItem re-sent after its first answer was
+    lost: a timeout, a cut connection, a 5xx after the write), in progress; a deferred
+    interim completion its key done already, deferred (re-sent) or completed (the work's
+    final response landed first). Either way nothing needs writing."""
     return (
-        item.get("owner", {}).get("S") == owner
-        and item.get("status", {}).get("S") == Status.IN_PROGRESS.value
+        item is not None
+        and item.get("owner", {}).get("S") == owner
+        and item.get("status", {}).get("S") in [status.value for status in statuses]
     )
-
-
-def finished_by(item: Item | None, owner: str) -> bool:
-    """Whether a deferred interim completion that failed its condition finds its own key
-    already past it: deferred (the same completion re-sent) or completed (the work's final
-    response landed first). Either way the key is done and nothing needs writing."""
-    if item is None or item.get("owner", {}).get("S") != owner:
-        return False
-    return item.get("status", {}).get("S") in (Status.DEFERRED.value, Status.COMPLETED.value)
 
 
 def commit_token(owner: str) -> str:
@@ -370,14 +364,18 @@ def plan_final_completion(
 
 
 def release_deferred_request(layout: TableLayout, token: DeferredToken) -> dict[str, Any]:
+    return _fenced(layout, token.key_hash, token.owner, "<>", Status.COMPLETED)
+
+
+def _fenced(
+    layout: TableLayout, key_hash: str, owner: str, test: str, status: Status
+) -> dict[str, Any]:
+    """A write to ``owner``'s item whose status compares (``test``) with ``status``."""
     return {
-        **_keyed(layout, token.key_hash),
-        "ConditionExpression": "#owner = :owner AND #status <> :completed",
+        **_keyed(layout, key_hash),
+        "ConditionExpression": f"#owner = :owner AND #status {test} :status",
         "ExpressionAttributeNames": _names(layout, "#owner", "#status"),
-        "ExpressionAttributeValues": {
-            ":owner": {"S": token.owner},
-            ":completed": {"S": Status.COMPLETED.value},
-        },
+        "ExpressionAttributeValues": {":owner": {"S": owner}, ":status": {"S": status.value}},
     }
 
 
@@ -389,32 +387,20 @@ def overflow_reference(item: Item) -> str | None:
 def release_request(layout: TableLayout, key_hash: str, owner: str) -> dict[str, Any]:
     """DeleteItem of a claim still in progress (never a final response a deferral's worker
     stored while the handler was still running)."""
-    return {
-        **_keyed(layout, key_hash),
-        "ConditionExpression": "#owner = :owner AND #status = :in_progress",
-        "ExpressionAttributeNames": _names(layout, "#owner", "#status"),
-        "ExpressionAttributeValues": {
-            ":owner": {"S": owner},
-            ":in_progress": {"S": Status.IN_PROGRESS.value},
-        },
-    }
+    return _fenced(layout, key_hash, owner, "=", Status.IN_PROGRESS)
 
 
 def renew_request(
     layout: TableLayout, key_hash: str, owner: str, lock_expires_at: float
 ) -> dict[str, Any]:
-    return {
-        **_keyed(layout, key_hash),
-        "UpdateExpression": "SET #lock = :lock, #exp = :lock, #ttl = :ttl",
-        "ConditionExpression": "#owner = :owner AND #status = :in_progress",
-        "ExpressionAttributeNames": _names(layout, "#lock", "#exp", "#ttl", "#owner", "#status"),
-        "ExpressionAttributeValues": {
-            ":owner": {"S": owner},
-            ":in_progress": {"S": Status.IN_PROGRESS.value},
-            ":lock": _number(lock_expires_at),
-            ":ttl": _claim_ttl(lock_expires_at),
-        },
-    }
+    request = _fenced(layout, key_hash, owner, "=", Status.IN_PROGRESS)
+    request["UpdateExpression"] = "SET #lock = :lock, #exp = :lock, #ttl = :ttl"
+    request["ExpressionAttributeNames"] = _names(
+        layout, "#lock", "#exp", "#ttl", "#owner", "#status"
+    )
+    values = {":lock": _number(lock_expires_at), ":ttl": _claim_ttl(lock_expires_at)}
+    request["ExpressionAttributeValues"].update(values)
+    return request
 
 
 def get_request(layout: TableLayout, key_hash: str) -> dict[str, Any]:
