@@ -9,7 +9,6 @@ key and the payload from the message and words the attempt's outcome as a verdic
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 import math
@@ -27,6 +26,7 @@ from .events import EventHook
 from .function_attempts import (
     FunctionAttempts,
     check_store,
+    derived_name,
     is_coroutine_callable,
     warn_if_pickle,
 )
@@ -145,13 +145,7 @@ class IdempotentConsumer:
             raise TypeError(f"payload must be a callable taking the message, got {payload!r}")
         if name is not None and not (isinstance(name, str) and name):
             raise TypeError(f"name must be a non-empty string, got {name!r}")
-        if name is None and (
-            isinstance(handler, functools.partial) or qualname.endswith("<lambda>")
-        ):
-            raise TypeError(
-                f"consumer handler {qualname}: a partial or a lambda has no name of its own "
-                "to keep its keys apart from others of its kind; pass name="
-            )
+        name = derived_name(handler, name, "consumer handler")
         if serializer is not None and not (
             isinstance(serializer, tuple)
             and len(serializer) == 2
@@ -168,7 +162,6 @@ class IdempotentConsumer:
                 "on_exhausted is a coroutine function, but the handler is not: process() "
                 "cannot await it; make it a plain function"
             )
-        name = name or f"{handler.__module__}.{qualname}"
         check_store(store, self._is_async, f"consumer {name}'s handler")
         self.name = name
         self._handler = handler

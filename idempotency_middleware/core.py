@@ -28,7 +28,15 @@ from .fingerprint import fingerprint_request
 from .keys import InvalidKey, parse_idempotency_key, storage_key
 from .options import DEFAULT_STORED_STATUSES, Options, Policy
 from .problems import Problem
-from .records import Headers, Record, Status, StoredResponse, UnreadableResponse, storable_headers
+from .records import (
+    UNKNOWN_FINGERPRINT,
+    Headers,
+    Record,
+    Status,
+    StoredResponse,
+    UnreadableResponse,
+    storable_headers,
+)
 from .refusals import (
     COMMIT_UNAVAILABLE,
     IN_PROGRESS_RETRY_AFTER,
@@ -256,7 +264,7 @@ def answer_held(
     """What a request gets when another request holds its key. A sealed response is opened
     with ``encryption``; one that cannot be read back (corrupt, or not opening) is refused,
     never replayed and never run again, as is a plain one when ``sealed_only``."""
-    if record.fingerprint != fingerprint:
+    if record.fingerprint not in (fingerprint, UNKNOWN_FINGERPRINT):
         return KEY_REUSED
     if record.status is Status.IN_PROGRESS:
         return KEY_IN_PROGRESS._replace(held_until=record.lock_expires_at)

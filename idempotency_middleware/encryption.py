@@ -22,7 +22,14 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .records import SealedResponse, StoredResponse, UnreadableResponse, decode_response
+from .records import (
+    Record,
+    SealedResponse,
+    StoredResponse,
+    UnreadableResponse,
+    decode_response,
+    deferred_by,
+)
 from .records import encode_response as _encode_response
 
 KEY_BYTES = 32
@@ -173,4 +180,21 @@ def check_encryption(value: object) -> Encryption | None:
     return value
 
 
-__all__ = ["KEY_BYTES", "Encryption", "check_encryption", "open_response"]
+def seal_final(
+    holder: Record | None,
+    token: Any,  # stores.protocol.DeferredToken: its key_hash and owner
+    response: StoredResponse,
+    encryption: Encryption | None,
+) -> StoredResponse | None:
+    """The final response ``token`` may write over ``holder``, the key's record (``None``
+    unless ``deferred_by`` the token's owner). With ``encryption`` it is sealed, bound to
+    the holder's fingerprint as the door that opens it expects (the token does not carry
+    it; the write is fenced by the owner, so it lands on that very record)."""
+    if holder is None or not deferred_by(holder, token.owner):
+        return None
+    if encryption is None:
+        return response
+    return encryption.seal(response, token.key_hash, holder.fingerprint)
+
+
+__all__ = ["KEY_BYTES", "Encryption", "check_encryption", "open_response", "seal_final"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import inspect
 import pickle
 import warnings
@@ -81,6 +82,31 @@ def unpickles(serializer: Serializer | None) -> bool:
         return False
     loads = serializer[1]
     return loads is pickle.loads or getattr(loads, "__module__", None) in ("pickle", "_pickle")
+
+
+def derived_name(target: Callable[..., Any], name: str | None, what: str) -> str:
+    """``name``, or the one ``target`` gives its keys: ``module.qualname`` (a callable
+    object's class's; an unbound builtin method's class's module, ``builtins.str.upper``).
+    ``TypeError`` asking for ``name=`` when it has none of its own to keep its keys apart:
+    a partial, a lambda, a bound builtin method (``"abc".upper``: one name for every
+    string), anything without a module."""
+    if name is not None:
+        return name
+    # (A callable object has no __qualname__ of its own: its class names it.)
+    qualname = getattr(target, "__qualname__", type(target).__qualname__)
+    module = getattr(
+        target, "__module__", getattr(getattr(target, "__objclass__", None), "__module__", None)
+    )
+    if (
+        isinstance(target, functools.partial)
+        or qualname.endswith("<lambda>")
+        or not isinstance(module, str)
+    ):
+        raise TypeError(
+            f"{what} {qualname}: a partial, a lambda or a builtin bound to an object has no "
+            "name of its own to keep its keys apart from others of its kind; pass name="
+        )
+    return f"{module}.{qualname}"
 
 
 def function_key_hash(name: str, key: str) -> str:

@@ -24,6 +24,7 @@ from .events import EventHook
 from .function_attempts import (
     FunctionAttempts,
     check_store,
+    derived_name,
     is_coroutine_callable,
     warn_if_pickle,
 )
@@ -146,12 +147,7 @@ class _Decorator:
                 f"idempotent cannot make generator function {qualname} "
                 "idempotent: its result is an iterator that cannot be stored; return a list"
             )
-        unnamed = isinstance(function, functools.partial) or qualname.endswith("<lambda>")
-        if unnamed and self._name is None:
-            raise TypeError(
-                f"idempotent {qualname}: a partial or a lambda has no name of its own to "
-                "keep its keys apart from others of its kind; pass name="
-            )
+        name = derived_name(function, self._name, "idempotent")
         is_async = is_coroutine_callable(function)
         check_store(self._store, is_async, f"idempotent function {qualname}")
         signature = inspect.signature(function)
@@ -161,7 +157,6 @@ class _Decorator:
                 f"{self._key!r} to take the key from; its parameters are "
                 f"{list(signature.parameters)}"
             )
-        name = self._name or f"{function.__module__}.{qualname}"
         attempts = FunctionAttempts(
             function,
             name,

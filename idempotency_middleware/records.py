@@ -6,8 +6,10 @@ import base64
 import enum
 import functools
 import io
+import math
 import zlib
-from typing import NamedTuple, TypeGuard
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeGuard, TypeVar
 
 import orjson
 
@@ -275,6 +277,13 @@ class Record(NamedTuple):
         return self.is_expired(now)
 
 
+def deferred_by(record: Record | None, owner: str) -> bool:
+    """Whether a deferral token of ``owner`` may still finish ``record``: its owner's, not
+    completed yet (deferred, or in progress when the work finished before the interim
+    response was stored)."""
+    return record is not None and record.owner == owner and record.status is not Status.COMPLETED
+
+
 def encode_response(response: StoredResponse) -> bytes:
     """A compact binary form: a format byte, a length-prefixed JSON head, then the body (a
     sealed response: its format byte, then its envelope)."""
@@ -330,6 +339,67 @@ def read_response(blob: bytes) -> StoredResponse:
         return decode_response(blob)
     except ValueError as error:
         return UnreadableResponse.because(str(error))
+
+
+# The fingerprint of a record whose fields cannot be decoded (no request has it): the
+# record is answered as unreadable whatever the request, never as a mismatched key.
+UNKNOWN_FINGERPRINT = ""
+T = TypeVar("T")
+
+
+def record_from_fields(
+    key_hash: str,
+    status: object,
+    fingerprint: object,
+    owner: object,
+    lock_expires_at: object,
+    expires_at: object,
+    response: object,
+    too_large: object = False,
+    size: object = 0,
+) -> Record:
+    """The record a store read back, its fields as the backend returns them (text or bytes,
+    numbers or their text, ``None`` for a missing one; ``response`` encoded, or decoded
+    already). Every store decodes its records here: a record that cannot be decoded (an
+    unknown status, text that is not UTF-8, a deadline that is no number, a missing field, a
+    corrupt response) comes back completed with an :class:`UnreadableResponse`, answered
+    as such instead of an exception out of the claim, and never expiring (never re-run)."""
+    try:
+        if response is not None and not isinstance(response, StoredResponse):
+            response = read_response(_field("response", response, bytes))
+        return Record(
+            key_hash,
+            Status(_field("status", status, _text)),
+            _field("fingerprint", fingerprint, _text),
+            _field("owner", owner, _text),
+            _field("lock_expires_at", lock_expires_at, float),
+            _field("expires_at", expires_at, float),
+            response,
+            bool(too_large),
+            _field("response_size", size, int),
+        )
+    except ValueError as error:
+        unreadable = UnreadableResponse.because(f"the stored record is corrupt: {error}")
+        return Record(
+            key_hash, Status.COMPLETED, UNKNOWN_FINGERPRINT, "", 0.0, math.inf, unreadable
+        )
+
+
+def _field(name: str, value: Any, decode: Callable[[Any], T]) -> T:
+    if value is None:
+        raise ValueError(f"its {name} is missing")
+    try:
+        return decode(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"its {name} is not readable: {value!r:.80}") from None
+
+
+def _text(value: object) -> str:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode()
+    if type(value) is not str:
+        raise TypeError(value)
+    return value
 
 
 def is_status(value: object) -> TypeGuard[int]:

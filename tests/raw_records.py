@@ -77,6 +77,49 @@ class RawStore:
                 ExpressionAttributeValues={":r": {"B": blob}},
             )
 
+    def set_field(self, key_hash: str, field: str, value: Any) -> None:
+        """Overwrite one field of ``key_hash``'s record with ``value`` (a DynamoDB
+        attribute value for DynamoDB), or remove it when ``value`` is ``None`` (Redis and
+        DynamoDB: the other stores' columns cannot be NULL)."""
+        if self.kind in ("sqlite", "postgres"):
+            table = self.store.table_name if self.kind == "sqlite" else self.store.table
+            update = f'UPDATE "{table}" SET "{field}" = ? WHERE key = ?'
+            if self.kind == "sqlite":
+                with contextlib.closing(sqlite3.connect(self.where)) as connection, connection:
+                    changed = connection.execute(update, (value, key_hash)).rowcount
+            else:
+                import psycopg
+
+                with psycopg.connect(self.where) as pg:
+                    changed = pg.execute(update.replace("?", "%s"), (value, key_hash)).rowcount
+            assert changed == 1
+        elif self.kind == "redis":
+            import redis
+
+            with contextlib.closing(redis.Redis.from_url(self.where)) as client:
+                key = f"{self.store.prefix}{key_hash}"
+                assert client.exists(key)
+                if value is None:
+                    client.hdel(key, field)
+                else:
+                    client.hset(key, field, value)
+        else:
+            names = {"#f": field}
+            if value is None:
+                update_item: dict[str, Any] = {"UpdateExpression": "REMOVE #f"}
+            else:
+                update_item = {
+                    "UpdateExpression": "SET #f = :v",
+                    "ExpressionAttributeValues": {":v": value},
+                }
+            self._dynamodb().update_item(
+                TableName=self.table,
+                Key={"pk": {"S": key_hash}},
+                ConditionExpression="attribute_exists(pk)",
+                ExpressionAttributeNames=names,
+                **update_item,
+            )
+
     def raw(self, key_hash: str) -> bytes:
         """Everything the backend keeps for ``key_hash`` (for SQLite: the whole file)."""
         if self.kind == "sqlite":

@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 import pytest
 
 from idempotency_middleware import (
+    IdempotentConsumer,
     MemoryStore,
     StoreUnavailable,
     StoreUnavailableError,
@@ -193,3 +194,42 @@ def test_each_event_loop_renews_its_own_claims() -> None:
     for thread in threads:
         thread.join(timeout=10)
     assert owners == {"a": ["a"], "b": ["b"]}
+
+
+class Upper:
+    def __call__(self, message: str) -> str:
+        return message.upper()
+
+
+@pytest.mark.parametrize(
+    ("handler", "name"),
+    [
+        (str.upper, "builtins.str.upper"),
+        (len, "builtins.len"),
+        (Upper(), f"{__name__}.Upper"),
+    ],
+    ids=["unbound-builtin-method", "builtin", "callable-object"],
+)
+def test_builtins_and_callable_objects_are_named_by_their_module_on_every_door(
+    handler: Callable[[str], Any], name: str
+) -> None:
+    consumer = IdempotentConsumer(handler, store=MemoryStore(), key=str)
+    assert consumer.name == name
+    assert consumer.process("abc").action == "ack"
+    runs = idempotent(store=MemoryStore(), key=lambda *args: "k")(handler)
+    assert runs("abc") == handler("abc")
+
+
+@pytest.mark.parametrize(
+    "handler",
+    [lambda message: message, functools.partial(str.split, sep=","), "abc".upper],
+    ids=["lambda", "partial", "bound-builtin-method"],
+)
+def test_a_consumer_handler_without_a_name_of_its_own_needs_name(
+    handler: Callable[..., Any],
+) -> None:
+    with pytest.raises(TypeError, match=r"consumer handler .*has no name of its own.*pass name="):
+        IdempotentConsumer(handler, store=MemoryStore(), key=str)
+    with pytest.raises(TypeError, match="pass name="):
+        idempotent(store=MemoryStore(), key=lambda *args: "k")(handler)
+    assert IdempotentConsumer(handler, store=MemoryStore(), key=str, name="n").name == "n"

@@ -15,6 +15,7 @@ import contextlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,12 +27,16 @@ from idempotency_middleware import (
     idempotent,
 )
 from idempotency_middleware.records import (
+    Record,
+    Status,
     StoredResponse,
     UnreadableResponse,
     decode_response,
     encode_response,
     read_response,
+    record_from_fields,
 )
+from idempotency_middleware.stores.dynamodb.requests import TableLayout, item_to_record
 from tests.apps import POST_ORDERS
 from tests.conftest import open_harness
 from tests.raw_records import RAW_KINDS, RawStore, open_raw_store, raw_store_of
@@ -212,3 +217,93 @@ def test_a_consumer_gives_up_on_an_undecodable_result_without_running(
     assert isinstance(outcome.error, StoredResultUnreadableError)
     assert runs == [message]
     assert "unreadable" in [event.kind for event in events]
+
+
+# --- records whose other fields are corrupt ---------------------------------------------------
+
+# Per store kind, (field, value) writes no store makes: an unknown status, text that is not
+# UTF-8, a deadline that is no number, a missing field (None: removed). PostgreSQL's typed,
+# NOT NULL columns leave only the status to corrupt.
+CORRUPT_FIELDS: dict[str, list[tuple[str, Any]]] = {
+    "sqlite": [
+        ("status", "bogus"),
+        ("fingerprint", b"\xff\xfe"),
+        ("owner", b"\x80"),
+        ("expires_at", "soon"),
+    ],
+    "redis": [
+        ("status", b"bogus"),
+        ("fingerprint", b"\xff\xfe"),
+        ("expires_at", b"soon"),
+        ("owner", None),
+        ("status", None),
+    ],
+    "postgres": [("status", "bogus")],
+    "dynamodb": [
+        ("status", {"S": "bogus"}),
+        ("fingerprint", {"N": "1"}),
+        ("owner", None),
+    ],
+}
+FIELD_CASES = [(kind, *case) for kind, cases in CORRUPT_FIELDS.items() for case in cases]
+
+
+def test_a_record_with_corrupt_fields_decodes_to_an_unreadable_completed_record() -> None:
+    record = record_from_fields("k", "bogus", "f", "o", 1.0, 2.0, None)
+
+    assert record.status is Status.COMPLETED
+    assert type(record.response) is UnreadableResponse
+    assert "bogus" in record.response.reason
+    assert not record.is_claimable(now=1e12)
+    # A DynamoDB deadline of the wrong type (moto cannot evaluate the claim's condition on
+    # one, so it is not in CORRUPT_FIELDS).
+    item = {"pk": {"S": "k"}, "status": {"S": "completed"}, "fingerprint": {"S": "f"}}
+    item |= {"owner": {"S": "o"}, "lock_expires_at": {"S": "soon"}, "expires_at": {"N": "2"}}
+    from_item = item_to_record(TableLayout("t"), item)
+    assert type(from_item.response) is UnreadableResponse
+    assert "lock_expires_at" in from_item.response.reason
+    readable = record_from_fields("k", b"completed", b"f", "o", b"1.5", "2", None, True, b"3")
+    assert readable == Record("k", Status.COMPLETED, "f", "o", 1.5, 2.0, None, True, 3)
+
+
+def test_a_record_with_a_corrupt_field_is_a_500_problem_and_never_runs_again(
+    raw_harness: Harness,
+) -> None:
+    field, value = CORRUPT_FIELDS[raw_harness.store_kind][0]
+    events = EventLog()
+    client = raw_harness.serve(on_event=events)
+    key = {"Idempotency-Key": str(uuid.uuid4())}
+    assert client.post("/orders", json={"n": 1}, headers=key).status_code == 201
+    raw_store_of(raw_harness).set_field(key_hash_of(events), field, value)
+
+    retry = client.post("/orders", json={"n": 1}, headers=key)
+
+    assert_problem(retry, 500, "stored-response-unreadable")
+    assert raw_harness.calls(POST_ORDERS) == 1
+    unreadable = events.wait_for("unreadable")
+    assert unreadable.error is not None and "corrupt" in unreadable.error
+
+
+@pytest.mark.parametrize(("kind", "field", "value"), FIELD_CASES)
+def test_a_function_whose_record_has_a_corrupt_field_raises_and_never_runs_again(
+    request: pytest.FixtureRequest, tmp_path: Path, kind: str, field: str, value: Any
+) -> None:
+    runs: list[str] = []
+    events: list[IdempotencyEvent] = []
+    for raw in open_raw_store(request, kind, tmp_path):
+
+        @idempotent(store=raw.store, key="order_id", on_event=events.append)
+        def charge(order_id: str) -> dict[str, str]:
+            runs.append(order_id)
+            return {"charged": order_id}
+
+        order_id = uuid.uuid4().hex
+        assert charge(order_id) == {"charged": order_id}
+        completed = next(event for event in events if event.kind == "completed")
+        raw.set_field(completed.key_hash, field, value)
+
+        with pytest.raises(StoredResultUnreadableError, match="corrupt"):
+            charge(order_id)
+
+        assert runs == [order_id]
+        assert [event.kind for event in events].count("unreadable") == 1

@@ -20,6 +20,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from ..breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD, BreakerOwner, CircuitBreaker
 from ..clock import SYSTEM_CLOCK, Clock
+from ..encryption import Encryption, seal_final
 from ..errors import FIXES, IdempotencyError
 from ..records import Record, StoredResponse
 from .protocol import (
@@ -259,27 +260,41 @@ class KitStore(ClosingStore, BreakerOwner):
         return self._ops
 
     def _final(
-        self, token: str, status: int, headers: HeaderPairs, body: bytes
+        self, token: str, status: int, headers: HeaderPairs, body: bytes, encryption: Any
     ) -> Flow[bool] | None:
         ops, now = self._deferrals(), self._clock.now()
-        prepared = prepare_final(token, status, headers, body, now)
+        prepared = prepare_final(token, status, headers, body, now, encryption)
         if prepared is None:
             return None  # expired: nothing to write
-        return ops.complete_final(*prepared, now)
+        if encryption is None:
+            return ops.complete_final(*prepared, now)
+        return _sealed_final(ops, *prepared, now, encryption)
 
     def _unfinished(self, token: str) -> Flow[bool]:
         return self._deferrals().release_unfinished(parse_token(token))
 
     def complete_deferred(
-        self, token: str, status: int, headers: HeaderPairs = (), body: bytes = b""
+        self,
+        token: str,
+        status: int,
+        headers: HeaderPairs = (),
+        body: bytes = b"",
+        *,
+        encryption: Encryption | None = None,
     ) -> bool:
-        flow = self._final(token, status, headers, body)
+        flow = self._final(token, status, headers, body, encryption)
         return False if flow is None else self._run("complete_deferred", flow)
 
     async def acomplete_deferred(
-        self, token: str, status: int, headers: HeaderPairs = (), body: bytes = b""
+        self,
+        token: str,
+        status: int,
+        headers: HeaderPairs = (),
+        body: bytes = b"",
+        *,
+        encryption: Encryption | None = None,
     ) -> bool:
-        flow = self._final(token, status, headers, body)
+        flow = self._final(token, status, headers, body, encryption)
         return False if flow is None else await self._arun("complete_deferred", flow)
 
     def release_deferred(self, token: str) -> bool:
@@ -348,6 +363,19 @@ class KitStore(ClosingStore, BreakerOwner):
     async def aclose(self) -> None:
         """Release the running event loop's connections; using it again reconnects."""
         await self._transport.aclose()
+
+
+def _sealed_final(
+    ops: Operations,
+    token: DeferredToken,
+    response: StoredResponse,
+    now: float,
+    encryption: Encryption,
+) -> Flow[bool]:
+    """A deferral's final response sealed with ``encryption``: one read first, for the
+    fingerprint the seal is bound to (see ``protocol.seal_final``)."""
+    sealed = seal_final((yield from ops.get(token.key_hash)), token, response, encryption)
+    return False if sealed is None else (yield from ops.complete_final(token, sealed, now))
 
 
 # -- per-event-loop clients ---------------------------------------------------------------

@@ -6,7 +6,8 @@ import threading
 
 from ..breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD, BreakerOwner, CircuitBreaker
 from ..clock import SYSTEM_CLOCK, Clock
-from ..records import Record, Status
+from ..encryption import Encryption, seal_final
+from ..records import Record, Status, deferred_by
 from .protocol import (
     CLAIMED,
     TAKEN_OVER,
@@ -130,19 +131,25 @@ class MemoryStore(BreakerOwner):
             return True
 
     def complete_deferred(
-        self, token: str, status: int, headers: HeaderPairs = (), body: bytes = b""
+        self,
+        token: str,
+        status: int,
+        headers: HeaderPairs = (),
+        body: bytes = b"",
+        *,
+        encryption: Encryption | None = None,
     ) -> bool:
-        prepared = prepare_final(token, status, headers, body, self._clock.now())
+        prepared = prepare_final(token, status, headers, body, self._clock.now(), encryption)
         if prepared is None:
             return False
-        parsed, response = prepared
-        size = len(response.body)
-        too_large = self._max_response_bytes is not None and size > self._max_response_bytes
+        parsed = prepared[0]
         with self._lock:
             existing = self._records.get(parsed.key_hash)
-            if not _deferred_by(existing, parsed.owner):
+            response = seal_final(existing, *prepared, encryption)
+            if response is None or existing is None:
                 return False
-            assert existing is not None
+            size = len(response.body)
+            too_large = self._max_response_bytes is not None and size > self._max_response_bytes
             self._records[parsed.key_hash] = existing._replace(
                 status=Status.COMPLETED,
                 expires_at=float(parsed.expires_at),
@@ -155,15 +162,21 @@ class MemoryStore(BreakerOwner):
     def release_deferred(self, token: str) -> bool:
         parsed = parse_token(token)
         with self._lock:
-            if not _deferred_by(self._records.get(parsed.key_hash), parsed.owner):
+            if not deferred_by(self._records.get(parsed.key_hash), parsed.owner):
                 return False
             del self._records[parsed.key_hash]
             return True
 
     async def acomplete_deferred(
-        self, token: str, status: int, headers: HeaderPairs = (), body: bytes = b""
+        self,
+        token: str,
+        status: int,
+        headers: HeaderPairs = (),
+        body: bytes = b"",
+        *,
+        encryption: Encryption | None = None,
     ) -> bool:
-        return self.complete_deferred(token, status, headers, body)
+        return self.complete_deferred(token, status, headers, body, encryption=encryption)
 
     async def arelease_deferred(self, token: str) -> bool:
         return self.release_deferred(token)
@@ -221,9 +234,3 @@ class MemoryStore(BreakerOwner):
 
     async def acheck(self) -> None:
         """Nothing to check."""
-
-
-def _deferred_by(record: Record | None, owner: str) -> bool:
-    """A key a deferral token may still finish: its owner's, not completed yet (deferred,
-    or in progress when the work finished before the interim response was stored)."""
-    return record is not None and record.owner == owner and record.status is not Status.COMPLETED

@@ -21,6 +21,8 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
+from ..encryption import Encryption, check_encryption
+
 # Re-exported for store authors (``StoreUnavailable`` is ``StoreUnavailableError``).
 from ..errors import StoreUnavailable as StoreUnavailable
 from ..errors import StoreUnavailableError as StoreUnavailableError
@@ -171,10 +173,17 @@ def sync_twin(store: object, async_name: str) -> Callable[..., Any] | None:
 class SyncDeferrals(Protocol):
     """Finishing deferred keys (``defer_completion()``) by token: ``False`` when the token
     no longer applies (completed, expired, taken over), ``ValueError`` when malformed.
+    ``encryption``: the doors' ``Encryption``, to store the final response encrypted.
     ``release_deferred``: the work did not happen, a retry runs the handler again."""
 
     def complete_deferred(
-        self, token: str, status: int, headers: Any = (), body: bytes = b""
+        self,
+        token: str,
+        status: int,
+        headers: Any = (),
+        body: bytes = b"",
+        *,
+        encryption: Encryption | None = None,
     ) -> bool: ...
 
     def release_deferred(self, token: str) -> bool: ...
@@ -185,7 +194,13 @@ class AsyncDeferrals(Protocol):
     """:class:`SyncDeferrals` for an async store."""
 
     async def acomplete_deferred(
-        self, token: str, status: int, headers: Any = (), body: bytes = b""
+        self,
+        token: str,
+        status: int,
+        headers: Any = (),
+        body: bytes = b"",
+        *,
+        encryption: Encryption | None = None,
     ) -> bool: ...
 
     async def arelease_deferred(self, token: str) -> bool: ...
@@ -269,13 +284,14 @@ def final_response(status: int, headers: HeaderPairs, body: bytes) -> StoredResp
 
 
 def prepare_final(
-    token: str, status: int, headers: HeaderPairs, body: bytes, now: float
+    token: str, status: int, headers: HeaderPairs, body: bytes, now: float, encryption: object
 ) -> tuple[DeferredToken, StoredResponse] | None:
     """What every store's ``complete_deferred`` checks before writing: the token
-    (``ValueError``), the response (``TypeError``/``ValueError``), and the token's expiry
-    at ``now`` (``None``: expired, nothing to write)."""
+    (``ValueError``), the response and ``encryption`` (``TypeError``/``ValueError``), and
+    the token's expiry at ``now`` (``None``: expired, nothing to write)."""
     parsed = parse_token(token)
     response = final_response(status, headers, body)
+    check_encryption(encryption)
     if parsed.expires_at <= now:
         return None
     return parsed, response

@@ -8,11 +8,13 @@ from __future__ import annotations
 import abc
 import asyncio
 import concurrent.futures
+import functools
 import os
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from ..encryption import Encryption
 from ..records import Record
 from .kit import UNUSED_KEY, ClosingStore, unusable
 from .protocol import ClaimRequest, ClaimResult, Completion, HeaderPairs, StoreUnavailable
@@ -98,7 +100,13 @@ class ThreadedStore(ClosingStore, abc.ABC):
             raise unusable(self, error) from error
 
     def complete_deferred(
-        self, token: str, status: int, headers: HeaderPairs = (), body: bytes = b""
+        self,
+        token: str,
+        status: int,
+        headers: HeaderPairs = (),
+        body: bytes = b"",
+        *,
+        encryption: Encryption | None = None,
     ) -> bool:
         """Overridden, with :meth:`release_deferred`, by a store that supports deferral."""
         raise NotImplementedError(f"{type(self).__name__} does not support deferred completion")
@@ -124,9 +132,18 @@ class ThreadedStore(ClosingStore, abc.ABC):
         return await self._run_async(self.renew, key_hash, owner, lock_expires_at)
 
     async def acomplete_deferred(
-        self, token: str, status: int, headers: HeaderPairs = (), body: bytes = b""
+        self,
+        token: str,
+        status: int,
+        headers: HeaderPairs = (),
+        body: bytes = b"",
+        *,
+        encryption: Encryption | None = None,
     ) -> bool:
-        return await self._run_async(self.complete_deferred, token, status, headers, body)
+        call = self.complete_deferred  # (a subclass's own may not take encryption)
+        if encryption is not None:
+            call = functools.partial(call, encryption=encryption)
+        return await self._run_async(call, token, status, headers, body)
 
     async def arelease_deferred(self, token: str) -> bool:
         return await self._run_async(self.release_deferred, token)

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 from ...clock import Clock
 from ...errors import TransactionConflictError, TransactionRejectedError
-from ...records import Record, StoredResponse
+from ...records import Record, Status, StoredResponse
 from ..kit import Flow
 from ..protocol import (
     CLAIMED,
@@ -28,6 +28,9 @@ from .errors import ConditionFailed, Item, TransactionCancelled, refused_outrigh
 
 DYNAMODB = "dynamodb"
 S3 = "s3"
+
+# A deferred key past its interim completion: deferred (re-sent) or completed already.
+DONE = (Status.DEFERRED, Status.COMPLETED)
 
 
 # One request: boto3's method ``operation`` of the ``service`` client, with ``params`` (a
@@ -81,7 +84,7 @@ class DynamoDBOps:
                 response = yield (DYNAMODB, "put_item", ddb.claim_request(self.layout, request))
             except ConditionFailed as failed:
                 if failed.item is not None:
-                    if ddb.claimed_by(failed.item, request.owner):
+                    if ddb.owned_in(failed.item, request.owner, Status.IN_PROGRESS):
                         return CLAIMED
                     return Held((yield from self._record(failed.item)))
                 # A backend without ALL_OLD on failure: read the holder instead.
@@ -104,7 +107,7 @@ class DynamoDBOps:
             yield (DYNAMODB, "update_item", plan.request)
             return True
         except ConditionFailed as failed:
-            stored = completion.deferred and ddb.finished_by(failed.item, completion.owner)
+            stored = completion.deferred and ddb.owned_in(failed.item, completion.owner, *DONE)
         if not stored:
             yield from self._drop_overflow(plan)
         return stored

@@ -35,7 +35,7 @@ from ...records import (
     StoredResponse,
     decode_response_document,
     encode_response,
-    read_response,
+    record_from_fields,
 )
 from ..protocol import ClaimRequest, Completion, DeferredToken, StoreUnavailable
 from .config import OverflowSettings
@@ -211,23 +211,17 @@ def _set_completed(
     return update, []
 
 
-def claimed_by(item: Item, owner: str) -> bool:
-    """Whether a claim that failed its condition found its own claim: the same PutItem sent
-    again by a retry after its first answer was lost (a timeout, a cut connection, a 5xx
-    after the write). The claim is this request's, not another's."""
+def owned_in(item: Item | None, owner: str, *statuses: Status) -> bool:
+    """Whether a write that failed its condition finds ``owner``'s own item in one of
+    ``statuses``: a claim its own claim (the same PutItem re-sent after its first answer was
+    lost: a timeout, a cut connection, a 5xx after the write), in progress; a deferred
+    interim completion its key done already, deferred (re-sent) or completed (the work's
+    final response landed first). Either way nothing needs writing."""
     return (
-        item.get("owner", {}).get("S") == owner
-        and item.get("status", {}).get("S") == Status.IN_PROGRESS.value
+        item is not None
+        and item.get("owner", {}).get("S") == owner
+        and item.get("status", {}).get("S") in [status.value for status in statuses]
     )
-
-
-def finished_by(item: Item | None, owner: str) -> bool:
-    """Whether a deferred interim completion that failed its condition finds its own key
-    already past it: deferred (the same completion re-sent) or completed (the work's final
-    response landed first). Either way the key is done and nothing needs writing."""
-    if item is None or item.get("owner", {}).get("S") != owner:
-        return False
-    return item.get("status", {}).get("S") in (Status.DEFERRED.value, Status.COMPLETED.value)
 
 
 def commit_token(owner: str) -> str:
@@ -370,14 +364,18 @@ def plan_final_completion(
 
 
 def release_deferred_request(layout: TableLayout, token: DeferredToken) -> dict[str, Any]:
+    return _fenced(layout, token.key_hash, token.owner, "<>", Status.COMPLETED)
+
+
+def _fenced(
+    layout: TableLayout, key_hash: str, owner: str, test: str, status: Status
+) -> dict[str, Any]:
+    """A write to ``owner``'s item whose status compares (``test``) with ``status``."""
     return {
-        **_keyed(layout, token.key_hash),
-        "ConditionExpression": "#owner = :owner AND #status <> :completed",
+        **_keyed(layout, key_hash),
+        "ConditionExpression": f"#owner = :owner AND #status {test} :status",
         "ExpressionAttributeNames": _names(layout, "#owner", "#status"),
-        "ExpressionAttributeValues": {
-            ":owner": {"S": token.owner},
-            ":completed": {"S": Status.COMPLETED.value},
-        },
+        "ExpressionAttributeValues": {":owner": {"S": owner}, ":status": {"S": status.value}},
     }
 
 
@@ -389,32 +387,20 @@ def overflow_reference(item: Item) -> str | None:
 def release_request(layout: TableLayout, key_hash: str, owner: str) -> dict[str, Any]:
     """DeleteItem of a claim still in progress (never a final response a deferral's worker
     stored while the handler was still running)."""
-    return {
-        **_keyed(layout, key_hash),
-        "ConditionExpression": "#owner = :owner AND #status = :in_progress",
-        "ExpressionAttributeNames": _names(layout, "#owner", "#status"),
-        "ExpressionAttributeValues": {
-            ":owner": {"S": owner},
-            ":in_progress": {"S": Status.IN_PROGRESS.value},
-        },
-    }
+    return _fenced(layout, key_hash, owner, "=", Status.IN_PROGRESS)
 
 
 def renew_request(
     layout: TableLayout, key_hash: str, owner: str, lock_expires_at: float
 ) -> dict[str, Any]:
-    return {
-        **_keyed(layout, key_hash),
-        "UpdateExpression": "SET #lock = :lock, #exp = :lock, #ttl = :ttl",
-        "ConditionExpression": "#owner = :owner AND #status = :in_progress",
-        "ExpressionAttributeNames": _names(layout, "#lock", "#exp", "#ttl", "#owner", "#status"),
-        "ExpressionAttributeValues": {
-            ":owner": {"S": owner},
-            ":in_progress": {"S": Status.IN_PROGRESS.value},
-            ":lock": _number(lock_expires_at),
-            ":ttl": _claim_ttl(lock_expires_at),
-        },
-    }
+    request = _fenced(layout, key_hash, owner, "=", Status.IN_PROGRESS)
+    request["UpdateExpression"] = "SET #lock = :lock, #exp = :lock, #ttl = :ttl"
+    request["ExpressionAttributeNames"] = _names(
+        layout, "#lock", "#exp", "#ttl", "#owner", "#status"
+    )
+    values = {":lock": _number(lock_expires_at), ":ttl": _claim_ttl(lock_expires_at)}
+    request["ExpressionAttributeValues"].update(values)
+    return request
 
 
 def get_request(layout: TableLayout, key_hash: str) -> dict[str, Any]:
@@ -431,26 +417,28 @@ def item_to_record(layout: TableLayout, item: Item, overflow_blob: bytes | None 
     item whose S3 object could not be read is completed without a response)."""
     key_hash = item[layout.key_attribute]["S"]
     document = item.get("response_json", {}).get("S")
-    response: StoredResponse | None = None
+    response: object = item.get("response", {}).get("B", overflow_blob)
+    missing = bool(item.get("too_large", {}).get("BOOL", False)) or (
+        response is None and overflow_reference(item) is not None
+    )
+    size: object = item.get("response_size", {}).get("N", "0")
     if document is not None:
         # A final response written by a Step Functions state (or any other writer).
         try:
             response = decode_response_document(document)
+            size = len(response.body)
         except ValueError as error:
             logger.error("idempotency record %s: unreadable response_json: %s", key_hash, error)
+            response, size = None, len(document)
         missing = response is None
-        size = len(response.body) if response is not None else len(document)
-    else:
-        blob = item.get("response", {}).get("B", overflow_blob)
-        if blob is not None:
-            response = read_response(bytes(blob))
-        missing = bool(item.get("too_large", {}).get("BOOL", False)) or (
-            blob is None and overflow_reference(item) is not None
-        )
-        size = int(item.get("response_size", {}).get("N", "0"))
-    deadlines = float(item["lock_expires_at"]["N"]), float(item["expires_at"]["N"])
-    status, fingerprint, owner = (item[name]["S"] for name in ("status", "fingerprint", "owner"))
-    return Record(key_hash, Status(status), fingerprint, owner, *deadlines, response, missing, size)
+    status, fingerprint, owner = (item.get(name, {}).get("S") for name in TEXTS)
+    lock, expires = (item.get(name, {}).get("N") for name in ("lock_expires_at", "expires_at"))
+    return record_from_fields(
+        key_hash, status, fingerprint, owner, lock, expires, response, missing, size
+    )
+
+
+TEXTS = ("status", "fingerprint", "owner")
 
 
 def create_table_request(layout: TableLayout) -> dict[str, Any]:

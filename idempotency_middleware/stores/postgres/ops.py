@@ -12,7 +12,7 @@ from collections.abc import Generator, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from ...clock import Clock
-from ...records import Record, Status, StoredResponse, encode_response, read_response
+from ...records import Record, Status, StoredResponse, encode_response, record_from_fields
 from ..kit import Flow as AnyFlow
 from ..protocol import (
     CLAIMED,
@@ -173,18 +173,9 @@ class Statements:
 
 
 def row_to_record(row: Sequence[Any]) -> Record:
-    key_hash, status, fingerprint, owner, lock_expires_at, expires_at, blob, size, too_large = row
-    response = read_response(bytes(blob)) if blob is not None else None
-    deadlines = float(lock_expires_at), float(expires_at)
-    return Record(
-        key_hash,
-        Status(status),
-        fingerprint,
-        owner,
-        *deadlines,
-        response,
-        bool(too_large),
-        int(size),
+    key_hash, status, fingerprint, owner, lock, expires, blob, size, too_large = row
+    return record_from_fields(
+        key_hash, status, fingerprint, owner, lock, expires, blob, too_large, size
     )
 
 

@@ -32,7 +32,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ...records import Record, Status, StoredResponse, encode_response, read_response
+from ...records import Record, Status, StoredResponse, encode_response, record_from_fields
 from ..kit import Flow
 from ..protocol import (
     CLAIMED,
@@ -80,12 +80,14 @@ CLAIM = Script(
 local key = KEYS[1]
 local old = redis.call('HMGET', key, 'status', 'owner', 'lock_expires_at', 'expires_at')
 local taken_over = 0
-if old[1] then
+if old[1] or redis.call('EXISTS', key) == 1 then
   if old[1] == 'in_progress' then
     if old[2] == ARGV[2] then return 0 end
-    if tonumber(old[3]) > tonumber(ARGV[5]) then return redis.call('HGETALL', key) end
+    if (tonumber(old[3]) or math.huge) > tonumber(ARGV[5]) then
+      return redis.call('HGETALL', key)
+    end
     taken_over = 1
-  elseif tonumber(old[4]) > tonumber(ARGV[4]) then
+  elseif (tonumber(old[4]) or math.huge) > tonumber(ARGV[4]) then
     return redis.call('HGETALL', key)
   end
   redis.call('DEL', key)
@@ -172,17 +174,16 @@ def pairs(flat: list[bytes]) -> dict[bytes, bytes]:
 
 def record_from_hash(key_hash: str, fields: dict[bytes, bytes]) -> Record | None:
     """The record in a hash as HGETALL returns it; ``None`` for an empty (absent) one."""
-    status = fields.get(b"status")
-    if status is None:
+    if not fields:
         return None
-    blob = fields.get(b"response")
-    response = read_response(blob) if blob is not None else None
-    deadlines = float(fields[b"lock_expires_at"]), float(fields[b"expires_at"])
-    fingerprint, owner = fields[b"fingerprint"].decode(), fields[b"owner"].decode()
-    size, too_large = int(fields.get(b"response_size", b"0")), fields.get(b"too_large") == b"1"
-    return Record(
-        key_hash, Status(status.decode()), fingerprint, owner, *deadlines, response, too_large, size
+    status, fingerprint, owner, lock, expires, response = map(fields.get, FIELDS)
+    too_large, size = fields.get(b"too_large") == b"1", fields.get(b"response_size", b"0")
+    return record_from_fields(
+        key_hash, status, fingerprint, owner, lock, expires, response, too_large, size
     )
+
+
+FIELDS = (b"status", b"fingerprint", b"owner", b"lock_expires_at", b"expires_at", b"response")
 
 
 def load_scripts() -> Flow[None]:

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from ...clock import Clock
 from ...errors import StoreUnavailable
-from ...records import Record, Status, StoredResponse, encode_response, read_response
+from ...records import Record, Status, StoredResponse, encode_response, record_from_fields
 from ..protocol import Claimed, ClaimRequest, ClaimResult, Completion, DeferredToken, Held
 
 T = TypeVar("T")
@@ -133,14 +133,6 @@ class Statements:
         self.purge_finished = expired + f" AND status <> '{_IN_PROGRESS}' LIMIT ?)"
 
 
-def _row_to_record(row: tuple[Any, ...]) -> Record:
-    key, status, fingerprint, owner, lock, expires, blob, too_large, size = row  # REALs: floats
-    response = read_response(bytes(blob)) if blob is not None else None
-    return Record(
-        key, Status(status), fingerprint, owner, lock, expires, response, bool(too_large), size
-    )
-
-
 @dataclass(eq=False)
 class SQLiteOps:
     """The flows of one table; writes purge a batch at most once per interval per process."""
@@ -177,7 +169,7 @@ class SQLiteOps:
             return Claimed(taken_over=taken_over)
         if not rows:  # cannot happen: the upsert conflicted with this very row
             raise StoreUnavailable(f"SQLite claim of {key!r} found no holding row")
-        return Held(_row_to_record(rows[0]))
+        return Held(record_from_fields(*rows[0]))
 
     def _columns(self, response: StoredResponse, too_large: bool, size: int) -> Steps[Any]:
         """The response's columns (no blob when too large: streamed, over the limits)."""
@@ -231,7 +223,7 @@ class SQLiteOps:
 
     def get(self, key_hash: str) -> Steps[Record | None]:
         rows = (yield Statement(self.sql.select, (key_hash,))).rows
-        return _row_to_record(rows[0]) if rows else None
+        return record_from_fields(*rows[0]) if rows else None
 
     def delete(self, key_hash: str) -> Steps[bool]:
         return (yield Statement(self.sql.delete, (key_hash,))).changed > 0
