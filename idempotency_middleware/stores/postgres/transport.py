@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
@@ -24,6 +24,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTi
 
 from ..kit import Flow, LoopLocal, adrive, drive
 from ..protocol import StoreUnavailable
+from ..wakeups import Listen
 from .errors import unavailable
 from .ops import Answer, Statement, Transaction
 
@@ -129,6 +130,23 @@ class PostgresConfig:
     answer_within: float  # seconds: past them, a statement's connection is broken off
     pool: ConnectionPool[Any] | None = None
     async_pool: AsyncConnectionPool[Any] | None = None
+
+
+def listener(config: PostgresConfig, channel: str) -> Listen:
+    """The ``Listen`` of ``PostgresStore.wakeups``: ``LISTEN`` on a connection of its own
+    (outside the pools: it is held for as long as the store is waited on)."""
+
+    def listen(
+        ready: Callable[[], None], changed: Callable[[str], None], stopping: threading.Event
+    ) -> None:
+        with psycopg.Connection.connect(config.dsn, **config.connect_kwargs) as connection:
+            connection.execute(f'LISTEN "{channel}"')
+            ready()
+            while not stopping.is_set():
+                for notification in connection.notifies(timeout=0.5):
+                    changed(notification.payload)
+
+    return listen
 
 
 class PostgresTransport:
