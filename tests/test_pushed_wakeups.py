@@ -66,6 +66,13 @@ def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
         time.sleep(0.005)
 
 
+async def auntil(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
 @pytest.fixture(params=["redis", "postgres"])
 def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     if request.param == "redis":
@@ -90,16 +97,16 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     store = CountedPostgres(dsn, table=f"idem_push_{uuid.uuid4().hex[:10]}")
     store.create_table()
     listening = f'LISTEN "{store._ops.sql.channel}"'
-    with psycopg.connect(dsn, autocommit=True) as admin:
+    with psycopg.connect(dsn, autocommit=True) as connection:
 
         def listeners() -> int:
             query = "SELECT count(*) FROM pg_stat_activity WHERE query = %s"
-            row = admin.execute(query, (listening,)).fetchone()
+            row = connection.execute(query, (listening,)).fetchone()
             return int(row[0]) if row else 0
 
         def kill() -> None:
             query = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = %s"
-            admin.execute(query, (listening,))
+            connection.execute(query, (listening,))
 
         try:
             yield Backend(store, listeners, kill)
@@ -196,8 +203,7 @@ async def test_an_async_waiter_is_woken_on_its_loop(backend: Backend) -> None:
 
     first = asyncio.ensure_future(charge("k"))
     duplicate = asyncio.ensure_future(charge("k"))
-    while len(store.claims) < 2 or not runs:
-        await asyncio.sleep(0.005)
+    await auntil(lambda: len(store.claims) >= 2 and runs == ["k"])
     opened.set()
     assert await asyncio.wait_for(first, 5) == "k-1"
     assert await asyncio.wait_for(duplicate, 4) == "k-1"
