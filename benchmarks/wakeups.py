@@ -87,7 +87,7 @@ def run(
             for name, store in (("Redis", redis_store), ("PostgreSQL", pg_store)):
                 if mode == "polled":
                     store.wakeups = None
-                else:
+                elif store.wakeups is not None:
                     store.wakeups.start()
                 cells[(name, mode)] = _sampler(store)
         order = list(cells)

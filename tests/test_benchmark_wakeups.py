@@ -22,5 +22,5 @@ def test_the_wakeup_table_has_pushed_and_polled_rows_per_store(
     for store in ("Redis", "PostgreSQL"):
         pushed, polled = float(rows[(store, "pushed")][2]), float(rows[(store, "polled")][2])
         assert rows[(store, "pushed")][4] == "3"
-        # (The median of 3.) A poll is at least 100 ms after the last one; the news, a few ms after the write.
+        # (Medians of 3.) A poll comes 100 ms or more after the last; the news, a few ms.
         assert pushed < polled, (store, pushed, polled)
