@@ -21,9 +21,11 @@ from typing import Any
 import psycopg
 import pytest
 import redis
+import redis.cluster
 
 from idempotency_middleware import PostgresStore, RedisStore, core, idempotent
 from idempotency_middleware.stores.protocol import ClaimRequest, ClaimResult
+from tests.redis_helpers import single_node_cluster
 
 
 class Counted:
@@ -270,3 +272,19 @@ def test_many_waiters_on_one_key_and_on_many_keys_share_one_listener(
         assert all(waiter.result(4).endswith("-1") for waiter in waiters)
     assert len(store.claims) == len(keys) + 2 * len(waiters)
     assert sorted(gate.runs) == keys
+
+
+@pytest.mark.usefixtures("slow_polls")
+def test_a_waiter_on_a_redis_cluster_is_woken_through_plain_pub_sub() -> None:
+    with single_node_cluster() as node:
+        cluster = redis.cluster.RedisCluster(host="127.0.0.1", port=node.port)
+        store = CountedRedis(client=cluster, prefix="idem-push:")
+        admin = redis.Redis(host="127.0.0.1", port=node.port)
+        channel = store._ops.channel
+        backend = Backend(store, lambda: int(admin.pubsub_numsub(channel)[0][1]), lambda: None)
+        try:
+            test_a_waiter_is_answered_by_the_completion_without_polling(backend)
+        finally:
+            store.close()
+            cluster.close()
+            admin.close()
