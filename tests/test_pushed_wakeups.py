@@ -24,7 +24,10 @@ import redis
 import redis.cluster
 
 from idempotency_middleware import PostgresStore, RedisStore, core, idempotent
+from idempotency_middleware.engine.drivers import _pushed_wait
+from idempotency_middleware.engine.effects import Wait
 from idempotency_middleware.stores.protocol import ClaimRequest, ClaimResult
+from idempotency_middleware.stores.wakeups import Wakeups
 from tests.redis_helpers import single_node_cluster
 
 
@@ -278,7 +281,7 @@ def test_many_waiters_on_one_key_and_on_many_keys_share_one_listener(
 def test_a_waiter_on_a_redis_cluster_is_woken_through_plain_pub_sub() -> None:
     with single_node_cluster() as node:
         cluster = redis.cluster.RedisCluster(host="127.0.0.1", port=node.port)
-        store = CountedRedis(client=cluster, prefix="idem-push:")
+        store: Any = CountedRedis(client=cluster, prefix="idem-push:")
         admin = redis.Redis(host="127.0.0.1", port=node.port)
         channel = store._ops.channel
         backend = Backend(store, lambda: int(admin.pubsub_numsub(channel)[0][1]), lambda: None)
@@ -288,3 +291,43 @@ def test_a_waiter_on_a_redis_cluster_is_woken_through_plain_pub_sub() -> None:
             store.close()
             cluster.close()
             admin.close()
+
+
+# --- the async driver's pause, on a channel driven by the test -----------------------------
+
+
+def silent_channel(
+    ready: Callable[[], None], changed: Callable[[str], None], stopping: threading.Event
+) -> None:
+    stopping.wait()  # subscribed to nothing: the test announces the changes itself
+
+
+async def test_a_doors_pause_ends_on_the_keys_news_or_when_its_client_left() -> None:
+    wakeups = Wakeups(silent_channel, "test")
+    never = asyncio.Event()
+    paused: list[float] = []
+
+    async def door(seconds: float) -> bool:  # the ASGI door's pause: until the client leaves
+        paused.append(seconds)
+        await never.wait()
+        return True
+
+    async def gone(seconds: float) -> bool:
+        return False
+
+    try:
+        mark = wakeups.mark()
+        pausing = asyncio.ensure_future(_pushed_wait(wakeups, mark, Wait(30.0, "k"), door))
+        await auntil(lambda: paused == [30.0])
+        await asyncio.to_thread(wakeups.changed, "other")
+        assert not pausing.done()
+        await asyncio.to_thread(wakeups.changed, "k")  # from the listener's thread
+        assert await asyncio.wait_for(pausing, 2) is True
+        # News heard between the claim (the mark) and the pause: no pause at all.
+        assert await _pushed_wait(wakeups, mark, Wait(30.0, "k"), door) is True
+        assert paused == [30.0]
+        # A client gone while waiting ends the wait, as without news.
+        assert await _pushed_wait(wakeups, wakeups.mark(), Wait(30.0, "k"), gone) is False
+        assert wakeups._waiting == {}  # nobody left registered
+    finally:
+        wakeups.close()

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import select
 import socket
 import threading
 import time
@@ -142,9 +143,14 @@ def listener(config: PostgresConfig, channel: str) -> Listen:
         with psycopg.Connection.connect(config.dsn, **config.connect_kwargs) as connection:
             connection.execute(f'LISTEN "{channel}"')
             ready()
+            # libpq's own reading, as psycopg's notifies() does, without its generator
+            # (whose timeouts left some notifications to the waiters' polls).
+            pgconn = connection.pgconn
             while not stopping.is_set():
-                for notification in connection.notifies(timeout=0.5):
-                    changed(notification.payload)
+                if select.select((pgconn.socket,), (), (), 0.5)[0]:
+                    pgconn.consume_input()  # (raises when the connection is lost)
+                    while (notification := pgconn.notifies()) is not None:
+                        changed(notification.extra.decode())
 
     return listen
 
