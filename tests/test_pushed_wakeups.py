@@ -90,7 +90,7 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
             return int(admin.pubsub_numsub(channel)[0][1])
 
         def kill() -> None:
-            admin.client_kill_filter(_type="pubsub")
+            assert admin.client_kill_filter(_type="pubsub") >= 1
 
         try:
             yield Backend(store, listeners, kill)
@@ -111,7 +111,7 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
 
         def kill() -> None:
             query = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = %s"
-            connection.execute(query, (listening,))
+            assert len(connection.execute(query, (listening,)).fetchall()) == 1
 
         try:
             yield Backend(store, listeners, kill)
