@@ -8,7 +8,7 @@ duplicate call starts waiting; a random 50-500 ms later (so a polling waiter is 
 point of its backoff) the function returns. The latency is from the function's return (the
 completion's write is still to be sent) to the duplicate's answer. "pushed" is the store as
 it is; "polled" the same store with its wakeups switched off (``store.wakeups = None``), as
-every other store waits. Each round takes ``samples`` samples of every (store, mode) pair in
+every other store waits. After one warm-up sample of each, each round takes ``samples`` samples of every (store, mode) pair in
 an order that rotates from round to round; p50 and p99 are over all samples (nearest rank).
 The servers are started here (tests/db_servers.py) unless ``--redis-url``/``--dsn`` is given.
 """
@@ -91,6 +91,8 @@ def run(
                     store.wakeups.start()
                 cells[(name, mode)] = _sampler(store)
         order = list(cells)
+        for sample in cells.values():  # warm-up, not counted: pools filled, scripts loaded
+            sample()
         found: dict[tuple[str, str], list[float]] = {cell: [] for cell in order}
         for number in range(rounds):
             for cell in order[number % len(order) :] + order[: number % len(order)]:
