@@ -1,7 +1,7 @@
 """How soon a waiting duplicate (``wait_seconds``) answers after the first attempt finishes:
 woken by the store's news (Redis pub/sub, PostgreSQL LISTEN/NOTIFY) or by its own polls.
 
-    python -m benchmarks.wakeups [--rounds 5] [--samples 8] [--quick]
+    python -m benchmarks.wakeups [--rounds 5] [--samples 10] [--quick]
 
 One sample: ``idempotent`` (sync) is called with a new key and its function holds; a
 duplicate call starts waiting; a random 50-500 ms later (so a polling waiter is met at any
@@ -74,7 +74,7 @@ def _servers(redis_url: str | None, dsn: str | None) -> Iterator[tuple[str, str]
 
 
 def run(
-    rounds: int = 5, samples: int = 8, redis_url: str | None = None, dsn: str | None = None
+    rounds: int = 5, samples: int = 10, redis_url: str | None = None, dsn: str | None = None
 ) -> str:
     from idempotency_middleware import PostgresStore, RedisStore
 
@@ -120,7 +120,7 @@ def run(
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=10)
     parser.add_argument("--redis-url", default=None, help="an existing server (default: start one)")
     parser.add_argument("--dsn", default=None, help="an existing PostgreSQL (default: start one)")
     parser.add_argument("--quick", action="store_true", help="1 round of 2 samples (a smoke run)")
