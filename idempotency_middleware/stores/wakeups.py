@@ -55,6 +55,7 @@ class Wakeups:
         return self._seq
 
     def start(self) -> None:
+        """Listen, if not yet (the first waiter calls it; so may an app at start-up)."""
         thread = self._thread
         if thread is None or not thread.is_alive():
             with self._lock:
