@@ -8,8 +8,9 @@ duplicate call starts waiting; a random 50-500 ms later (so a polling waiter is 
 point of its backoff) the function returns. The latency is from the function's return (the
 completion's write is still to be sent) to the duplicate's answer. "pushed" is the store as
 it is; "polled" the same store with its wakeups switched off (``store.wakeups = None``), as
-every other store waits. After one warm-up sample of each, each round takes ``samples`` samples of every (store, mode) pair in
-an order that rotates from round to round; p50 and p99 are over all samples (nearest rank).
+every other store waits. After one warm-up sample of each, each round takes ``samples``
+samples of every (store, mode) pair in an order that rotates from round to round; p50 and
+p99 are over all samples (nearest rank).
 The servers are started here (tests/db_servers.py) unless ``--redis-url``/``--dsn`` is given.
 """
 
