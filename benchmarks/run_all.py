@@ -32,6 +32,7 @@ from benchmarks import (
     sqlite_peers,
     throughput,
     transport,
+    wakeups,
     wsgi_overhead,
 )
 from benchmarks._common import machine_summary
@@ -45,6 +46,7 @@ BENCHMARKS: list[tuple[str, Callable[[Sequence[str] | None], None], bool]] = [
     ("transport", transport.main, False),
     ("redis_peers", redis_peers.main, False),
     ("postgres_peers", postgres_peers.main, False),
+    ("wakeups", wakeups.main, False),
     ("sqlite_peers", sqlite_peers.main, False),
     ("throughput", throughput.main, False),
     ("overhead", overhead.main, False),

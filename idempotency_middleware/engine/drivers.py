@@ -24,9 +24,17 @@ from ..attempt_context import (
     announce,
     finish_announced,
 )
-from ..clock import Clock
+from ..clock import Clock, SystemClock
 from ..records import Record
-from ..stores.protocol import AsyncStore, ClaimRequest, Completion, SyncStore, sync_twin
+from ..stores.protocol import (
+    AsyncStore,
+    ClaimRequest,
+    Completion,
+    PushedChanges,
+    SyncStore,
+    pushed_changes,
+    sync_twin,
+)
 from .effects import (
     AwaitStreamEnd,
     Effect,
@@ -66,6 +74,12 @@ _PERFORM = {
 }
 
 
+def _wakeups(store: object, clock: Clock) -> PushedChanges | None:
+    """The store's pushed changes, when waiting on real time (a test's fake clock crosses
+    its waits without sleeping: a push could not end them any sooner)."""
+    return pushed_changes(store) if isinstance(clock, SystemClock) else None
+
+
 def _lease_ends_with_run(ran: Ran | None) -> bool:
     """A live stream still going out keeps its lease until the flow yields ``EndLease``."""
     return ran is None or ran.ended
@@ -88,12 +102,13 @@ class Suspended(Exception):
 class SyncDriver:
     """Interprets flows with blocking calls on the calling thread."""
 
-    __slots__ = ("clock", "renewals", "store")
+    __slots__ = ("clock", "renewals", "store", "wakeups")
 
     def __init__(self, store: SyncStore, clock: Clock, renewals: ThreadRenewals) -> None:
         self.store = store
         self.clock = clock
         self.renewals = renewals
+        self.wakeups = _wakeups(store, clock)
 
     def drive(self, flow: Generator[Effect, Any, T], run: SyncRun | None = None) -> T:
         """Run ``flow`` to its end and return its outcome (or raise what it raised)."""
@@ -104,7 +119,8 @@ class SyncDriver:
         return self._loop(flow, None, value)
 
     def _loop(self, flow: Generator[Effect, Any, T], run: SyncRun | None, value: object) -> T:
-        store = self.store
+        store, wakeups = self.store, self.wakeups
+        mark = 0  # the store's news mark before the last claim (PushedChanges)
         error: BaseException | None = None
         while True:
             try:
@@ -115,6 +131,8 @@ class SyncDriver:
             value = error = None
             try:
                 if type(effect) is ClaimRequest:
+                    if wakeups is not None:
+                        mark = wakeups.mark()
                     value = store.claim(effect)
                 elif type(effect) is Run:
                     value = self._run(effect, run)
@@ -122,6 +140,9 @@ class SyncDriver:
                     value = store.complete(effect)
                 elif type(effect) is Emit:  # (only when someone listens: Reporter.wants)
                     emit(effect)
+                elif type(effect) is Wait and wakeups is not None and effect.key_hash:
+                    wakeups.wait(effect.key_hash, mark, effect.seconds)
+                    value = True
                 else:
                     value = getattr(self, _PERFORM[type(effect)])(effect)
             except Suspended:
@@ -185,7 +206,15 @@ class SyncDriver:
 class AsyncDriver:
     """Interprets flows on the running event loop."""
 
-    __slots__ = ("_background", "_claim_now", "_complete_now", "clock", "renewals", "store")
+    __slots__ = (
+        "_background",
+        "_claim_now",
+        "_complete_now",
+        "clock",
+        "renewals",
+        "store",
+        "wakeups",
+    )
 
     def __init__(self, store: AsyncStore, clock: Clock, renewals: LoopRenewals) -> None:
         self.store = store
@@ -196,6 +225,7 @@ class AsyncDriver:
         # ones would only wrap them in a coroutine that never suspends.
         self._claim_now = sync_twin(store, "aclaim")
         self._complete_now = sync_twin(store, "acomplete")
+        self.wakeups = _wakeups(store, clock)
 
     async def drive(
         self,
@@ -207,6 +237,7 @@ class AsyncDriver:
         ``wait`` pauses a waiting duplicate (default: a sleep on the clock)."""
         store, renewals = self.store, self.renewals
         claim_now, complete_now = self._claim_now, self._complete_now
+        wakeups, mark = self.wakeups, 0  # (mark: the store's news before the last claim)
         value: object = None
         error: BaseException | None = None
         while True:
@@ -218,6 +249,8 @@ class AsyncDriver:
             value = error = None
             try:
                 if type(effect) is ClaimRequest:
+                    if wakeups is not None:
+                        mark = wakeups.mark()
                     if claim_now is not None:
                         value = claim_now(effect)
                     else:
@@ -249,6 +282,8 @@ class AsyncDriver:
                         value = await store.acomplete(effect)
                 elif type(effect) is Emit:  # (only when someone listens: Reporter.wants)
                     emit(effect)
+                elif type(effect) is Wait and wakeups is not None and effect.key_hash:
+                    value = await _pushed_wait(wakeups, mark, effect, wait or self.clock.asleep)
                 elif type(effect) is Wait and wait is not None:
                     value = await wait(effect.seconds)
                 else:
@@ -290,3 +325,22 @@ class AsyncDriver:
         task = asyncio.get_running_loop().create_task(self.drive(effect.flow))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+async def _pushed_wait(
+    wakeups: PushedChanges,
+    mark: int,
+    effect: Wait,
+    wait: Callable[[float], Awaitable[bool | None]],
+) -> bool:
+    """``wait`` (the door's pause, or a sleep), ended early by the store's news of the key."""
+    changed = wakeups.watch(effect.key_hash, mark)
+    if changed.done():
+        return True
+    pausing = asyncio.ensure_future(wait(effect.seconds))
+    try:
+        await asyncio.wait((changed, pausing), return_when=asyncio.FIRST_COMPLETED)
+        return pausing.result() is not False if pausing.done() else True
+    finally:
+        pausing.cancel()
+        wakeups.unwatch(effect.key_hash, changed)

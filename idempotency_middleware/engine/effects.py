@@ -49,9 +49,11 @@ class Sleep(NamedTuple):
 class Wait(NamedTuple):
     """A duplicate waiting for the first attempt: pause before polling again -> ``bool``
     (``False``: stop waiting, the caller went away). Unlike ``Sleep``, a door may cut it
-    short (the ASGI door ends it when its client disconnects)."""
+    short (the ASGI door ends it when its client disconnects), and so may the store's news
+    of ``key_hash`` (a store that pushes its completions: see ``PushedChanges``)."""
 
     seconds: float
+    key_hash: str = ""
 
 
 class Run(NamedTuple):

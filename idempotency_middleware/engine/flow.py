@@ -164,7 +164,7 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
             delay = core.poll_delay(polls, wait_until - now, context.entropy.jitter())
             if delay is not None:
                 polls += 1
-                if (yield Wait(delay)):
+                if (yield Wait(delay, claim.key_hash)):
                     claim = claim._replace(now=clock.now())
                     attempt = attempt._replace(claim=claim)
                     continue

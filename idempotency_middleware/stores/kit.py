@@ -33,6 +33,7 @@ from .protocol import (
     parse_token,
     prepare_final,
 )
+from .wakeups import Wakeups
 
 T = TypeVar("T")
 V = TypeVar("V")
@@ -195,6 +196,8 @@ class KitStore(ClosingStore, BreakerOwner):
         self._ops = ops
         self._transport = transport
         self._clock = clock
+        # Set by a backend that publishes its completions and releases (wakeups.py).
+        self.wakeups: Wakeups | None = None
 
     def _failed(self, error: Exception) -> None:
         if isinstance(error, StoreUnavailable):
@@ -358,6 +361,8 @@ class KitStore(ClosingStore, BreakerOwner):
 
     def close(self) -> None:
         """Release the store's connections; using it again reconnects."""
+        if self.wakeups is not None:
+            self.wakeups.close()
         self._transport.close()
 
     async def aclose(self) -> None:

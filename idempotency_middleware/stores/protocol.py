@@ -295,3 +295,23 @@ def prepare_final(
     if parsed.expires_at <= now:
         return None
     return parsed, response
+
+
+class PushedChanges(Protocol):
+    """What a store that publishes its completions and releases offers its waiters, as its
+    ``wakeups`` attribute (``None`` or absent: they poll). ``mark()`` is read before each
+    claim; a waiter's pause ends early when its key changed after that mark."""
+
+    def mark(self) -> int: ...
+
+    def wait(self, key: str, mark: int, timeout: float) -> None: ...
+
+    def watch(self, key: str, mark: int) -> Any: ...  # an asyncio.Future of the running loop
+
+    def unwatch(self, key: str, future: Any) -> None: ...
+
+
+def pushed_changes(store: object) -> PushedChanges | None:
+    """The store's ``wakeups``, if it has them."""
+    wakeups: PushedChanges | None = getattr(store, "wakeups", None)
+    return wakeups

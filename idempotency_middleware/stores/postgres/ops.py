@@ -5,6 +5,7 @@ flow on one connection, so sync and async share every decision."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import threading
@@ -131,12 +132,18 @@ class Statements:
             f"response, response_size, too_large FROM {quoted} "
             "WHERE key = %(key)s AND NOT EXISTS (SELECT 1 FROM claimed)"
         )
+        # Completions and releases notify the key on one channel per table, in their own
+        # transaction (delivered on commit): a waiter on it is woken (wakeups.py).
+        digest = hashlib.sha1(table.encode(), usedforsecurity=False).hexdigest()[:16]
+        self.channel = f"idempotency_{digest}"
+        notify = f" RETURNING pg_notify('{self.channel}', key)"
         self.select = f"SELECT {_COLUMNS.removesuffix(', taken_over')} FROM {quoted} WHERE key = %s"
-        self.complete = finish = (
+        finish = (
             f"UPDATE {quoted} SET status = %(status)s, expires_at = %(expires_at)s, "
             "response = %(response)s, response_size = %(response_size)s, "
             "too_large = %(too_large)s WHERE key = %(key)s AND owner = %(owner)s"
         )
+        self.complete = finish + notify
         # A deferred key's interim response, only over the claim still in progress (never
         # over the work's final response, which may land first); true when it was stored,
         # or when the key is still ours anyway (deferred already, or finished first).
@@ -146,12 +153,12 @@ class Statements:
             f"OR EXISTS (SELECT 1 FROM {quoted} WHERE key = %(key)s AND owner = %(owner)s)"
         )
         # A deferral token's final response: fenced by the owner, on a key not completed.
-        self.complete_final = f"{finish} AND status <> '{_COMPLETED}'"
+        self.complete_final = f"{finish} AND status <> '{_COMPLETED}'{notify}"
         owned = f"DELETE FROM {quoted} WHERE key = %s AND owner = %s AND status "
-        self.release_deferred = f"{owned}<> '{_COMPLETED}'"
+        self.release_deferred = f"{owned}<> '{_COMPLETED}'{notify}"
         # Only a claim still in progress: never a final response a deferral's worker stored
         # while the handler was still running.
-        self.release = f"{owned}= '{_IN_PROGRESS}'"
+        self.release = f"{owned}= '{_IN_PROGRESS}'{notify}"
         self.renew = (
             f"UPDATE {quoted} SET lock_expires_at = %(lock_expires_at)s, "
             "expires_at = %(lock_expires_at)s "

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from ...breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD
 from ...clock import DEFAULT_CLOCK_SKEW_SECONDS, SYSTEM_CLOCK, Clock
 from ..kit import KitStore, require_modules
+from ..wakeups import Wakeups
 from .ops import PostgresOps, Statements
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ class PostgresStore(KitStore):
         import psycopg
         from psycopg.conninfo import conninfo_to_dict
 
-        from .transport import PostgresConfig, PostgresTransport
+        from .transport import PostgresConfig, PostgresTransport, listener
 
         if dsn is None:
             given = pool if pool is not None else async_pool
@@ -124,6 +125,7 @@ class PostgresStore(KitStore):
         ops = PostgresOps(sql, max_response_bytes, purge_interval_seconds, purge_batch_size, clock)
         breaker = (clock, breaker_threshold, breaker_cooldown_seconds)
         super().__init__(ops, PostgresTransport(config), *breaker)
+        self.wakeups = Wakeups(listener(config, sql.channel), sql.channel)
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.where!r}, table={self.table!r})"

@@ -9,11 +9,12 @@ import asyncio
 import contextlib
 import itertools
 import os
+import select
 import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
@@ -24,6 +25,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTi
 
 from ..kit import Flow, LoopLocal, adrive, drive
 from ..protocol import StoreUnavailable
+from ..wakeups import Listen
 from .errors import unavailable
 from .ops import Answer, Statement, Transaction
 
@@ -129,6 +131,28 @@ class PostgresConfig:
     answer_within: float  # seconds: past them, a statement's connection is broken off
     pool: ConnectionPool[Any] | None = None
     async_pool: AsyncConnectionPool[Any] | None = None
+
+
+def listener(config: PostgresConfig, channel: str) -> Listen:
+    """The ``Listen`` of ``PostgresStore.wakeups``: ``LISTEN`` on a connection of its own
+    (outside the pools: it is held for as long as the store is waited on)."""
+
+    def listen(
+        ready: Callable[[], None], changed: Callable[[str], None], stopping: threading.Event
+    ) -> None:
+        with psycopg.Connection.connect(config.dsn, **config.connect_kwargs) as connection:
+            connection.execute(f'LISTEN "{channel}"')
+            ready()
+            # libpq's own reading, as psycopg's notifies() does, without its generator
+            # (whose timeouts left some notifications to the waiters' polls).
+            pgconn = connection.pgconn
+            while not stopping.is_set():
+                if select.select((pgconn.socket,), (), (), 0.5)[0]:
+                    pgconn.consume_input()  # (raises when the connection is lost)
+                    while (notification := pgconn.notifies()) is not None:
+                        changed(notification.extra.decode())
+
+    return listen
 
 
 class PostgresTransport:

@@ -99,7 +99,8 @@ return taken_over
 """
 )
 
-# ARGV[2], the guard: "any" (a completion: the owner's record whatever its status),
+# ARGV[8]: the channel its news is published on (``RedisOps.channel``); ARGV[2], the
+# guard: "any" (a completion: the owner's record whatever its status),
 # "interim" (a deferred key's interim response: over the claim still in progress only,
 # and done already if the work's final response landed first), "final" (the work's final
 # response by a deferral token: over a record not completed yet).
@@ -112,15 +113,17 @@ if ARGV[2] == 'interim' and old[2] ~= 'in_progress' then return 1 end
 if ARGV[2] == 'final' and old[2] == 'completed' then return 0 end
 redis.call('HSET', key, 'status', ARGV[3], 'expires_at', ARGV[4], 'response_size', ARGV[5],
   'too_large', ARGV[6])
-if ARGV[8] then redis.call('HSET', key, 'response', ARGV[8])
+if ARGV[9] then redis.call('HSET', key, 'response', ARGV[9])
 else redis.call('HDEL', key, 'response') end
 redis.call('PEXPIRE', key, ARGV[7])
+redis.call('PUBLISH', ARGV[8], key)
 return 1
 """
 )
 
-# ARGV[2], the guard: "in_progress" (a claim still running: never a final response a
-# deferral's worker stored meanwhile) or "unfinished" (a deferral token: not completed).
+# ARGV[3]: the news channel. ARGV[2], the guard: "in_progress" (a claim still running:
+# never a final response a deferral's worker stored meanwhile) or "unfinished" (a deferral
+# token: not completed).
 RELEASE = Script(
     """
 local key = KEYS[1]
@@ -132,6 +135,7 @@ elseif old[2] == 'completed' then
   return 0
 end
 redis.call('DEL', key)
+redis.call('PUBLISH', ARGV[3], key)
 return 1
 """
 )
@@ -199,6 +203,9 @@ class RedisOps:
 
     def __init__(self, prefix: str, grace_seconds: float, max_response_bytes: int | None):
         self.prefix = prefix
+        # Completions and releases are published (the full key) on one channel per prefix,
+        # from the script itself: waiters are woken without another round trip.
+        self.channel = prefix + "changes"
         self.grace_seconds = grace_seconds
         self.max_response_bytes = max_response_bytes
 
@@ -235,7 +242,7 @@ class RedisOps:
     ) -> Flow[bool]:
         # COMPLETE's ARGV: owner, guard, status (the head), then the rest of the record.
         ttl = ttl_ms(expires, now, self.grace_seconds)
-        args = [*head, seconds(expires), size, "1" if blob is None else "0", ttl]
+        args = [*head, seconds(expires), size, "1" if blob is None else "0", ttl, self.channel]
         return self._fenced(COMPLETE, key, args if blob is None else [*args, blob])
 
     def complete(self, completion: Completion) -> Flow[bool]:
@@ -257,10 +264,10 @@ class RedisOps:
         return self._write(token.key_hash, head, float(token.expires_at), now, size, blob)
 
     def release(self, key_hash: str, owner: str) -> Flow[bool]:
-        return self._fenced(RELEASE, key_hash, (owner, "in_progress"))
+        return self._fenced(RELEASE, key_hash, (owner, "in_progress", self.channel))
 
     def release_unfinished(self, token: DeferredToken) -> Flow[bool]:
-        return self._fenced(RELEASE, token.key_hash, (token.owner, "unfinished"))
+        return self._fenced(RELEASE, token.key_hash, (token.owner, "unfinished", self.channel))
 
     def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> Flow[bool]:
         return self._fenced(RENEW, key_hash, (owner, seconds(lock_expires_at)))

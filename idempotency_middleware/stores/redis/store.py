@@ -11,6 +11,7 @@ from typing import Any
 from ...breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD
 from ...clock import SYSTEM_CLOCK, Clock
 from ..kit import KitStore, require_modules
+from ..wakeups import Wakeups
 from .ops import RedisOps, load_scripts
 from .transport import RedisSettings, RedisTransport
 
@@ -66,9 +67,10 @@ class RedisStore(KitStore):
         transport = RedisTransport(RedisSettings(url, client, async_client, options, retries))
         self._where = transport.where
         breaker = (clock, breaker_threshold, breaker_cooldown_seconds)
-        super().__init__(
-            RedisOps(prefix, self.ttl_grace_seconds, max_response_bytes), transport, *breaker
-        )
+        ops = RedisOps(prefix, self.ttl_grace_seconds, max_response_bytes)
+        super().__init__(ops, transport, *breaker)
+        listen = transport.listener(ops.channel, prefix)
+        self.wakeups = None if listen is None else Wakeups(listen, ops.channel)
 
     def __repr__(self) -> str:
         return f"RedisStore({self._where!r}, prefix={self.prefix!r})"

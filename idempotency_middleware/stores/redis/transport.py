@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..kit import Flow, LoopLocal, adrive, drive
+from ..wakeups import Listen
 from .errors import describe, translate
 
 T = TypeVar("T")
@@ -129,6 +131,33 @@ class RedisTransport:
             return await _bounded(adrive(flow, _sender(client)), self._call_timeout)
         except self._errors as error:
             raise translate(operation, error, self.where) from error
+
+    def listener(self, channel: str, prefix: str) -> Listen | None:
+        """The ``Listen`` of ``RedisStore.wakeups``: plain ``SUBSCRIBE`` on one connection of
+        the sync client (a cluster's pub/sub reaches every node: see the store's docstring);
+        ``None`` without a sync client (its waiters poll)."""
+        client = self._sync_client
+        if client is None:
+            return None
+
+        def listen(
+            ready: Callable[[], None], changed: Callable[[str], None], stopping: threading.Event
+        ) -> None:
+            pubsub = client.pubsub()
+            try:
+                pubsub.subscribe(channel)
+                while not stopping.is_set():
+                    message = pubsub.get_message(timeout=0.5)
+                    if message is None:
+                        continue
+                    if message["type"] == "subscribe":  # also after redis-py reconnected it
+                        ready()
+                    elif message["type"] == "message":
+                        changed(message["data"].decode()[len(prefix) :])
+            finally:
+                pubsub.close()
+
+        return listen
 
     def close(self) -> None:
         """Close the own sync client's connections (a client passed in is the caller's to
