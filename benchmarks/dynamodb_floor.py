@@ -150,9 +150,7 @@ class _Wire:
         headers: list[tuple[bytes, bytes]],
         body: bytes,
     ) -> bytes:
-        stored = orjson.dumps(
-            [status, [[n.decode("latin-1"), v.decode("latin-1")] for n, v in headers]]
-        )
+        stored = orjson.dumps([[n.decode("latin-1"), v.decode("latin-1")] for n, v in headers])
         return self.request(
             _UPDATE,
             {
@@ -180,8 +178,14 @@ class _Wire:
             raise Unsupported("another body under the key (ours answers 422)")
         if "st" not in item:
             raise Unsupported("a key still in progress (ours answers 409)")
-        stored_status, headers = orjson.loads(item["hd"]["S"])
+        headers = orjson.loads(item["hd"]["S"])
         return int(item["st"]["N"]), headers, base64.b64decode(item["bd"]["B"])
+
+
+def _closing(head: bytes) -> bool:
+    """Whether the server closes the connection after this answer (moto's server speaks
+    HTTP/1.0; DynamoDB and DynamoDB Local keep it alive)."""
+    return head.startswith(b"HTTP/1.0") or b"connection: close" in head.lower()
 
 
 def _hashes(method: str, path: str, key: bytes, body: bytes) -> tuple[str, str]:
@@ -223,6 +227,8 @@ class FloorWSGI:
         while len(buffer) < start + length:
             buffer += sock.recv(65536)
         self._buffer = buffer[start + length :]
+        if _closing(buffer[:end]):
+            self.close()
         return status, buffer[start : start + length]
 
     def __call__(
@@ -288,7 +294,10 @@ class FloorASGI:
         writer.write(request)
         head = await reader.readuntil(b"\r\n\r\n")
         status, length = _Wire.content_length(head)
-        return status, await reader.readexactly(length)
+        answer = await reader.readexactly(length)
+        if _closing(head):
+            await self.aclose()
+        return status, answer
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         key = next(v for n, v in scope["headers"] if n == b"idempotency-key")
