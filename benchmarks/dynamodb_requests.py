@@ -53,6 +53,7 @@ from benchmarks._common import (
     order_headers,
     table,
 )
+from benchmarks.dynamodb_floor import FloorASGI, FloorWSGI, create_floor_table
 from benchmarks.functions import LambdaContextStub
 from benchmarks.transport import endpoint_for
 from idempotency_middleware import (
@@ -67,6 +68,8 @@ TRANSPORTS: tuple[Transport, ...] = ("lean", "sdk")
 NEW = "new key"
 REPLAY = "replay"
 TTL_SECONDS = 86400
+FLOOR_WSGI = "floor, Flask"
+FLOOR_ASGI = "floor, FastAPI"
 
 
 @dataclass
@@ -76,6 +79,7 @@ class Contender:
     call: Callable[[str], Any]  # key -> awaitable of the status code
     runs: Callable[[], int]
     clients: list[Any]  # DynamoDB clients whose requests are counted
+    calls: Callable[[], int] | None = None  # or its own count of DynamoDB requests (the floor)
     cpu: dict[str, list[float]] = field(default_factory=dict)
     wall: dict[str, list[float]] = field(default_factory=dict)
     requests_per: dict[str, float] = field(default_factory=dict)
@@ -251,8 +255,11 @@ async def _measure(contenders: list[Contender], rounds: int, requests: int) -> N
         contender.replay_key = uuid.uuid4().hex
         await contender.call(contender.replay_key)
         for case in (NEW, REPLAY):
+            calls = contender.calls() if contender.calls else 0
             with _counting(contender.clients) as seen:
                 await _batch(contender, case, _keys(contender, case, 3), timed=False)
+            if contender.calls:
+                seen["floor"] = contender.calls() - calls
             contender.requests_per[case] = sum(seen.values()) / 3
     for round_index in range(-1, rounds):
         shift = max(round_index, 0) % len(contenders)
@@ -262,11 +269,10 @@ async def _measure(contenders: list[Contender], rounds: int, requests: int) -> N
                 await _batch(contender, case, keys, timed=round_index >= 0)
 
 
-async def _run(
-    endpoint: str, ours_table: str, powertools_table: str, rounds: int, n: int
-) -> list[Contender]:
+async def _run(endpoint: str, tables: tuple[str, str, str], rounds: int, n: int) -> list[Contender]:
     import boto3
 
+    ours_table, powertools_table, floor_name = tables
     runs = Runs()
     contenders: list[Contender] = []
     with contextlib.ExitStack() as stack:
@@ -282,6 +288,12 @@ async def _run(
             contenders.append(
                 Contender(name, "WSGI", _wsgi_caller(app), _runs(runs, name), [store.client])
             )
+        name = FLOOR_WSGI
+        floor = FloorWSGI(_flask(runs, name), endpoint, REGION, floor_name)
+        stack.callback(floor.close)
+        contenders.append(
+            Contender(name, "WSGI", _wsgi_caller(floor), _runs(runs, name), [], _floor_calls(floor))
+        )
         client = boto3.client("dynamodb", endpoint_url=endpoint, region_name=REGION)
         name = "Powertools, Flask"
         handle = _powertools_function(runs, name, powertools_table, client)
@@ -308,6 +320,14 @@ async def _run(
                         [await astore.client()],
                     )
                 )
+            name = FLOOR_ASGI
+            afloor = FloorASGI(_fastapi(runs, name), endpoint, REGION, floor_name)
+            astack.push_async_callback(afloor.aclose)
+            contenders.append(
+                Contender(
+                    name, "ASGI", _asgi_caller(afloor), _runs(runs, name), [], _floor_calls(afloor)
+                )
+            )
             name = "Powertools, sync FastAPI route"
             handle = _powertools_function(runs, name, powertools_table, client)
             contenders.append(
@@ -325,6 +345,10 @@ async def _run(
 
 def _runs(runs: Runs, name: str) -> Callable[[], int]:
     return lambda: runs.counts[name]
+
+
+def _floor_calls(floor: FloorWSGI | FloorASGI) -> Callable[[], int]:
+    return lambda: floor.wire.calls
 
 
 def report(contenders: list[Contender], rounds: int, requests: int) -> str:
@@ -347,11 +371,51 @@ def report(contenders: list[Contender], rounds: int, requests: int) -> str:
     headers = ["contender"]
     for case in (NEW, REPLAY):
         headers += [f"{case} CPU", "vs Powertools", f"{case} wall", "DynamoDB calls"]
-    return table(
-        f"Per request on DynamoDB Local, in-process drivers, medians of {rounds} rounds x "
-        f"{requests} requests",
-        headers,
-        rows,
+    return "\n\n".join(
+        [
+            table(
+                f"Per request on DynamoDB Local, in-process drivers, medians of {rounds} "
+                f"rounds x {requests} requests",
+                headers,
+                rows,
+            ),
+            floor_table(contenders),
+        ]
+    )
+
+
+def floor_table(contenders: list[Contender]) -> str:
+    """Ours (lean) against the floor, CPU per request, from the same run."""
+    by_name = {contender.name: contender for contender in contenders}
+    rows = []
+    for door, framework, ours_name, floor_name in (
+        ("WSGI", "Flask", "ours WSGI (lean)", FLOOR_WSGI),
+        ("ASGI", "FastAPI", "ours ASGI (lean)", FLOOR_ASGI),
+    ):
+        ours, floor = by_name[ours_name], by_name[floor_name]
+        for case in (NEW, REPLAY):
+            ours_cpu, floor_cpu = median(ours.cpu[case]), median(floor.cpu[case])
+            rows.append(
+                [
+                    f"{door} ({framework})",
+                    case,
+                    f"{ours_cpu * 1e6:,.0f} us",
+                    f"{floor_cpu * 1e6:,.0f} us",
+                    f"{ours_cpu / floor_cpu:.2f}x",
+                ]
+            )
+    return "\n".join(
+        [
+            table(
+                "Ours against the floor (the bare app + one signed conditional PutItem with "
+                "ALL_OLD and one UpdateItem on one kept-alive connection), CPU per request",
+                ["door", "case", "ours CPU", "floor CPU", "ours / floor"],
+                rows,
+            ),
+            "",
+            "The floor is benchmarks/dynamodb_floor.py: no retries, rules, events or error "
+            "answers; a lower bound for ours, not a middleware. Target: ours / floor <= 1.3x.",
+        ]
     )
 
 
@@ -360,6 +424,7 @@ def run(endpoint: str, rounds: int, requests: int) -> str:
 
     suffix = uuid.uuid4().hex[:8]
     ours_table, powertools_table = f"bench-req-ours-{suffix}", f"bench-req-pt-{suffix}"
+    floor_table_name = f"bench-req-floor-{suffix}"
     admin = boto3.client("dynamodb", endpoint_url=endpoint, region_name=REGION)
     with DynamoDBStore(ours_table, endpoint_url=endpoint, region_name=REGION) as store:
         store.create_table()
@@ -370,10 +435,13 @@ def run(endpoint: str, rounds: int, requests: int) -> str:
         BillingMode="PAY_PER_REQUEST",
     )
     admin.get_waiter("table_exists").wait(TableName=powertools_table)
+    create_floor_table(admin, floor_table_name)
     try:
-        contenders = asyncio.run(_run(endpoint, ours_table, powertools_table, rounds, requests))
+        contenders = asyncio.run(
+            _run(endpoint, (ours_table, powertools_table, floor_table_name), rounds, requests)
+        )
     finally:
-        for name in (ours_table, powertools_table):
+        for name in (ours_table, powertools_table, floor_table_name):
             admin.delete_table(TableName=name)
         admin.close()
     return report(contenders, rounds, requests)

@@ -2,7 +2,9 @@
 
 HTTP: ``IdempotencyMiddleware`` + ``RedisStore`` against fastapi-idempotency-key,
 fastidempotent and asgi-idempotency-header, each with its Redis backend, around the same
-Starlette app, driven in process over the raw ASGI interface (benchmarks/_common.py).
+Starlette app, and AWS Powertools' ``idempotent_function`` on its
+``RedisCachePersistenceLayer`` in a sync FastAPI route (as in the DynamoDB table), driven in
+process over the raw ASGI interface (benchmarks/_common.py).
 Functions: ``idempotent`` on ``RedisStore`` against AWS Powertools' ``idempotent_function``
 on its Redis ``CachePersistenceLayer``, on the same SQS-style message (benchmarks/functions.py).
 
@@ -164,19 +166,7 @@ async def _asgi_idempotency_header(found: dict[str, Any], url: str) -> Call:
 
 
 async def _powertools(found: dict[str, Any], url: str) -> Call:
-    import redis
-
-    with warnings.catch_warnings():  # its class warns that a rename is coming in v4
-        warnings.simplefilter("ignore", DeprecationWarning)
-        layer = found["layer"](client=redis.Redis.from_url(url))
-    config = found["config"](
-        event_key_jmespath="messageId",
-        # No payload_validation_jmespath: on this layer every replay would then fail (its
-        # completion rewrites the record without the payload hash). Ours checks it.
-        raise_on_no_idempotency_key=True,
-        expires_after_seconds=TTL_SECONDS,
-    )
-    config.register_lambda_context(LambdaContextStub())
+    layer, config = _powertools_layer(found, url, "messageId")
 
     def handle_powertools(message: dict[str, Any]) -> dict[str, Any]:
         HandlerRuns.count += 1
@@ -189,8 +179,64 @@ async def _powertools(found: dict[str, Any], url: str) -> Call:
     return function_call(decorated)
 
 
+def _powertools_layer(found: dict[str, Any], url: str, key_path: str) -> tuple[Any, Any]:
+    """Powertools' Redis layer (``RedisCachePersistenceLayer``, which it also exports as
+    ``CachePersistenceLayer``) and its config, keyed by ``key_path`` of the payload."""
+    import redis
+
+    with warnings.catch_warnings():  # its class warns that a rename is coming in v4
+        warnings.simplefilter("ignore", DeprecationWarning)
+        layer = found["layer"](client=redis.Redis.from_url(url))
+    config = found["config"](
+        event_key_jmespath=key_path,
+        # No payload_validation_jmespath: on this layer every replay would then fail (its
+        # completion rewrites the record without the payload hash). Ours checks it.
+        raise_on_no_idempotency_key=True,
+        expires_after_seconds=TTL_SECONDS,
+    )
+    config.register_lambda_context(LambdaContextStub())
+    return layer, config
+
+
+async def _powertools_http(found: dict[str, Any], url: str) -> Call:
+    """As in the DynamoDB table (benchmarks/dynamodb_requests.py): a sync FastAPI route (it
+    has no async support) calls an ``idempotent_function`` with the order and the key."""
+    from fastapi import Body, FastAPI, Header
+
+    layer, config = _powertools_layer(found, url, "key")
+
+    def handle(order: dict[str, Any]) -> dict[str, Any]:
+        HandlerRuns.count += 1
+        return {"id": HandlerRuns.count, "amount": order["amount"], "status": "accepted"}
+
+    handle.__qualname__ = f"handle_powertools_http_{uuid.uuid4().hex[:8]}"
+    decorated = found["decorator"](
+        handle, data_keyword_argument="order", persistence_store=layer, config=config
+    )
+    app = FastAPI()
+
+    @app.post("/orders", status_code=201)
+    def create_order(
+        order: dict[str, Any] = Body(),  # noqa: B008
+        idempotency_key: str = Header(),
+    ) -> dict[str, Any]:
+        result: dict[str, Any] = decorated(order={"key": idempotency_key, **order})
+        return result
+
+    return http_call(app)
+
+
+_POWERTOOLS = "aws_lambda_powertools.utilities.idempotency"
+_POWERTOOLS_NAMES = {
+    "layer": (f"{_POWERTOOLS}.persistence.redis", "RedisCachePersistenceLayer"),
+    "config": (_POWERTOOLS, "IdempotencyConfig"),
+    "decorator": (_POWERTOOLS, "idempotent_function"),
+}
+
+
 def http_contenders() -> list[Contender]:
-    """Ours, then the three ASGI peers with their Redis backends."""
+    """Ours, the three ASGI peers with their Redis backends, and Powertools' Redis layer in a
+    FastAPI route."""
     ours = Contender(
         "idempotency-middleware (ours), RedisStore",
         "idempotency-middleware",
@@ -230,12 +276,18 @@ def http_contenders() -> list[Contender]:
             },
             _asgi_idempotency_header,
         ),
+        _peer(
+            "Powertools idempotent_function in a sync FastAPI route, RedisCachePersistenceLayer",
+            "aws-lambda-powertools",
+            "SET NX, then GET when held; unfenced SET to complete; payload not checked",
+            _POWERTOOLS_NAMES,
+            _powertools_http,
+        ),
     ]
 
 
 def function_contenders() -> list[Contender]:
     """Our ``idempotent`` and Powertools' ``idempotent_function``, both sync, on Redis."""
-    module = "aws_lambda_powertools.utilities.idempotency"
     return [
         Contender(
             "idempotent (ours), RedisStore",
@@ -245,14 +297,10 @@ def function_contenders() -> list[Contender]:
             version=importlib.metadata.version("idempotency-middleware"),
         ),
         _peer(
-            "Powertools idempotent_function, CachePersistenceLayer",
+            "Powertools idempotent_function, RedisCachePersistenceLayer",
             "aws-lambda-powertools",
             "SET NX, then GET when held; unfenced SET to complete; payload not checked",
-            {
-                "layer": (f"{module}.persistence.cache", "CachePersistenceLayer"),
-                "config": (module, "IdempotencyConfig"),
-                "decorator": (module, "idempotent_function"),
-            },
+            _POWERTOOLS_NAMES,
             _powertools,
         ),
     ]
@@ -420,7 +468,12 @@ async def _run(url: str, rounds: int, requests: int) -> str:
     )
     return "\n".join(
         [
-            table("HTTP: ASGI middlewares on Redis (in process, raw ASGI)", HEADERS, _rows(http)),
+            table(
+                "HTTP: ASGI middlewares, and Powertools in a FastAPI route, on Redis (in process, "
+                "raw ASGI)",
+                HEADERS,
+                _rows(http),
+            ),
             "",
             table("Functions: idempotent decorators on Redis (sync)", HEADERS, _rows(functions)),
             "",

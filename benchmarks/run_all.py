@@ -4,10 +4,11 @@ tables first (what users pay for), then the in-memory and adapter figures.
     scripts/dynamodb-local.sh --exec .venv/bin/python -m benchmarks.run_all   (``make bench``)
     python -m benchmarks.run_all        (without DynamoDB Local: its tables say skipped)
 
-The floor (``benchmarks.floor``), instruction counts (``benchmarks.instructions``, valgrind)
-and the profiler (``benchmarks.profile_paths``) are not in this run: they are tools for
-optimizing, with make targets of their own. A benchmark that fails prints its traceback and
-the others still run; the exit status is then 1.
+The DynamoDB floor (``benchmarks.dynamodb_floor``) is in this run, beside ours in
+``dynamodb_requests``. The in-memory floor (``benchmarks.floor``), instruction counts
+(``benchmarks.instructions``, valgrind) and the profiler (``benchmarks.profile_paths``) are
+not in this run: they are tools for optimizing, with make targets of their own. A benchmark
+that fails prints its traceback and the others still run; the exit status is then 1.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ other DynamoDB Local cases; skipped in a normal run (as tests/test_benchmark_fun
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 
 import pytest
@@ -44,15 +45,27 @@ def test_the_transport_table_has_every_client_pair_and_call(endpoint: str) -> No
 
 
 def test_the_requests_table_compares_every_contender_with_powertools(endpoint: str) -> None:
-    rows = body_rows(dynamodb_requests.run(endpoint, rounds=1, requests=2))
+    report = dynamodb_requests.run(endpoint, rounds=1, requests=2)
+    contenders, floor = report.split("\n\n### ")
+    rows = body_rows(contenders)
     assert [row[0] for row in rows] == [
         "ours WSGI (lean)",
         "ours WSGI (sdk)",
+        "floor, Flask",
         "Powertools, Flask",
         "ours ASGI (lean)",
         "ours ASGI (sdk)",
+        "floor, FastAPI",
         "Powertools, sync FastAPI route",
     ]
     for row in rows:
         assert (row[4], row[8]) == ("2", "1")  # DynamoDB requests: new key, replay
-    assert rows[2][2] == rows[5][2] == "1.00x"
+    assert rows[3][2] == rows[7][2] == "1.00x"
+    # Ours against the floor: both doors, both cases, each with a ratio.
+    floor_rows = body_rows("### " + floor)
+    assert [(row[0], row[1]) for row in floor_rows] == [
+        (door, case)
+        for door in ("WSGI (Flask)", "ASGI (FastAPI)")
+        for case in ("new key", "replay")
+    ]
+    assert all(re.fullmatch(r"\d+\.\d\dx", row[4]) for row in floor_rows), floor_rows

@@ -71,6 +71,10 @@ def _hmac(key: bytes, message: str) -> bytes:
     return hmac.new(key, message.encode(), hashlib.sha256).digest()
 
 
+_SIGNED = "content-type;host;x-amz-date;x-amz-target"
+_SIGNED_WITH_TOKEN = "content-type;host;x-amz-date;x-amz-security-token;x-amz-target"
+
+
 class Signer:
     """AWS Signature Version 4 for DynamoDB's POST requests, computed directly. The signing
     key depends only on the secret, the date and the region: it is kept per day (four HMACs
@@ -81,6 +85,11 @@ class Signer:
         self._path = endpoint.path
         self._region = region
         self._key: tuple[str, str, bytes] = ("", "", b"")
+        # What every request's canonical request and scope share, built once.
+        self._canonical_start = f"POST\n{endpoint.path}\n\ncontent-type:{CONTENT_TYPE}\nhost:"
+        self._canonical_start += f"{endpoint.host_header}\nx-amz-date:"
+        self._scope_end = f"/{region}/dynamodb/aws4_request"
+        self._stamp: tuple[int, str] = (-1, "")  # the last second's x-amz-date
 
     def _signing_key(self, secret: str, day: str) -> bytes:
         cached_secret, cached_day, key = self._key
@@ -95,22 +104,20 @@ class Signer:
         self, target: str, body: bytes, credentials: Frozen, now: float | None = None
     ) -> dict[str, str]:
         """Every header of the request, ``Authorization`` included."""
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+        second = int(time.time() if now is None else now)
+        cached_second, stamp = self._stamp
+        if second != cached_second:  # x-amz-date has whole seconds: format it once each
+            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(second))
+            self._stamp = (second, stamp)
         day = stamp[:8]
         token = credentials.token
         security = f"x-amz-security-token:{token}\n" if token else ""
-        canonical_headers = (
-            f"content-type:{CONTENT_TYPE}\nhost:{self._host}\nx-amz-date:{stamp}\n"
-            f"{security}x-amz-target:{target}\n"
-        )
-        signed = (
-            f"content-type;host;x-amz-date;{'x-amz-security-token;' if token else ''}x-amz-target"
-        )
+        signed = _SIGNED_WITH_TOKEN if token else _SIGNED
         canonical = (
-            f"POST\n{self._path}\n\n{canonical_headers}\n{signed}\n"
+            f"{self._canonical_start}{stamp}\n{security}x-amz-target:{target}\n\n{signed}\n"
             f"{hashlib.sha256(body).hexdigest()}"
         )
-        scope = f"{day}/{self._region}/dynamodb/aws4_request"
+        scope = f"{day}{self._scope_end}"
         to_sign = (
             f"AWS4-HMAC-SHA256\n{stamp}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
         )
@@ -267,6 +274,24 @@ def parse_success(answer: Answer, attempts: int) -> dict[str, Any]:
     return parsed
 
 
+def _error_code(body: dict[str, Any], status: int) -> str:
+    code = str(body.get("__type") or status)
+    return code.split(":", 1)[0].rsplit("#", 1)[-1]
+
+
+def error_code(answer: Answer) -> str:
+    """The ``Error.Code`` :func:`error_response` would give, without building the rest (the
+    retry policy asks it of every error answer; a failed claim's item need not be decoded
+    twice)."""
+    if b'"__type"' not in answer.body:
+        return str(answer.status)
+    try:
+        loaded = orjson.loads(answer.body)
+    except orjson.JSONDecodeError:
+        return str(answer.status)
+    return _error_code(loaded if isinstance(loaded, dict) else {}, answer.status)
+
+
 def error_response(answer: Answer, attempts: int) -> dict[str, Any]:
     """The ``error_response`` botocore's JSON parser builds for a failed call: ``Error``
     (``Code`` after the ``#`` of ``__type``, ``Message``), the modeled members (``Item`` of a
@@ -277,8 +302,7 @@ def error_response(answer: Answer, attempts: int) -> dict[str, Any]:
         body = loaded if isinstance(loaded, dict) else {}
     except orjson.JSONDecodeError:
         body = {"message": answer.body.decode("utf-8", "replace")}
-    code = str(body.get("__type") or answer.status)
-    code = code.split(":", 1)[0].rsplit("#", 1)[-1]
+    code = _error_code(body, answer.status)
     members = MODELED_ERROR_MEMBERS.get(code, ())
     parsed = {name: body[name] for name in members if body.get(name) is not None}
     _decode_blobs(parsed)

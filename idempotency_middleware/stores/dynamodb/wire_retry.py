@@ -8,7 +8,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .wire import Answer, error_response
+from .wire import Answer, error_code
 
 # botocore's standard retry mode (botocore/retries/standard.py): what another try may clear.
 _TRANSIENT_CODES = "RequestTimeout RequestTimeoutException PriorRequestNotComplete"
@@ -88,10 +88,3 @@ class RetryPolicy:
     def succeeded(self, last_cost: int) -> None:
         """A call ended in a 2xx: refund its last retry's cost, or a little if it had none."""
         self.quota.release(last_cost or _NO_RETRY_REFUND)
-
-
-def error_code(answer: Answer) -> str:
-    marker = b'"__type"'
-    if marker not in answer.body:
-        return str(answer.status)
-    return str(error_response(answer, 1)["Error"]["Code"])

@@ -24,11 +24,14 @@ _READ_SIZE = 65536
 class _Connection:
     """A kept-alive socket, and what was read past the last answer (nothing, normally)."""
 
-    __slots__ = ("pending", "sock")
+    __slots__ = ("pending", "poller", "sock")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.pending = bytearray()
+        # Registered once: each reuse then costs one poll(2), not a new poll object.
+        self.poller = select.poll()
+        self.poller.register(sock, select.POLLIN)
 
     def _more(self) -> None:
         data = self.sock.recv(_READ_SIZE)
@@ -62,9 +65,7 @@ class _Connection:
         """An idle connection the server closed (readable: EOF, or bytes nobody asked for)."""
         if self.pending:
             return True
-        poller = select.poll()
-        poller.register(self.sock, select.POLLIN)
-        return bool(poller.poll(0))
+        return bool(self.poller.poll(0))
 
     def close(self) -> None:
         self.sock.close()
