@@ -61,6 +61,7 @@ def quickstart_env(moto_endpoint: str, tmp_path: Path) -> dict[str, str]:
         AWS_EC2_METADATA_DISABLED="true",
         NO_PROXY="127.0.0.1,localhost",
         no_proxy="127.0.0.1,localhost",
+        PYTHONFAULTHANDLER="1",  # a server that does not stop dumps its stacks (serving)
     )
     return env
 
@@ -102,7 +103,16 @@ def serving(
     ) as (process, url):
         yield url
         process.send_signal(signal.SIGINT)
-        assert process.wait(STOP_TIMEOUT_SECONDS) == 0, log.read_text()
+        try:
+            status = process.wait(STOP_TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            # Still running: SIGABRT makes faulthandler (PYTHONFAULTHANDLER, set in the
+            # environment) write every thread's stack to the log, to say where it hangs.
+            process.send_signal(signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(5)
+            pytest.fail(f"still running {STOP_TIMEOUT_SECONDS} s after SIGINT:\n{log.read_text()}")
+        assert status == 0, log.read_text()
 
 
 def assert_table_ready(dynamodb: Any) -> None:
