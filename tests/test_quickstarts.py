@@ -92,14 +92,29 @@ def run_python(arguments: list[str], env: dict[str, str]) -> subprocess.Complete
     )
 
 
+# ``python -m MODULE ARGS...`` with Ctrl-C (SIGINT) raising KeyboardInterrupt, as in a shell.
+# A process inherits an ignored or blocked SIGINT, and Python then installs no handler of its
+# own: a test process whose SIGINT some library set to ignored would start a waitress that
+# Ctrl-C cannot stop (uvicorn installs its own handlers; waitress relies on Python's).
+WITH_CTRL_C = (
+    "import runpy, signal, sys; "
+    "signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); "
+    "del sys.argv[0]; "
+    "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)"
+)
+
+
 @contextlib.contextmanager
 def serving(
     command: list[str], listening: re.Pattern[str], env: dict[str, str], log: Path
 ) -> Iterator[str]:
     """Run ``command`` (a server binding port 0) until the block ends, then stop it with
     SIGINT (Ctrl-C) and require exit status 0. Its output goes to ``log``."""
+    assert command[:2] == [sys.executable, "-m"], command
+    launched = [sys.executable, "-c", WITH_CTRL_C, *command[2:]]
     with server_process(
-        command, env=env, log=log, listening=listening, timeout=START_TIMEOUT_SECONDS
+        launched, env=env, log=log, listening=listening, timeout=START_TIMEOUT_SECONDS
     ) as (process, url):
         yield url
         process.send_signal(signal.SIGINT)
