@@ -667,3 +667,15 @@ class Harness:
             TableName=self._table_name, Select="COUNT", ConsistentRead=True
         )
         return int(result["Count"])
+
+
+def released(store: MemoryStore, key_hash: str) -> bool:
+    """Whether the key's record is gone, waiting for it a little: a server may answer its
+    client (a body cut to its declared length is whole to the client) before it has
+    finished iterating the response, which is when a live stream's key is released."""
+    deadline = time.monotonic() + 5
+    while store.get(key_hash) is not None:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True

@@ -20,7 +20,7 @@ import pytest
 from idempotency_middleware import IdempotencyMiddleware, MemoryStore, defer_completion
 from idempotency_middleware.asgi import Receive, Scope, Send
 from idempotency_middleware.keys import storage_key
-from tests.servers import serve_asgi
+from tests.servers import released, serve_asgi
 
 KEY = {"Idempotency-Key": '"cut-1"'}
 
@@ -58,18 +58,6 @@ class CuttingApp:
         if "raised" in path:
             raise RuntimeError("the handler failed midway")
         await send({"type": "http.response.body", "body": b"ial", "more_body": False})
-
-
-def released(store: MemoryStore, key_hash: str) -> bool:
-    """Whether the key's record is gone, waiting for it a little: a server may answer its
-    client (a body cut to its declared length is whole to the client) before it has
-    finished iterating the response, which is when a live stream's key is released."""
-    deadline = time.monotonic() + 5
-    while store.get(key_hash) is not None:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def outcome(client: httpx.Client, path: str) -> tuple[Any, ...]:

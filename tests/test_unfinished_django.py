@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,7 +24,7 @@ from idempotency_middleware import MemoryStore
 from idempotency_middleware.keys import storage_key
 from tests import django_project as project
 from tests.apps import AppState
-from tests.servers import serve_asgi, serve_wsgi
+from tests.servers import released, serve_asgi, serve_wsgi
 
 WITHOUT_US = ["django.middleware.common.CommonMiddleware"]
 # Under ASGI Django warns that it consumes the cut view's sync iterators: that is the point.
@@ -35,18 +34,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:StreamingHttpResponse must consu
 def key_for(url: str) -> str:
     """One key per case: every case is the route /cut."""
     return "cut-" + hashlib.sha256(url.encode()).hexdigest()[:12]
-
-
-def released(store: MemoryStore, key_hash: str) -> bool:
-    """Whether the key's record is gone, waiting for it a little: a server may answer its
-    client (a body cut to its declared length is whole to the client) before it has
-    finished iterating the response, which is when a live stream's key is released."""
-    deadline = time.monotonic() + 5
-    while store.get(key_hash) is not None:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def outcome(client: httpx.Client, url: str) -> tuple[Any, ...]:

@@ -8,7 +8,6 @@ and a retry runs the handler again.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +17,7 @@ import pytest
 from idempotency_middleware import IdempotencyWSGIMiddleware, MemoryStore
 from idempotency_middleware.keys import storage_key
 from idempotency_middleware.wsgi_environ import Environ, StartResponse
-from tests.servers import serve_wsgi
+from tests.servers import released, serve_wsgi
 
 KEY = {"Idempotency-Key": '"cut-1"'}
 
@@ -54,18 +53,6 @@ class CuttingApp:
         if "raised" in path:
             raise RuntimeError("the handler failed midway")
         yield b"ial"
-
-
-def released(store: MemoryStore, key_hash: str) -> bool:
-    """Whether the key's record is gone, waiting for it a little: a server may answer its
-    client (a body cut to its declared length is whole to the client) before it has
-    finished iterating the response, which is when a live stream's key is released."""
-    deadline = time.monotonic() + 5
-    while store.get(key_hash) is not None:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def outcome(client: httpx.Client, path: str) -> tuple[Any, ...]:
