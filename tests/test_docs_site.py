@@ -72,6 +72,9 @@ PAGES = (
     ("changelog/", "Changelog"),
 )
 LOAD_TIMEOUT_SECONDS = 30.0
+# Chromium's first answer comes once it has started: on a loaded 2-core host (the suite's
+# other worker, DynamoDB Local's JVM) a start took over 30 s.
+START_TIMEOUT_SECONDS = 120.0
 SEARCH_TIMEOUT_SECONDS = 20.0
 
 
@@ -134,18 +137,20 @@ class Browser:
     child's fds 3 (commands) and 4 (replies and events)."""
 
     def __init__(self, executable: str, profile: Path) -> None:
+        self.log = profile / "chromium.log"
         to_chromium_read, self._to_chromium = os.pipe()
         self._from_chromium, from_chromium_write = os.pipe()
         # The shell maps the two pipe ends onto fds 3 and 4, where Chromium expects them.
         script = f'exec "$0" "$@" 3<&{to_chromium_read} 4>&{from_chromium_write}'
-        self.process = subprocess.Popen(
-            ["bash", "-c", script, executable, *CHROMIUM_FLAGS, f"--user-data-dir={profile}"],
-            pass_fds=(to_chromium_read, from_chromium_write),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                ["bash", "-c", script, executable, *CHROMIUM_FLAGS, f"--user-data-dir={profile}"],
+                pass_fds=(to_chromium_read, from_chromium_write),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                start_new_session=True,
+            )
         os.close(to_chromium_read)
         os.close(from_chromium_write)
         self._next_id = 0
@@ -178,14 +183,22 @@ class Browser:
         if self.session:
             message["sessionId"] = self.session
         os.write(self._to_chromium, json.dumps(message).encode() + b"\0")
-        reply = self._replies[number].get(timeout=timeout)
+        try:
+            reply = self._replies[number].get(timeout=timeout)
+        except queue.Empty:
+            exited = self.process.poll()
+            state = "running" if exited is None else f"exited {exited}"
+            log = self.log.read_text(errors="replace")[-3000:]
+            pytest.fail(f"Chromium ({state}) did not answer {method} in {timeout} s. Log:\n{log}")
         assert "error" not in reply, (method, reply["error"])
         result: dict[str, Any] = reply["result"]
         return result
 
     def open_page(self) -> None:
         """Attach to the first tab; turn on the events the checks read."""
-        target = self.send("Target.createTarget", url="about:blank")["targetId"]
+        target = self.send("Target.createTarget", START_TIMEOUT_SECONDS, url="about:blank")[
+            "targetId"
+        ]
         self.session = self.send("Target.attachToTarget", targetId=target, flatten=True)[
             "sessionId"
         ]
