@@ -22,7 +22,7 @@ from ..breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD, BreakerOwner,
 from ..clock import SYSTEM_CLOCK, Clock
 from ..encryption import Encryption, seal_final
 from ..errors import FIXES, IdempotencyError
-from ..records import Record, StoredResponse
+from ..records import Record, StoredResponse, encode_response
 from .protocol import (
     ClaimRequest,
     ClaimResult,
@@ -136,6 +136,77 @@ class Operations(Protocol):
     def delete(self, key_hash: str) -> Flow[bool]: ...
 
     def create_table(self) -> Flow[None]: ...
+
+
+# -- what backends' operations share ------------------------------------------------------
+
+
+def kept_blob(
+    response: StoredResponse, streamed: bool, limit: int | None, largest: int
+) -> bytes | None:
+    """The encoded response to keep, or ``None``: the key completes without it when it was
+    streamed, its body is over ``limit`` (``max_response_bytes``), or its encoding is over
+    the ``largest`` value the backend can store."""
+    if streamed or (limit is not None and len(response.body) > limit):
+        return None
+    blob = encode_response(response)
+    return blob if len(blob) <= largest else None
+
+
+class PurgeSchedule:
+    """When the purge riding on writes is due: at most once per ``interval`` seconds
+    (``None``: never) per process, by ``clock``; the first write of a process purges, and
+    the write after a full batch (``batch_size`` rows) continues at once."""
+
+    def __init__(self, interval: float | None, batch_size: int, clock: Clock) -> None:
+        self.interval, self.batch_size, self._clock = interval, batch_size, clock
+        self._lock = threading.Lock()
+        self._next = 0.0
+
+    def due(self) -> bool:
+        if self.interval is None:
+            return False
+        with self._lock:
+            tick = self._clock.now()
+            if tick < self._next:
+                return False
+            self._next = tick + self.interval
+            return True
+
+    def purged(self, deleted: int, log: logging.Logger) -> None:
+        if deleted >= self.batch_size:
+            with self._lock:
+                self._next = 0.0  # more to delete: the next write continues
+        if deleted:
+            log.debug("purged %d expired idempotency records", deleted)
+
+
+def purge_all(batch: object, batch_size: int, count: Callable[[Any], int]) -> Flow[int]:
+    """Send ``batch`` (one bounded delete; ``count`` reads its reply's row count) until one
+    is not full, so other writers are never locked out for long; the total."""
+    total = 0
+    while True:
+        deleted = count((yield batch))
+        total += deleted
+        if deleted < batch_size:
+            return total
+
+
+# -- a client used off its event loop ------------------------------------------------------
+
+
+# What RuntimeError says when an asyncio client (aiohttp's, redis-py's) is used off the
+# event loop it was made on, or after that loop closed.
+CLOSED_LOOP = "Event loop is closed"
+LOOP_MESSAGES = (CLOSED_LOOP, "different loop", "different event loop")
+
+
+def off_its_loop(error: object, *more: str) -> bool:
+    """Whether ``error`` is a client's RuntimeError about its event loop (or says ``more``)."""
+    message = str(error)
+    return isinstance(error, RuntimeError) and any(
+        part in message for part in (*LOOP_MESSAGES, *more)
+    )
 
 
 # -- the store ----------------------------------------------------------------------------
