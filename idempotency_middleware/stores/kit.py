@@ -1,12 +1,9 @@
-"""The store kit: what every store shares, written once.
+"""The store kit: what every store shares, written once (the "Writing a store" page).
 
-A backend writes **operations** (:class:`Operations`: one *flow* per store operation, a
-generator that yields requests, receives replies or has failures thrown in, and returns
-the result: no I/O, the flow idea of httpx's auth), a **transport** (:class:`Transport`:
-runs a flow sync and async, :func:`drive`/:func:`adrive` for one request at a time, and
-turns failures into :class:`StoreUnavailable`), and the **public class**, a
-:class:`KitStore`, which writes every public method once over those (breaker accounting
-and probe included). :class:`LoopLocal` keeps per-event-loop clients.
+A backend writes :class:`Operations` (one *flow* per store operation: a generator that
+yields requests and returns the result, no I/O), a :class:`Transport` (runs flows sync and
+async; its failures become :class:`StoreUnavailable`) and a :class:`KitStore`, which writes
+every public method once over those. :class:`LoopLocal` keeps per-event-loop clients.
 """
 
 from __future__ import annotations
