@@ -135,7 +135,7 @@ class Operations(Protocol):
     def create_table(self) -> Flow[None]: ...
 
 
-# -- what backends' operations share ------------------------------------------------------
+# -- what backends' operations and error maps share ---------------------------------------
 
 
 def kept_blob(
@@ -189,9 +189,6 @@ def purge_all(batch: object, batch_size: int, count: Callable[[Any], int]) -> Fl
             return total
 
 
-# -- a client used off its event loop ------------------------------------------------------
-
-
 # What RuntimeError says when an asyncio client (aiohttp's, redis-py's) is used off the
 # event loop it was made on, or after that loop closed.
 CLOSED_LOOP = "Event loop is closed"
@@ -243,13 +240,9 @@ class ClosingStore:
 
 
 class KitStore(ClosingStore, BreakerOwner):
-    """Every public store method, written once over a backend's ``ops`` and ``transport``.
-
-    Each method does what the protocols (protocol.py) say; ``a``-prefixed ones are awaited.
-    The circuit breaker counts each operation: one the backend answered (a failed
-    condition, a refused transaction included) closes it, a :class:`StoreUnavailable`
-    counts as a failure when its cause is an outage. Claims are the only calls it refuses
-    while open, and a half-open breaker's probe is ended whatever the claim's outcome.
+    """Every public store method, written once over a backend's ``ops`` and ``transport``
+    (what each does: protocol.py). The circuit breaker counts every operation, as the
+    Circuit breaker page of the documentation says; only claims wait for it.
     """
 
     def __init__(
