@@ -1,12 +1,9 @@
-"""The store kit: what every store shares, written once.
+"""The store kit: what every store shares, written once (the "Writing a store" page).
 
-A backend writes **operations** (:class:`Operations`: one *flow* per store operation, a
-generator that yields requests, receives replies or has failures thrown in, and returns
-the result: no I/O, the flow idea of httpx's auth), a **transport** (:class:`Transport`:
-runs a flow sync and async, :func:`drive`/:func:`adrive` for one request at a time, and
-turns failures into :class:`StoreUnavailable`), and the **public class**, a
-:class:`KitStore`, which writes every public method once over those (breaker accounting
-and probe included). :class:`LoopLocal` keeps per-event-loop clients.
+A backend writes :class:`Operations` (one *flow* per store operation: a generator that
+yields requests and returns the result, no I/O), a :class:`Transport` (runs flows sync and
+async; its failures become :class:`StoreUnavailable`) and a :class:`KitStore`, which writes
+every public method once over those. :class:`LoopLocal` keeps per-event-loop clients.
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ from ..breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD, BreakerOwner,
 from ..clock import SYSTEM_CLOCK, Clock
 from ..encryption import Encryption, seal_final
 from ..errors import FIXES, IdempotencyError
-from ..records import Record, StoredResponse
+from ..records import Record, StoredResponse, encode_response
 from .protocol import (
     ClaimRequest,
     ClaimResult,
@@ -138,6 +135,74 @@ class Operations(Protocol):
     def create_table(self) -> Flow[None]: ...
 
 
+# -- what backends' operations and error maps share ---------------------------------------
+
+
+def kept_blob(
+    response: StoredResponse, streamed: bool, limit: int | None, largest: int
+) -> bytes | None:
+    """The encoded response to keep, or ``None``: the key completes without it when it was
+    streamed, its body is over ``limit`` (``max_response_bytes``), or its encoding is over
+    the ``largest`` value the backend can store."""
+    if streamed or (limit is not None and len(response.body) > limit):
+        return None
+    blob = encode_response(response)
+    return blob if len(blob) <= largest else None
+
+
+class PurgeSchedule:
+    """When the purge riding on writes is due: at most once per ``interval`` seconds
+    (``None``: never) per process, by ``clock``; the first write of a process purges, and
+    the write after a full batch (``batch_size`` rows) continues at once."""
+
+    def __init__(self, interval: float | None, batch_size: int, clock: Clock) -> None:
+        self.interval, self.batch_size, self._clock = interval, batch_size, clock
+        self._lock = threading.Lock()
+        self._next = 0.0
+
+    def due(self) -> bool:
+        if self.interval is None:
+            return False
+        with self._lock:
+            tick = self._clock.now()
+            if tick < self._next:
+                return False
+            self._next = tick + self.interval
+            return True
+
+    def purged(self, deleted: int, log: logging.Logger) -> None:
+        if deleted >= self.batch_size:
+            with self._lock:
+                self._next = 0.0  # more to delete: the next write continues
+        if deleted:
+            log.debug("purged %d expired idempotency records", deleted)
+
+
+def purge_all(batch: object, batch_size: int, count: Callable[[Any], int]) -> Flow[int]:
+    """Send ``batch`` (one bounded delete; ``count`` reads its reply's row count) until one
+    is not full, so other writers are never locked out for long; the total."""
+    total = 0
+    while True:
+        deleted = count((yield batch))
+        total += deleted
+        if deleted < batch_size:
+            return total
+
+
+# What RuntimeError says when an asyncio client (aiohttp's, redis-py's) is used off the
+# event loop it was made on, or after that loop closed.
+CLOSED_LOOP = "Event loop is closed"
+LOOP_MESSAGES = (CLOSED_LOOP, "different loop", "different event loop")
+
+
+def off_its_loop(error: object, *more: str) -> bool:
+    """Whether ``error`` is a client's RuntimeError about its event loop (or says ``more``)."""
+    message = str(error)
+    return isinstance(error, RuntimeError) and any(
+        part in message for part in (*LOOP_MESSAGES, *more)
+    )
+
+
 # -- the store ----------------------------------------------------------------------------
 
 # The key the default check reads: no claim makes it (claims use hex digests).
@@ -175,13 +240,9 @@ class ClosingStore:
 
 
 class KitStore(ClosingStore, BreakerOwner):
-    """Every public store method, written once over a backend's ``ops`` and ``transport``.
-
-    Each method does what the protocols (protocol.py) say; ``a``-prefixed ones are awaited.
-    The circuit breaker counts each operation: one the backend answered (a failed
-    condition, a refused transaction included) closes it, a :class:`StoreUnavailable`
-    counts as a failure when its cause is an outage. Claims are the only calls it refuses
-    while open, and a half-open breaker's probe is ended whatever the claim's outcome.
+    """Every public store method, written once over a backend's ``ops`` and ``transport``
+    (what each does: protocol.py). The circuit breaker counts every operation, as the
+    Circuit breaker page of the documentation says; only claims wait for it.
     """
 
     def __init__(

@@ -1,17 +1,10 @@
 """The store protocol shared by every backend, sync and async, and the deferred token.
 
 A store does four things, each atomic: *claim* a key (or report the record that holds it),
-*complete* a claim with its response, *release* a claim, *renew* a running claim's lock.
-Finishing and renewing are fenced by the claim's owner token, so an owner whose claim was
-taken over cannot touch the new record. Operators also get and delete a record, create the
-table and check the store (:class:`SyncOperations`, :class:`AsyncOperations`).
-
-Writing a store: build on ``kit.KitStore`` (or ``threaded.ThreadedStore`` for a blocking
-client), take ``clock: Clock = SYSTEM_CLOCK`` for any time the store reads itself, and
-raise :class:`StoreUnavailable` when the backend cannot answer, saying why:
-``StoreUnavailable(message, cause="unreachable", reason="cannot connect to ...")`` (the
-causes are ``errors.CAUSES``). A store is done when it passes the contract suite
-(``tests/test_store_contract.py``).
+*complete* a claim with its response, *release* a claim, *renew* a running claim's lock;
+finishing and renewing are fenced by the claim's owner token. Operators also get, delete,
+create the table and check (:class:`SyncOperations`). Writing a store: the "Writing a
+store" page of the documentation, and the contract suite (``tests/test_store_contract.py``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Waiters woken by the store's own news of a key (Redis pub/sub, PostgreSQL LISTEN/NOTIFY).
 
-A store that publishes its completions and releases holds one ``Wakeups``: one daemon
-thread and one listening connection per store object, whatever the number of waiters, sync
-or async (an asyncio waiter's future is settled on its own loop). The backend part is a
-``Listen`` function: connect, subscribe, call ``ready()`` once subscribed, ``changed(key)``
-per message, return or raise when the connection is lost; the thread then connects again
-with backoff. Waiters never depend on it: a waiter's pause is bounded by its poll delay, so
-while the channel is down it simply polls as on any other store.
+One daemon thread and one listening connection per store object, whatever the number of
+waiters, sync or async. The backend part is a ``Listen`` function: subscribe, call
+``ready()`` once subscribed, ``changed(key)`` per message, return or raise when the
+connection is lost (the thread reconnects with backoff; waiters poll meanwhile).
 
 No news is lost between a waiter's claim and its registration: ``mark()`` is read before
 the claim is sent, and a key changed since (or a channel (re)subscribed since, when news

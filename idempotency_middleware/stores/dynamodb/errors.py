@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import TransactionRejectedError
+from ..kit import CLOSED_LOOP, off_its_loop
 from ..protocol import StoreUnavailable
 
 Item = dict[str, dict[str, Any]]
@@ -108,20 +109,14 @@ _PHRASES = {
     "write_conflict": "write conflict",
 }
 
-# What RuntimeError says when an aiohttp session is used on a loop other than its own.
-_CLOSED_LOOP = "Event loop is closed"
-_OTHER_LOOP = ("different loop", "different event loop", "inside a task")
-
 
 def _loop_error(error: BaseException) -> str | None:
     """The RuntimeError message of a client used off its event loop (maybe wrapped), or None."""
     kwargs = getattr(error, "kwargs", None)
     inner = kwargs.get("error") if isinstance(kwargs, dict) else None
     for candidate in (error, inner):
-        if isinstance(candidate, RuntimeError):
-            message = str(candidate)
-            if _CLOSED_LOOP in message or any(part in message for part in _OTHER_LOOP):
-                return message
+        if off_its_loop(candidate, "inside a task"):  # (aiohttp's timer outside its loop)
+            return str(candidate)
     return None
 
 
@@ -135,7 +130,7 @@ def classify(error: BaseException, table_name: str = "") -> tuple[str, str]:
     endpoint = getattr(error, "kwargs", {}).get("endpoint_url") or "the endpoint"
     loop_message = _loop_error(error)
     if loop_message is not None:
-        if _CLOSED_LOOP in loop_message:
+        if CLOSED_LOOP in loop_message:
             return "loop_closed", "event loop is closed: the client was made on a loop that ended"
         return "loop_closed", f"the client belongs to another event loop ({loop_message})"
     if isinstance(error, boto.NoRegionError):

@@ -15,20 +15,10 @@ from .transport import AsyncTransport, SyncTransport
 
 
 class DynamoDBStoreBase(KitStore):
-    """What both DynamoDB stores share: table layout, connection settings, S3 overflow, the
-    clock, the circuit breaker (the httpx ``Client``/``AsyncClient`` idea: everything but the
-    transport).
-
-    ``clock`` times ``create_table()``'s wait for the table to become ACTIVE and the
-    breaker's cool-down; claims and completions carry their own ``now``.
-
-    ``transport`` chooses what carries the calls of the request path (PutItem, UpdateItem,
-    DeleteItem, GetItem, TransactWriteItems): ``"lean"``, the package's own client (SigV4
-    signed, botocore's credential chain, standard-mode retries, the same requests and errors,
-    a tenth to a sixth of the SDK's CPU per call), or ``"sdk"``, boto3 / aioboto3.
-    ``"auto"`` (the default) is ``"lean"`` unless the store is given a ``session`` or
-    ``client_kwargs``, which only the SDK can honour, or a proxy applies to the endpoint.
-    Table administration and S3 always use the SDK.
+    """What both DynamoDB stores share: everything but the transport (httpx's
+    ``Client``/``AsyncClient`` idea). ``transport``: ``"lean"`` (the package's own client
+    for the request path), ``"sdk"``, or ``"auto"`` (lean unless a ``session``,
+    ``client_kwargs`` or a proxy needs the SDK): see the DynamoDB page of the documentation.
     """
 
     # The client libraries a flavour needs, the extra that installs them, its transport.

@@ -8,13 +8,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-import threading
 from collections.abc import Generator, Sequence
+from operator import attrgetter
 from typing import Any, NamedTuple, TypeVar
 
 from ...clock import Clock
-from ...records import Record, Status, StoredResponse, encode_response, record_from_fields
+from ...records import Record, Status, StoredResponse, record_from_fields
 from ..kit import Flow as AnyFlow
+from ..kit import PurgeSchedule, kept_blob, purge_all
 from ..protocol import (
     CLAIMED,
     TAKEN_OVER,
@@ -59,6 +60,10 @@ _TABLE = (
     "taken_over boolean NOT NULL DEFAULT false",  # the claim replaced a stale in-progress one
 )
 _COLUMNS = ", ".join(column.split()[0] for column in _TABLE)
+# A record's columns, in the order of records.record_from_fields' arguments.
+_RECORD = (
+    "status, fingerprint, owner, lock_expires_at, expires_at, response, too_large, response_size"
+)
 
 
 class Statement(NamedTuple):
@@ -126,10 +131,8 @@ class Statements:
             f"WHERE {claimable} "
             "RETURNING r.taken_over) "
             "SELECT true, taken_over, NULL, NULL, NULL, NULL::float8, NULL::float8, "
-            "NULL::bytea, NULL::bigint, NULL::boolean FROM claimed "
-            "UNION ALL "
-            "SELECT false, false, status, fingerprint, owner, lock_expires_at, expires_at, "
-            f"response, response_size, too_large FROM {quoted} "
+            "NULL::bytea, NULL::boolean, NULL::bigint FROM claimed "
+            f"UNION ALL SELECT false, false, {_RECORD} FROM {quoted} "
             "WHERE key = %(key)s AND NOT EXISTS (SELECT 1 FROM claimed)"
         )
         # Completions and releases notify the key on one channel per table, in their own
@@ -137,7 +140,7 @@ class Statements:
         digest = hashlib.sha1(table.encode(), usedforsecurity=False).hexdigest()[:16]
         self.channel = f"idempotency_{digest}"
         notify = f" RETURNING pg_notify('{self.channel}', key)"
-        self.select = f"SELECT {_COLUMNS.removesuffix(', taken_over')} FROM {quoted} WHERE key = %s"
+        self.select = f"SELECT key, {_RECORD} FROM {quoted} WHERE key = %s"
         finish = (
             f"UPDATE {quoted} SET status = %(status)s, expires_at = %(expires_at)s, "
             "response = %(response)s, response_size = %(response_size)s, "
@@ -179,13 +182,6 @@ class Statements:
         )
 
 
-def row_to_record(row: Sequence[Any]) -> Record:
-    key_hash, status, fingerprint, owner, lock, expires, blob, size, too_large = row
-    return record_from_fields(
-        key_hash, status, fingerprint, owner, lock, expires, blob, too_large, size
-    )
-
-
 def piggybacked(purge: str, cutoff: float, limit: int) -> Flow[int]:
     """A purge batch riding on a (done) write: its row count, 0 if it failed (left to the next)."""
     try:
@@ -196,9 +192,7 @@ def piggybacked(purge: str, cutoff: float, limit: int) -> Flow[int]:
 
 
 class PostgresOps:
-    """The store's flows (``kit.Operations``) on one table, and when the purge that rides on
-    writes is due: at most once per ``purge_interval`` seconds (``None``: never) per
-    process, by ``clock``, and at once again after a full batch."""
+    """The store's flows (``kit.Operations``) on one table; writes purge when ``purges`` says."""
 
     supports_deferral = True
 
@@ -212,11 +206,7 @@ class PostgresOps:
     ) -> None:
         self.sql = sql
         self._max_response_bytes = max_response_bytes
-        self._purge_interval = purge_interval
-        self._purge_batch = purge_batch
-        self._clock = clock
-        self._purge_lock = threading.Lock()
-        self._next_purge = 0.0  # the first write of a process purges
+        self._purges = PurgeSchedule(purge_interval, purge_batch, clock)
 
     def claim(self, request: ClaimRequest) -> Flow[ClaimResult]:
         """Claim in one statement. Under READ COMMITTED its second branch (the holding row) reads
@@ -237,7 +227,7 @@ class PostgresOps:
                 if claimed:
                     yield from self._purge_due(request.stale_before, self.sql.purge)
                     return TAKEN_OVER if taken_over else CLAIMED
-                record = row_to_record([request.key_hash, *holding])
+                record = record_from_fields(request.key_hash, *holding)
                 if not record.is_claimable(request.now, request.clock_skew_seconds):
                     yield from self._purge_due(request.stale_before, self.sql.purge)
                     return Held(record)
@@ -270,14 +260,9 @@ class PostgresOps:
     def _finish(
         self, of: Completion | DeferredToken, response: StoredResponse, status: Status
     ) -> dict[str, Any]:
-        """The parameters of a finishing write. The body is not kept (``too_large``) when it
-        was streamed, is over ``max_response_bytes``, or encodes past bytea's 1 GB."""
-        limit, blob = self._max_response_bytes, None
+        """The parameters of a finishing write (the body not kept: ``kit.kept_blob``)."""
         streamed = isinstance(of, Completion) and of.streamed
-        if not streamed and (limit is None or len(response.body) <= limit):
-            blob = encode_response(response)
-            if len(blob) > MAX_BYTEA_BYTES:
-                blob = None
+        blob = kept_blob(response, streamed, self._max_response_bytes, MAX_BYTEA_BYTES)
         return {
             "key": of.key_hash,
             "owner": of.owner,
@@ -301,7 +286,7 @@ class PostgresOps:
 
     def get(self, key_hash: str) -> Flow[Record | None]:
         rows = (yield Statement(self.sql.select, (key_hash,))).rows
-        return row_to_record(rows[0]) if rows else None
+        return record_from_fields(*rows[0]) if rows else None
 
     def delete(self, key_hash: str) -> Flow[bool]:
         return (yield Statement(self.sql.delete, (key_hash,))).rowcount > 0
@@ -337,25 +322,11 @@ class PostgresOps:
             yield Statement(sql.create_index, ())
 
     def purge_expired(self, cutoff: float) -> Flow[int]:
-        params = {"cutoff": cutoff, "limit": self._purge_batch}
-        total = 0
-        while True:
-            deleted = (yield Statement(self.sql.purge, params)).rowcount
-            total += deleted
-            if deleted < self._purge_batch:
-                return total
+        size = self._purges.batch_size
+        batch = Statement(self.sql.purge, {"cutoff": cutoff, "limit": size})
+        return (yield from purge_all(batch, size, attrgetter("rowcount")))
 
     def _purge_due(self, cutoff: float, statement: str) -> Flow[None]:
-        if self._purge_interval is None:
-            return
-        with self._purge_lock:
-            tick = self._clock.now()
-            if tick < self._next_purge:
-                return
-            self._next_purge = tick + self._purge_interval
-        deleted = yield from piggybacked(statement, cutoff, self._purge_batch)
-        if deleted >= self._purge_batch:
-            with self._purge_lock:
-                self._next_purge = 0.0  # more to delete: the next write continues
-        if deleted:
-            logger.debug("purged %d expired idempotency records", deleted)
+        if self._purges.due():
+            deleted = yield from piggybacked(statement, cutoff, self._purges.batch_size)
+            self._purges.purged(deleted, logger)

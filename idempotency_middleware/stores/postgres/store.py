@@ -18,30 +18,16 @@ if TYPE_CHECKING:
 
 
 class PostgresStore(KitStore):
-    """Idempotency store in one PostgreSQL table, shared by every host of a service.
+    """Idempotency store in one PostgreSQL table, shared by every host of a service (the
+    PostgreSQL page of the documentation has every option, the layout and PgBouncer notes).
 
-    ``PostgresStore("postgresql://app@db/app")`` serves both middlewares and ``idempotent``.
-    The claim is one ``INSERT ... ON CONFLICT ... RETURNING`` statement that reports a
-    takeover, or the holding row in the same round trip; finishing and renewing are fenced
-    by the claim's owner token. Times are the requests' (epoch seconds), never the server's.
-
-    ``min_size``/``max_size`` size the sync pool (each event loop's async pool connects on
-    demand, up to ``max_size``); a call waits at most ``pool_timeout_seconds`` for a
-    connection (``connect_timeout`` until the server is known reachable: an outage answers
-    fast). ``statement_timeout_seconds`` bounds each statement on the server (``None``: the
-    server's setting); as a startup option, PgBouncer refuses it unless
-    ``ignore_startup_parameters`` lists ``options`` (else pass ``None``, set it on the role).
-    Your own ``pool=`` (``psycopg_pool.ConnectionPool``) and ``async_pool=``
-    (``AsyncConnectionPool``, on its own event loop only) are used as they are, a connection
-    in autocommit while held (the timeouts are then yours), and never closed.
-    ``prepare_threshold`` is psycopg's (prepare after that many uses on a connection); behind
-    PgBouncer in transaction mode older than 1.21, pass ``None``.
-
-    Expired rows stay claimable at once; a purge of ``purge_batch_size`` rows rides on a
-    write at most once per ``purge_interval_seconds`` per process (``None``: never);
-    :meth:`purge_expired` runs it now. A failure is ``StoreUnavailable`` with its cause (a
-    claim answers 503); a broken connection drains the pool, and the store recovers with
-    the server.
+    ``PostgresStore("postgresql://app@db/app")`` serves both middlewares and ``idempotent``:
+    a claim is one statement, finishing and renewing are fenced by the owner token, and
+    times are the requests', never the server's. ``min_size``/``max_size`` size the pools,
+    ``pool_timeout_seconds`` bounds the wait for a connection (``connect_timeout`` until the
+    server is known reachable), ``statement_timeout_seconds`` each statement; your own
+    ``pool=``/``async_pool=`` are used as they are and never closed. A purge of
+    ``purge_batch_size`` rows rides on a write at most once per ``purge_interval_seconds``.
     """
 
     _ops: PostgresOps

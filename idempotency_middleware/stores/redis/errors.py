@@ -10,6 +10,7 @@ import asyncio
 import re
 from typing import Any
 
+from ..kit import off_its_loop
 from ..protocol import StoreUnavailable
 
 # Server error codes, by the cause they mean (see errors.CAUSES).
@@ -38,8 +39,6 @@ _PHRASES = {
     "unknown": "request failed",
 }
 
-_LOOP_MESSAGES = ("Event loop is closed", "different loop", "different event loop")
-
 
 def classify(error: BaseException) -> tuple[str, str]:
     """The cause of a redis-py failure, and the server's error code (or the type's name)."""
@@ -48,7 +47,7 @@ def classify(error: BaseException) -> tuple[str, str]:
     found = _CODE.search(str(error))
     code = found.group(1) if found else ""
     name = type(error).__name__
-    if isinstance(error, RuntimeError) and any(m in str(error) for m in _LOOP_MESSAGES):
+    if off_its_loop(error):
         return "loop_closed", name
     if isinstance(error, r.AuthenticationError):
         return "bad_credentials", code or name

@@ -1,28 +1,11 @@
 """What ``RedisStore`` sends and how it reads the answers: one flow per operation, no I/O.
 
-A request is a redis-py client method's name and its arguments (``("hgetall", key)``): the
-transport calls it on the sync client or awaits it on the asyncio one. Each operation
-(claim, complete, release, renew, and the deferred completions) is one Lua script run with
-``EVALSHA`` on exactly one key, ``prefix + key_hash``, so it is atomic, fenced by the claim's
-owner token, costs one round trip, and works on Redis Cluster and Valkey; ``get`` is one
-``HGETALL``, ``delete`` one ``DEL``. The record is a hash::
-
-    status           in_progress | deferred | completed
-    fingerprint      sha256 of the request (fingerprint.py)
-    owner            the claim's random owner token (fences every finishing write)
-    lock_expires_at  epoch seconds, sub-second precision (Python's shortest round-trip repr)
-    expires_at       epoch seconds, sub-second precision
-    response         records.encode_response bytes (absent: no response kept)
-    response_size    body size in bytes
-    too_large        "1": completed, but the body was not kept (too large, streamed)
-
-Deadlines are compared by the scripts against the request's ``now`` (an argument), never
-the server's clock. Times are sent as Python's shortest round-trip text and written back
-as received, so a float survives Redis exactly; Lua's ``tonumber`` parses the same double.
-A key also gets a relative millisecond TTL (``PEXPIRE``) as housekeeping only: its
-deadline as seen by the request, plus ``ttl_grace_seconds``, so neither the server's
-expiry sweeper nor a server clock set apart from ours can remove a record a claim still
-has to see.
+A request is a redis-py client method's name and its arguments (``("hgetall", key)``).
+Each writing operation is one Lua script on exactly one key, ``prefix + key_hash`` (atomic,
+fenced by the owner token, one round trip, Cluster-safe); the hash's fields, and why the
+keys' TTLs are housekeeping only, are in docs/stores/redis.md. Deadlines are compared
+against the request's ``now``, never the server's clock; times travel as Python's shortest
+round-trip text, which Lua's ``tonumber`` parses to the same double.
 """
 
 from __future__ import annotations
@@ -32,8 +15,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ...records import Record, Status, StoredResponse, encode_response, record_from_fields
-from ..kit import Flow
+from ...records import Record, Status, StoredResponse, record_from_fields
+from ..kit import Flow, kept_blob
 from ..protocol import (
     CLAIMED,
     TAKEN_OVER,
@@ -228,40 +211,29 @@ class RedisOps:
             return Held(record)
         return TAKEN_OVER if reply == 1 else CLAIMED
 
-    def _blob(self, response: StoredResponse, body_size: int, streamed: bool) -> bytes | None:
-        # The encoded response to keep, or None when it is not kept (streamed, over
-        # max_response_bytes, or over Redis's largest value).
-        limit = self.max_response_bytes
-        if streamed or (limit is not None and body_size > limit):
-            return None
-        blob = encode_response(response)
-        return blob if len(blob) <= MAX_BLOB_BYTES else None
-
     def _write(
-        self, key: str, head: list[str], expires: float, now: float, size: int, blob: bytes | None
+        self, key: str, head: list[Any], ttl: int, response: StoredResponse, streamed: bool
     ) -> Flow[bool]:
-        # COMPLETE's ARGV: owner, guard, status (the head), then the rest of the record.
-        ttl = ttl_ms(expires, now, self.grace_seconds)
-        args = [*head, seconds(expires), size, "1" if blob is None else "0", ttl, self.channel]
+        # COMPLETE's ARGV: the head (owner, guard, status, expires_at, response_size), then
+        # too_large, the TTL, the channel, and the blob when kept.
+        blob = kept_blob(response, streamed, self.max_response_bytes, MAX_BLOB_BYTES)
+        args = [*head, "1" if blob is None else "0", ttl, self.channel]
         return self._fenced(COMPLETE, key, args if blob is None else [*args, blob])
 
     def complete(self, completion: Completion) -> Flow[bool]:
-        deferred = completion.deferred
-        guard, status = ("interim", Status.DEFERRED) if deferred else ("any", Status.COMPLETED)
-        head = [completion.owner, guard, status.value]
-        size = completion.body_size
-        blob = self._blob(completion.response, size, completion.streamed)
-        return self._write(
-            completion.key_hash, head, completion.expires_at, completion.now, size, blob
-        )
+        c = completion
+        guard, status = ("interim", Status.DEFERRED) if c.deferred else ("any", Status.COMPLETED)
+        head = [c.owner, guard, status.value, seconds(c.expires_at), c.body_size]
+        ttl = ttl_ms(c.expires_at, c.now, self.grace_seconds)
+        return self._write(c.key_hash, head, ttl, c.response, c.streamed)
 
     def complete_final(
         self, token: DeferredToken, response: StoredResponse, now: float
     ) -> Flow[bool]:
-        head = [token.owner, "final", Status.COMPLETED.value]
-        size = len(response.body)
-        blob = self._blob(response, size, False)
-        return self._write(token.key_hash, head, float(token.expires_at), now, size, blob)
+        expires = float(token.expires_at)
+        head = [token.owner, "final", Status.COMPLETED.value, seconds(expires), len(response.body)]
+        ttl = ttl_ms(expires, now, self.grace_seconds)
+        return self._write(token.key_hash, head, ttl, response, False)
 
     def release(self, key_hash: str, owner: str) -> Flow[bool]:
         return self._fenced(RELEASE, key_hash, (owner, "in_progress", self.channel))

@@ -17,24 +17,16 @@ from .transport import RedisSettings, RedisTransport
 
 
 class RedisStore(KitStore):
-    """Idempotency records in Redis (or Valkey, or a Redis Cluster), for WSGI and ASGI alike.
+    """Idempotency records in Redis (or Valkey, or a Redis Cluster), for WSGI and ASGI alike,
+    at ``prefix + key_hash`` (the Redis page of the documentation says the rest).
 
     ``RedisStore("redis://cache:6379/0")`` builds its own clients with redis-py's
-    ``from_url``: one sync client (thread-safe, pooled) for the sync methods and one asyncio
-    client per event loop for the ``a``-prefixed ones, with ``socket_timeout``,
-    ``socket_connect_timeout``, ``retries`` (on a dropped connection only, without backoff:
-    every script is safe to send twice) and any other ``from_url`` option in
-    ``client_options``. Or pass your own ``client`` (``redis.Redis``,
-    ``redis.cluster.RedisCluster``, or their ``redis.asyncio`` twins; and ``async_client``
-    beside a sync one): it is used as it is (TLS, authentication, pools, retries are yours),
-    never closed by the store, and must not decode responses. A store given only a sync
-    client has no async methods to offer (``TypeError``), and the reverse.
-
-    Records live at ``prefix + key_hash``. Deadlines are checked by the scripts against
-    each request's own ``now``; the keys' millisecond TTLs are housekeeping, set
-    ``ttl_grace_seconds`` past each deadline. A response body over ``max_response_bytes``
-    (``None``: up to Redis's 512 MB value limit) completes its key without being kept.
-    There is no table to create: ``create_table()`` checks that the server answers (``PING``).
+    ``from_url`` (a sync one, and one asyncio client per event loop), with
+    ``socket_timeout``, ``socket_connect_timeout``, ``retries`` (on a dropped connection)
+    and ``client_options``. Or pass your own ``client`` and/or ``async_client``: used as
+    they are, never closed by the store, and they must not decode responses. The keys'
+    TTLs are housekeeping, ``ttl_grace_seconds`` past each deadline; a body over
+    ``max_response_bytes`` completes its key without being kept.
     """
 
     def __init__(

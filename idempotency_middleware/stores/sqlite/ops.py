@@ -2,33 +2,22 @@
 
 A flow yields statements, receives each one's :class:`Reply` (or its SQLite error, thrown
 in), and may ask for :data:`OFF_LOOP` (the rest off the event loop) or :class:`Later`.
-
-Table layout (one row per namespaced key)::
-
-    key              TEXT     primary key: the namespaced key the middleware claims
-    status           TEXT     "in_progress" | "deferred" | "completed"
-    fingerprint      TEXT     sha256 of the request (see fingerprint.py)
-    owner            TEXT     random token of the claim that wrote the row (fencing)
-    lock_expires_at  REAL     epoch seconds, sub-second precision
-    expires_at       REAL     epoch seconds, sub-second precision (checked on every claim)
-    response         BLOB     encoded response (records.encode_response), once completed
-    response_size    INTEGER  body size in bytes
-    too_large        INTEGER  completed, but the response was not kept (too large, streamed)
-    taken_over       INTEGER  this claim replaced another owner's stale in-progress claim
+One row per key hash: the fields of ``records.Record`` (times in epoch seconds of the
+requests' clock), and ``taken_over``, whether the claim replaced a stale in-progress one.
 """
 
 from __future__ import annotations
 
 import logging
 import sqlite3
-import threading
 from collections.abc import Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, NamedTuple, TypeVar
 
-from ...clock import Clock
 from ...errors import StoreUnavailable
-from ...records import Record, Status, StoredResponse, encode_response, record_from_fields
+from ...records import Record, Status, StoredResponse, record_from_fields
+from ..kit import PurgeSchedule, kept_blob, purge_all
 from ..protocol import Claimed, ClaimRequest, ClaimResult, Completion, DeferredToken, Held
 
 T = TypeVar("T")
@@ -135,17 +124,13 @@ class Statements:
 
 @dataclass(eq=False)
 class SQLiteOps:
-    """The flows of one table; writes purge a batch at most once per interval per process."""
+    """The flows of one table; writes purge a batch when ``purges`` says."""
 
     sql: Statements
     use_returning: bool  # RETURNING (SQLite 3.35), else changes()
     max_response_bytes: int | None
-    purge_interval_seconds: float | None
-    purge_batch_size: int
+    purges: PurgeSchedule
     busy_timeout_ms: int  # the connections' own, which a purge batch lowers for a while
-    clock: Clock
-    _purge_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
-    _next_purge: float = field(default=0.0, init=False)  # the first write of a process purges
     supports_deferral = True
 
     def claim(self, request: ClaimRequest) -> Steps[ClaimResult]:
@@ -163,7 +148,7 @@ class SQLiteOps:
             taken_over = claimed and bool((yield Statement(self.sql.taken_over, (key,))).rows[0][0])
         rows = [] if claimed else (yield Statement(self.sql.select, (key,))).rows
         yield Statement("COMMIT")
-        if self._purge_due():  # (not a claim this one may not take over yet: its skew margin)
+        if self.purges.due():  # (not a claim this one may not take over yet: its skew margin)
             yield Later(self.purge_batch(request.stale_before, self.sql.purge))
         if claimed:
             return Claimed(taken_over=taken_over)
@@ -175,11 +160,7 @@ class SQLiteOps:
         """The response's columns (no blob when too large: streamed, over the limits)."""
         if len(response.body) > INLINE_MAX_BODY_BYTES:
             yield OFF_LOOP
-        limit, blob = self.max_response_bytes, None
-        if not too_large and (limit is None or len(response.body) <= limit):
-            blob = encode_response(response)
-            if len(blob) > _MAX_BLOB_BYTES:
-                blob = None
+        blob = kept_blob(response, too_large, self.max_response_bytes, _MAX_BLOB_BYTES)
         return {"response": blob, "response_size": size, "too_large": blob is None}
 
     def complete(self, completion: Completion) -> Steps[bool]:
@@ -196,7 +177,7 @@ class SQLiteOps:
                 # response first: done either way, if the key is still ours.
                 rows = (yield Statement(self.sql.owner, (key,))).rows
                 updated = bool(rows) and rows[0][0] == owner
-        if self._purge_due():
+        if self.purges.due():
             # (Finished rows only: an in-progress claim past its lock may still be inside
             # another host's clock-skew margin.)
             yield Later(self.purge_batch(completion.now, self.sql.purge_finished))
@@ -238,22 +219,9 @@ class SQLiteOps:
             yield Statement(statement)
 
     def purge(self, cutoff: float, batch_size: int) -> Steps[int]:
-        """Every row expired at ``cutoff``, in batches of ``batch_size``, each its own short
-        write transaction, so other workers are never locked out for long; the count."""
-        total = 0
-        while True:
-            deleted = (yield Statement(self.sql.purge, (cutoff, batch_size))).changed
-            total += deleted
-            if deleted < batch_size:
-                return total
-
-    def _purge_due(self) -> bool:
-        with self._purge_lock:
-            tick = self.clock.now()
-            if self.purge_interval_seconds is None or tick < self._next_purge:
-                return False
-            self._next_purge = tick + self.purge_interval_seconds
-            return True
+        """Every row expired at ``cutoff``, in batches of ``batch_size``; the count."""
+        batch = Statement(self.sql.purge, (cutoff, batch_size))
+        return (yield from purge_all(batch, batch_size, attrgetter("changed")))
 
     def purge_batch(self, cutoff: float, statement: str) -> Steps[None]:
         """One bounded batch of ``statement`` (rows expired at ``cutoff``), after a write."""
@@ -261,13 +229,9 @@ class SQLiteOps:
         # not queue for another worker's lock, it skips to the next interval instead.
         yield Statement(f"PRAGMA busy_timeout = {_PURGE_BUSY_TIMEOUT_MS}")
         try:
-            deleted = (yield Statement(statement, (cutoff, self.purge_batch_size))).changed
+            deleted = (yield Statement(statement, (cutoff, self.purges.batch_size))).changed
         except sqlite3.Error as error:
             logger.debug("SQLite %s skipped: %s", PURGE, error)
             deleted = 0
         yield Statement(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
-        if deleted >= self.purge_batch_size:
-            with self._purge_lock:
-                self._next_purge = 0.0  # more to delete: the next write continues
-        if deleted:
-            logger.debug("purged %d expired idempotency records", deleted)
+        self.purges.purged(deleted, logger)

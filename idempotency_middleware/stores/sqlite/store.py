@@ -8,7 +8,7 @@ import sqlite3
 
 from ...breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD
 from ...clock import DEFAULT_CLOCK_SKEW_SECONDS, SYSTEM_CLOCK, Clock
-from ..kit import KitStore
+from ..kit import KitStore, PurgeSchedule
 from .ops import SQLiteOps, Statements
 from .transport import Settings, SQLiteTransport
 
@@ -21,30 +21,18 @@ _SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 
 class SQLiteStore(KitStore):
-    """Idempotency store in one SQLite file, shared by the worker processes of one machine
-    (gunicorn or uvicorn ``--workers N``): SQLite serializes writers across processes with
-    file locks, WAL lets readers run beside the one writer, and the busy timeout makes a
-    writer wait for the lock instead of failing.
+    """Idempotency store in one SQLite file on a local disk, shared by the worker processes
+    of one machine (the SQLite page of the documentation says how it runs, and when inline).
 
-    ``SQLiteStore("/var/lib/myapp/idempotency.sqlite3")`` serves both middlewares: the sync
-    methods for WSGI, the async ones for ASGI, which run on the event loop when they need
-    not wait for another process's lock, else on ``async_threads`` threads owned by the store
-    (``async_inline=False``: always there; see transport.py for what runs inline, and when).
-
-    The claim is one ``INSERT ... ON CONFLICT DO UPDATE ... WHERE`` statement: it wins when
-    the key is absent, expired, or an in-progress claim past its lock timeout. Finishing is
-    fenced by the claim's owner token. Expired rows are claimable at once and deleted by a
-    bounded purge riding on writes at most once per ``purge_interval_seconds`` (``None``
-    disables it; :meth:`purge_expired` runs it now), timed by ``clock``.
-
-    A write that waits longer than ``busy_timeout_seconds`` for another process's lock, or
-    any I/O error, raises :class:`StoreUnavailable` (the middleware answers 503).
-    ``max_response_bytes`` caps the body size kept for replay (``None``: keep every
-    response); a larger response still completes its key, never run again within its TTL.
-    ``synchronous``: ``NORMAL`` (the default) keeps every commit across application crashes,
-    while a power loss may forget the last ones; ``FULL`` also survives power loss, at the
-    cost of an fsync per write. The schema is made on first use (or by :meth:`create_table`).
-    Use one file per machine on a local disk: SQLite's locking fails on network file systems.
+    ``SQLiteStore("/var/lib/myapp/idempotency.sqlite3")`` serves both middlewares; awaited
+    calls run on the event loop when they need not wait for a lock, else on
+    ``async_threads`` threads (``async_inline=False``: always there), keeping up to
+    ``max_idle_connections`` open. A write waiting past ``busy_timeout_seconds`` for
+    another process's lock, or an I/O error, raises :class:`StoreUnavailable`. A body over
+    ``max_response_bytes`` completes its key without being kept. ``synchronous``:
+    ``NORMAL`` survives application crashes, ``FULL`` power loss too (an fsync per write).
+    The schema (``table_name``) is made on first use; a bounded purge rides on writes at
+    most once per ``purge_interval_seconds`` (``None``: never; :meth:`purge_expired`: now).
     """
 
     def __init__(
@@ -94,8 +82,9 @@ class SQLiteStore(KitStore):
         self.synchronous = synchronous
         self.purge_batch_size = purge_batch_size
         returning = sqlite3.sqlite_version_info >= _RETURNING_VERSION
-        purging = (purge_interval_seconds, purge_batch_size, round(busy_timeout_seconds * 1000))
-        ops = SQLiteOps(Statements(table_name), returning, max_response_bytes, *purging, clock)
+        purges = PurgeSchedule(purge_interval_seconds, purge_batch_size, clock)
+        busy_ms = round(busy_timeout_seconds * 1000)
+        ops = SQLiteOps(Statements(table_name), returning, max_response_bytes, purges, busy_ms)
         # Awaited calls run inline on the loop first (transport.py): not where every commit
         # is an fsync (FULL, EXTRA), nor outside WAL (the transport turns it off then), nor
         # where no connection may be kept for the next call.
