@@ -12,10 +12,13 @@ STAMP := $(VENV)/.installed
 # rewrote every test module's asserts again, about 8 s of CPU each.
 unexport PYTHONDONTWRITEBYTECODE
 
+# --no-compile: pip compiled every module of every dependency (moto's, botocore's, Django's)
+# to bytecode, about 40 s of CPU on a fresh machine; a module is compiled instead the first
+# time a process imports it, and most of them never are.
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --no-compile -e '.[dev]'
 	@touch $(STAMP)
 
 install: $(STAMP)
