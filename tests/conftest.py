@@ -15,6 +15,7 @@ from moto.server import ThreadedMotoServer
 from idempotency_middleware import DynamoDBStore
 from tests.faultproxy import FaultProxy
 from tests.servers import ALL_COMBOS, AWSSessions, Combo, Harness
+from tests.sigint_guard import require_sigint_unchanged, sigint_state
 
 # moto accepts any credentials; botocore only needs some to sign requests. Never a real AWS.
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
@@ -24,6 +25,23 @@ for _variable in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
     os.environ.pop(_variable, None)
 
 REGION = "us-east-1"
+
+
+# --- No test leaves SIGINT changed (tests/sigint_guard.py) -----------------------------------
+# What the test process had when it started: an inherited ignored SIGINT (a run started in
+# the background by a shell without job control) is the baseline, not a failure.
+SIGINT_AT_START = sigint_state()
+
+
+@pytest.fixture(autouse=True)
+def _sigint_left_alone() -> Iterator[None]:
+    """Fails a test that leaves SIGINT's handler or the signal mask changed; before the
+    test, one that finds them changed (by a fixture of a wider scope, or an import)."""
+    require_sigint_unchanged(
+        SIGINT_AT_START, "something before this test (a module or session fixture?)"
+    )
+    yield
+    require_sigint_unchanged(SIGINT_AT_START, "this test or one of its fixtures")
 
 
 @pytest.fixture(scope="session")
