@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 
@@ -31,6 +32,17 @@ REGION = "us-east-1"
 # What the test process had when it started: an inherited ignored SIGINT (a run started in
 # the background by a shell without job control) is the baseline, not a failure.
 SIGINT_AT_START = sigint_state()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say so (even under -q) when the run started with SIGINT ignored or blocked."""
+    handler, blocked = SIGINT_AT_START
+    if handler is not signal.default_int_handler or blocked:
+        terminalreporter.write_line(
+            f"SIGINT at start: handler {handler!r}, blocked {sorted(blocked)} (inherited from "
+            "whatever started pytest; servers the tests stop with Ctrl-C must restore it, as "
+            "test_quickstarts does)"
+        )
 
 
 @pytest.fixture(autouse=True)

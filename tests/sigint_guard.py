@@ -23,8 +23,15 @@ def sigint_state() -> SigintState:
     return signal.getsignal(signal.SIGINT), frozenset(signal.pthread_sigmask(signal.SIG_BLOCK, ()))
 
 
+def _name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a real-time signal between SIGRTMIN and SIGRTMAX has no name
+        return str(number)
+
+
 def _names(blocked: frozenset[int]) -> str:
-    return "{" + ", ".join(signal.Signals(number).name for number in sorted(blocked)) + "}"
+    return "{" + ", ".join(_name(number) for number in sorted(blocked)) + "}"
 
 
 def require_sigint_unchanged(expected: SigintState, culprit: str) -> None:
