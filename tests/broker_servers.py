@@ -28,15 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.db_servers import (
-    HOST,
-    ServerUnavailable,
-    _die_with_parent,
-    _free_port,
-    _stop,
-    _wait_until,
-    require_or_skip,
-)
+from tests.db_servers import HOST, _die_with_parent, _free_port, _stop, _wait_until
+from tests.session_servers import ServerUnavailable, session_server
 
 # RabbitMQ's boot (Erlang, Mnesia, its plugins) takes several seconds on 2 busy cores.
 RABBITMQ_START_TIMEOUT_SECONDS = 90.0
@@ -213,29 +206,11 @@ def run_nats() -> Iterator[str]:
 def rabbitmq_url() -> Iterator[str]:
     """URL of a RabbitMQ node on 127.0.0.1 for the whole session (tests use their own
     queues); skipped with the reason where none can be had."""
-    try:
-        server = run_rabbitmq()
-        url = server.__enter__()
-    except ServerUnavailable as error:
-        require_or_skip(f"RabbitMQ server unavailable: {error}")
-        raise
-    try:
-        yield url
-    finally:
-        server.__exit__(None, None, None)
+    yield from session_server("RabbitMQ", run_rabbitmq)
 
 
 @pytest.fixture(scope="session")
 def nats_url() -> Iterator[str]:
     """URL of a NATS server (JetStream on) on 127.0.0.1 for the whole session (tests use
     their own streams and subjects); skipped with the reason where none can be had."""
-    try:
-        server = run_nats()
-        url = server.__enter__()
-    except ServerUnavailable as error:
-        require_or_skip(f"NATS server unavailable: {error}")
-        raise
-    try:
-        yield url
-    finally:
-        server.__exit__(None, None, None)
+    yield from session_server("NATS", run_nats)

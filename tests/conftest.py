@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 
@@ -16,6 +17,7 @@ from moto.server import ThreadedMotoServer
 from idempotency_middleware import DynamoDBStore
 from tests.faultproxy import FaultProxy
 from tests.servers import ALL_COMBOS, AWSSessions, Combo, Harness
+from tests.sigint_guard import require_sigint_unchanged, sigint_state
 
 # moto accepts any credentials; botocore only needs some to sign requests. Never a real AWS.
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
@@ -25,6 +27,34 @@ for _variable in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
     os.environ.pop(_variable, None)
 
 REGION = "us-east-1"
+
+
+# --- No test leaves SIGINT changed (tests/sigint_guard.py) -----------------------------------
+# What the test process had when it started: an inherited ignored SIGINT (a run started in
+# the background by a shell without job control) is the baseline, not a failure.
+SIGINT_AT_START = sigint_state()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say so (even under -q) when the run started with SIGINT ignored or blocked."""
+    handler, blocked = SIGINT_AT_START
+    if handler is not signal.default_int_handler or blocked:
+        terminalreporter.write_line(
+            f"SIGINT at start: handler {handler!r}, blocked {sorted(blocked)} (inherited from "
+            "whatever started pytest; servers the tests stop with Ctrl-C must restore it, as "
+            "test_quickstarts does)"
+        )
+
+
+@pytest.fixture(autouse=True)
+def _sigint_left_alone() -> Iterator[None]:
+    """Fails a test that leaves SIGINT's handler or the signal mask changed; before the
+    test, one that finds them changed (by a fixture of a wider scope, or an import)."""
+    require_sigint_unchanged(
+        SIGINT_AT_START, "something before this test (a module or session fixture?)"
+    )
+    yield
+    require_sigint_unchanged(SIGINT_AT_START, "this test or one of its fixtures")
 
 
 @pytest.fixture(scope="session")

@@ -34,20 +34,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.session_servers import ServerUnavailable, session_server
+
 HOST = "127.0.0.1"
 START_TIMEOUT_SECONDS = 30.0
 _PR_SET_PDEATHSIG = 1
-
-
-class ServerUnavailable(Exception):
-    """The server cannot be had on this machine; the message says why."""
-
-
-def require_or_skip(reason: str) -> None:
-    """Skip with ``reason``; under CI, fail: CI installs the servers (make test)."""
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"{reason} (CI must run these tests: scripts/install-servers.sh)")
-    pytest.skip(reason)
 
 
 def _die_with_parent() -> None:
@@ -271,29 +262,11 @@ def run_postgres() -> Iterator[str]:
 def redis_url() -> Iterator[str]:
     """URL of a Redis server on 127.0.0.1 for the whole session (tests use their own keys
     or prefixes); skipped with the reason where none can be had."""
-    try:
-        server = run_redis()
-        url = server.__enter__()
-    except ServerUnavailable as error:
-        require_or_skip(f"Redis server unavailable: {error}")
-        raise
-    try:
-        yield url
-    finally:
-        server.__exit__(None, None, None)
+    yield from session_server("Redis", run_redis)
 
 
 @pytest.fixture(scope="session")
 def postgres_dsn() -> Iterator[str]:
     """DSN of a PostgreSQL server on 127.0.0.1 for the whole session (tests use their own
     tables or keys); skipped with the reason where none can be had."""
-    try:
-        server = run_postgres()
-        dsn = server.__enter__()
-    except ServerUnavailable as error:
-        require_or_skip(f"PostgreSQL server unavailable: {error}")
-        raise
-    try:
-        yield dsn
-    finally:
-        server.__exit__(None, None, None)
+    yield from session_server("PostgreSQL", run_postgres)

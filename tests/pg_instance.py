@@ -18,7 +18,6 @@ from pathlib import Path
 
 from tests.db_servers import (
     HOST,
-    ServerUnavailable,
     _die_with_parent,
     _free_port,
     _postgres_ready,
@@ -27,6 +26,7 @@ from tests.db_servers import (
     _wait_until,
     postgres_bin_directory,
 )
+from tests.session_servers import ServerUnavailable
 
 SECRET_ROLE = "secret_role"
 SECRET_PASSWORD = "right-password"

@@ -23,14 +23,13 @@ import redis
 
 from tests.db_servers import (
     HOST,
-    ServerUnavailable,
     _die_with_parent,
     _free_port,
     _stop,
     _wait_until,
     redis_server_binary,
-    require_or_skip,
 )
+from tests.session_servers import ServerUnavailable, require_or_skip
 
 
 def _answers(port: int) -> bool:

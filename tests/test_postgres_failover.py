@@ -20,23 +20,14 @@ import pytest
 
 from idempotency_middleware.stores.postgres import PostgresStore
 from idempotency_middleware.stores.protocol import CLAIMED, Held, StoreUnavailable
-from tests.db_servers import ServerUnavailable, require_or_skip
 from tests.pg_instance import SECRET_PASSWORD, SECRET_ROLE, PostgresInstance, postgres_instance
+from tests.session_servers import session_server
 from tests.test_postgres_store import completion, key, request, table
 
 
 @pytest.fixture(scope="module")
 def own() -> Iterator[PostgresInstance]:
-    try:
-        server = postgres_instance()
-        instance = server.__enter__()
-    except ServerUnavailable as error:
-        require_or_skip(f"PostgreSQL server unavailable: {error}")
-        raise
-    try:
-        yield instance
-    finally:
-        server.__exit__(None, None, None)
+    yield from session_server("PostgreSQL", postgres_instance)
 
 
 def _terminate_clients(dsn: str) -> int:

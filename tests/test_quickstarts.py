@@ -94,8 +94,11 @@ def run_python(arguments: list[str], env: dict[str, str]) -> subprocess.Complete
 
 # ``python -m MODULE ARGS...`` with Ctrl-C (SIGINT) raising KeyboardInterrupt, as in a shell.
 # A process inherits an ignored or blocked SIGINT, and Python then installs no handler of its
-# own: a test process whose SIGINT some library set to ignored would start a waitress that
-# Ctrl-C cannot stop (uvicorn installs its own handlers; waitress relies on Python's).
+# own; waitress relies on Python's (uvicorn installs its own). No test leaves SIGINT changed
+# (tests/conftest.py fails one that does), but the test process itself may start with it
+# ignored: a shell without job control starts its background commands so (``make test &``
+# in a script, ``sh -c 'pytest ... &'``), and a waitress started from there never stopped on
+# Ctrl-C. That is the run's inheritance, not the tests' to undo, so the server gets it back.
 WITH_CTRL_C = (
     "import runpy, signal, sys; "
     "signal.signal(signal.SIGINT, signal.default_int_handler); "
