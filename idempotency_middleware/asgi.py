@@ -115,6 +115,9 @@ class IdempotencyMiddleware:
         options = self.options
         self._header_key = options.header_key
         self._max_body_bytes = options.max_body_bytes
+        # A declared Content-Length shorter than the limit written out in digits cannot
+        # exceed it (nor can a malformed one count), so only a longer one is parsed.
+        self._length_digits = len(str(options.max_body_bytes))
         self._default_policy = options.default_policy
         self._default_methods = (
             None if options.rule_policies or options.route_policies else options.methods
@@ -215,6 +218,8 @@ class IdempotencyMiddleware:
                 await self.app(scope, receive, send)
                 return
             key_lines = []
+        if content_length is not None and len(content_length) < self._length_digits:
+            content_length = None  # within the limit: nothing to check
         admitted = core.admit_request(
             self.options, policy, scope["path"], key_lines, content_length
         )
@@ -253,7 +258,7 @@ class IdempotencyMiddleware:
             content_type,
             body,
             # request_view: only a scope function reads it (a partial: no closure)
-            partial(messages.request_view, scope) if admitted.policy.scope is not None else None,
+            partial(messages.request_view, scope) if policy.scope is not None else None,
             self._now(),  # now
             self._new_owner(),  # owner
         )
@@ -262,9 +267,7 @@ class IdempotencyMiddleware:
         # variables, built on every call, a request without a key included.)
         capture = messages.ResponseCapture(send, body, receive, self.app, scope)
         waiter = (
-            messages.disconnect_waiter(receive, self.options.clock)
-            if admitted.policy.wait_seconds
-            else None
+            messages.disconnect_waiter(receive, self.options.clock) if policy.wait_seconds else None
         )
         try:
             outcome = await self._driver.drive(

@@ -105,7 +105,33 @@ class ResponseCapture:
         except Exception:
             self.failed = True
             raise
-        return self.ran()
+        # The app's answer once it returned (``None``: it sent nothing);
+        # ``UnfinishedResponse`` when it did not finish it. (Here, not in a method of its
+        # own: one call less on every new key.)
+        start = self.start
+        if start is None:
+            return None
+        headers = start.get("headers", [])
+        if self.live and self.gone and not self.ended:
+            # A stream its app stopped because its client went away (Starlette's does):
+            # done, as a WSGI stream closed early is; the handler started a success.
+            return Ran(start["status"], headers, b"", live=True, ended=True, size=self.size)
+        declared = self.expected_size
+        if not self.ended or (
+            declared is not None
+            and declared != self.size  # (the common case decided without a call)
+            and not is_complete(start["status"], declared, self.size)
+        ):
+            raise UnfinishedResponse
+        if self.live:
+            return Ran(start["status"], headers, b"", live=True, ended=True, size=self.size)
+        body = self.first if self.buffer is None else self.buffer.take()
+        if self.held:
+            # A stream declares no length; sent whole, it gets one (as a replay does).
+            headers = with_content_length(headers, len(body))
+            self.start = {**start, "headers": headers}
+        # (Built with tuple.__new__, every field given: calling the class costs twice as much.)
+        return tuple.__new__(Ran, (start["status"], headers, body, False, True, 0, (), False))
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
@@ -161,34 +187,6 @@ class ResponseCapture:
         if message.get("type") == "http.disconnect":
             self.gone = True
         return message
-
-    def ran(self) -> Ran | None:
-        """The app's answer once it returned (``None``: it sent nothing);
-        ``UnfinishedResponse`` when it did not finish it."""
-        start = self.start
-        if start is None:
-            return None
-        headers = start.get("headers", [])
-        if self.live and self.gone and not self.ended:
-            # A stream its app stopped because its client went away (Starlette's does):
-            # done, as a WSGI stream closed early is; the handler started a success.
-            return Ran(start["status"], headers, b"", live=True, ended=True, size=self.size)
-        declared = self.expected_size
-        if not self.ended or (
-            declared is not None
-            and declared != self.size  # (the common case decided without a call)
-            and not is_complete(start["status"], declared, self.size)
-        ):
-            raise UnfinishedResponse
-        if self.live:
-            return Ran(start["status"], headers, b"", live=True, ended=True, size=self.size)
-        body = self.first if self.buffer is None else self.buffer.take()
-        if self.held:
-            # A stream declares no length; sent whole, it gets one (as a replay does).
-            headers = with_content_length(headers, len(body))
-            self.start = {**start, "headers": headers}
-        # (Built with tuple.__new__, every field given: calling the class costs twice as much.)
-        return tuple.__new__(Ran, (start["status"], headers, body, False, True, 0, (), False))
 
 
 async def read_body(receive: Receive, limit: int, message: Message | None = None) -> bytes:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from .records import Record, Status
+from .records import COMPLETED, Record
 
 
 class ReplayCache:
@@ -33,7 +33,7 @@ class ReplayCache:
             return record
 
     def put(self, record: Record) -> None:
-        if record.status is not Status.COMPLETED:
+        if record.status is not COMPLETED:
             return
         with self._lock:
             self._entries[record.key_hash] = record

@@ -29,10 +29,10 @@ from .keys import InvalidKey, parse_idempotency_key, storage_key
 from .options import DEFAULT_STORED_STATUSES, Options, Policy
 from .problems import Problem
 from .records import (
+    IN_PROGRESS,
     UNKNOWN_FINGERPRINT,
     Headers,
     Record,
-    Status,
     StoredResponse,
     UnreadableResponse,
     storable_headers,
@@ -117,13 +117,7 @@ def admit(
 
     ``key_lines`` holds the key header's raw lines as received.
     """
-    try:
-        key = parse_idempotency_key(key_lines)
-    except InvalidKey as error:
-        return problems.invalid_key(error.detail, options.header_name)
-    if key is None:
-        return problems.missing_key(options.header_name) if policy.required else None
-    return _new(Admitted, (policy, path if policy.route is None else policy.route, key))
+    return admit_request(options, policy, path, key_lines, None)
 
 
 def check_declared_length(options: Options, content_length: bytes | str | None) -> Problem | None:
@@ -147,13 +141,19 @@ def admit_request(
     content_length: bytes | str | None,
 ) -> Admitted | Problem | None:
     """The steps of a covered HTTP request before its body is read: ``admit`` its key, then
-    refuse a declared length over the limit (``check_declared_length``)."""
-    admitted = admit(options, policy, path, key_lines)
-    if content_length is not None and type(admitted) is Admitted:
+    refuse a declared length over the limit (``check_declared_length``). (``admit``'s work
+    is done here, and ``admit`` calls this: one call less on every request with a key.)"""
+    try:
+        key = parse_idempotency_key(key_lines)
+    except InvalidKey as error:
+        return problems.invalid_key(error.detail, options.header_name)
+    if key is None:
+        return problems.missing_key(options.header_name) if policy.required else None
+    if content_length is not None:
         too_large = check_declared_length(options, content_length)
         if too_large is not None:
             return too_large
-    return admitted
+    return _new(Admitted, (policy, path if policy.route is None else policy.route, key))
 
 
 def body_too_large(options: Options) -> Problem:
@@ -266,7 +266,7 @@ def answer_held(
     never replayed and never run again, as is a plain one when ``sealed_only``."""
     if record.fingerprint not in (fingerprint, UNKNOWN_FINGERPRINT):
         return KEY_REUSED
-    if record.status is Status.IN_PROGRESS:
+    if record.status is IN_PROGRESS:
         return KEY_IN_PROGRESS._replace(held_until=record.lock_expires_at)
     response = record.response
     if response is None:
@@ -291,7 +291,7 @@ PLAIN_REFUSED = (
 def is_waitable(record: Record, claim: ClaimRequest) -> bool:
     """A duplicate of an attempt still running: what ``wait_seconds`` waits out. A
     mismatched fingerprint is answered at once (422), never waited for."""
-    return record.status is Status.IN_PROGRESS and record.fingerprint == claim.fingerprint
+    return record.status is IN_PROGRESS and record.fingerprint == claim.fingerprint
 
 
 def poll_delay(number: int, remaining: float, jitter: float) -> float | None:
@@ -309,7 +309,7 @@ def poll_delay(number: int, remaining: float, jitter: float) -> float | None:
 def is_own_claim(record: Record, claim: ClaimRequest) -> bool:
     """A held record that carries our own owner token is our claim: it landed, its answer
     was lost, and the client (botocore's retry) re-sent it, failing against itself."""
-    return record.owner == claim.owner and record.status is Status.IN_PROGRESS
+    return record.owner == claim.owner and record.status is IN_PROGRESS
 
 
 def held_event_kind(answer: StoredResponse | Refusal) -> EventKind:

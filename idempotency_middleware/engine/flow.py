@@ -226,7 +226,8 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
         return ran
     # (Unpacked at once: cheaper than a NamedTuple attribute read per field.)
     status, headers, body, live, _, size, writes, deferred = ran
-    if not core.keeps_response(status, context.stored_statuses) or (end is not None and end.failed):
+    # (core.keeps_response, inlined: one call less on every new key.)
+    if status not in context.stored_statuses or (end is not None and end.failed):
         yield from _release(context, attempt)
         return ran
     streamed_size = None if not live else (size if end is None else end.size)

@@ -7,7 +7,7 @@ import threading
 from ..breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD, BreakerOwner, CircuitBreaker
 from ..clock import SYSTEM_CLOCK, Clock
 from ..encryption import Encryption, seal_final
-from ..records import Record, Status, deferred_by
+from ..records import COMPLETED, DEFERRED, IN_PROGRESS, Record, deferred_by
 from .protocol import (
     CLAIMED,
     TAKEN_OVER,
@@ -24,7 +24,6 @@ from .protocol import (
 # Records are built with tuple.__new__ (every field given): calling the NamedTuple class runs
 # its Python-level __new__, about twice the instructions.
 _new = tuple.__new__
-IN_PROGRESS = Status.IN_PROGRESS
 
 
 class MemoryStore(BreakerOwner):
@@ -97,11 +96,22 @@ class MemoryStore(BreakerOwner):
                 # Deferred already (this completion again), or the work's final response
                 # landed first: done either way, and the final response is kept.
                 return True
-            # Built directly: NamedTuple._replace costs several times as much.
-            key, _, fingerprint, holder, lock = existing[:5]
-            status = Status.DEFERRED if deferred else Status.COMPLETED
+            # Built directly: NamedTuple._replace costs several times as much. (The key and
+            # owner are those just matched; the fingerprint and the lock deadline read by
+            # index, which costs less than a field name or a slice.)
+            status = DEFERRED if deferred else COMPLETED
             kept, expires = None if too_large else response, now + ttl_seconds
-            record = (key, status, fingerprint, holder, lock, expires, kept, too_large, size)
+            record = (
+                key_hash,
+                status,
+                existing[2],  # fingerprint
+                owner,
+                existing[4],  # lock_expires_at
+                expires,
+                kept,
+                too_large,
+                size,
+            )
             self._records[key_hash] = _new(Record, record)
             return True
 
@@ -151,7 +161,7 @@ class MemoryStore(BreakerOwner):
             size = len(response.body)
             too_large = self._max_response_bytes is not None and size > self._max_response_bytes
             self._records[parsed.key_hash] = existing._replace(
-                status=Status.COMPLETED,
+                status=COMPLETED,
                 expires_at=float(parsed.expires_at),
                 response=None if too_large else response,
                 response_not_stored=too_large,
