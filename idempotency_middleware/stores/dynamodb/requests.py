@@ -96,31 +96,44 @@ def _keyed(layout: TableLayout, key_hash: str) -> dict[str, Any]:
     return {"TableName": layout.table_name, "Key": {layout.key_attribute: {"S": key_hash}}}
 
 
+_IN_PROGRESS = Status.IN_PROGRESS.value
+_CLAIM_CONDITION = (
+    "attribute_not_exists(#pk) OR (#status <> :in_progress AND #exp <= :now) "
+    "OR (#status = :in_progress AND #lock <= :stale)"
+)
+
+
 def claim_request(layout: TableLayout, request: ClaimRequest) -> dict[str, Any]:
     """One conditional PutItem: succeed when absent, expired, or an in-progress claim whose
     lock expired at least the claim's clock-skew margin ago. ALL_OLD: on failure the holding
     item comes back in the same call; on success it tells whether a dead owner was taken over.
     """
+    # Every request builds one (a replay too): the fields written out, not looked up.
+    now = request.now
+    expires_at = now + request.lock_timeout_seconds  # an in-progress claim's expiry is its lock's
+    expiry = f"{expires_at:.6f}"
     return {
         "TableName": layout.table_name,
         "Item": {
             layout.key_attribute: {"S": request.key_hash},
-            "status": {"S": Status.IN_PROGRESS.value},
+            "status": {"S": _IN_PROGRESS},
             "fingerprint": {"S": request.fingerprint},
             "owner": {"S": request.owner},
-            "lock_expires_at": _number(request.lock_expires_at),
-            "expires_at": _number(request.expires_at),
-            layout.ttl_attribute: _claim_ttl(request.expires_at),
+            "lock_expires_at": {"N": expiry},
+            "expires_at": {"N": expiry},
+            layout.ttl_attribute: _claim_ttl(expires_at),
         },
-        "ConditionExpression": (
-            "attribute_not_exists(#pk) OR (#status <> :in_progress AND #exp <= :now) "
-            "OR (#status = :in_progress AND #lock <= :stale)"
-        ),
-        "ExpressionAttributeNames": _names(layout, "#pk", "#exp", "#status", "#lock"),
+        "ConditionExpression": _CLAIM_CONDITION,
+        "ExpressionAttributeNames": {
+            "#pk": layout.key_attribute,
+            "#exp": "expires_at",
+            "#status": "status",
+            "#lock": "lock_expires_at",
+        },
         "ExpressionAttributeValues": {
-            ":now": _number(request.now),
-            ":stale": _number(request.stale_before),
-            ":in_progress": {"S": Status.IN_PROGRESS.value},
+            ":now": {"N": f"{now:.6f}"},
+            ":stale": {"N": f"{now - request.clock_skew_seconds:.6f}"},
+            ":in_progress": {"S": _IN_PROGRESS},
         },
         "ReturnValues": "ALL_OLD",
         "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
@@ -412,16 +425,20 @@ def delete_request(layout: TableLayout, key_hash: str) -> dict[str, Any]:
     return {**_keyed(layout, key_hash), "ReturnValues": "ALL_OLD"}
 
 
+_NONE: dict[str, Any] = {}  # an absent attribute's (empty) value
+
+
 def item_to_record(layout: TableLayout, item: Item, overflow_blob: bytes | None = None) -> Record:
     """The record of an item; ``overflow_blob`` is its response fetched from S3, if any (an
     item whose S3 object could not be read is completed without a response)."""
+    get = item.get
     key_hash = item[layout.key_attribute]["S"]
-    document = item.get("response_json", {}).get("S")
-    response: object = item.get("response", {}).get("B", overflow_blob)
-    missing = bool(item.get("too_large", {}).get("BOOL", False)) or (
+    document = get("response_json", _NONE).get("S")
+    response: object = get("response", _NONE).get("B", overflow_blob)
+    missing = bool(get("too_large", _NONE).get("BOOL", False)) or (
         response is None and overflow_reference(item) is not None
     )
-    size: object = item.get("response_size", {}).get("N", "0")
+    size: object = get("response_size", _NONE).get("N", "0")
     if document is not None:
         # A final response written by a Step Functions state (or any other writer).
         try:
@@ -431,14 +448,17 @@ def item_to_record(layout: TableLayout, item: Item, overflow_blob: bytes | None 
             logger.error("idempotency record %s: unreadable response_json: %s", key_hash, error)
             response, size = None, len(document)
         missing = response is None
-    status, fingerprint, owner = (item.get(name, {}).get("S") for name in TEXTS)
-    lock, expires = (item.get(name, {}).get("N") for name in ("lock_expires_at", "expires_at"))
     return record_from_fields(
-        key_hash, status, fingerprint, owner, lock, expires, response, missing, size
+        key_hash,
+        get("status", _NONE).get("S"),
+        get("fingerprint", _NONE).get("S"),
+        get("owner", _NONE).get("S"),
+        get("lock_expires_at", _NONE).get("N"),
+        get("expires_at", _NONE).get("N"),
+        response,
+        missing,
+        size,
     )
-
-
-TEXTS = ("status", "fingerprint", "owner")
 
 
 def create_table_request(layout: TableLayout) -> dict[str, Any]:
