@@ -41,7 +41,13 @@ from botocore.exceptions import (
 
 from idempotency_middleware import AsyncDynamoDBStore, DynamoDBStore
 from idempotency_middleware.records import StoredResponse
-from idempotency_middleware.stores import ClaimRequest, Completion, StoreUnavailable
+from idempotency_middleware.stores import (
+    Claimed,
+    ClaimRequest,
+    Completion,
+    Held,
+    StoreUnavailable,
+)
 from idempotency_middleware.stores.dynamodb import requests as ddb
 from idempotency_middleware.stores.dynamodb import wire
 from idempotency_middleware.stores.dynamodb.config import (
@@ -987,3 +993,39 @@ def test_an_error_body_is_read_once_as_botocore_reads_it() -> None:
     policy = RetryPolicy(3, random=lambda: 0.0)
     assert policy.after_answer(1, typed) == policy.after_answer(1, typed, "ThrottlingException")
     assert policy.after_answer(1, typed, "ValidationException") == (None, 0)
+
+
+CCF = "ConditionalCheckFailedException"
+
+
+@pytest.mark.parametrize("transport", ["lean", "sdk"])
+def test_a_failed_claim_without_the_holder_reads_it_and_a_failed_release_is_false(
+    proxy: FaultProxy, table: str, transport: Transport
+) -> None:
+    # A backend that ignores ReturnValuesOnConditionCheckFailure answers the failed claim
+    # without the item: the store reads the holder. Any other failed condition (a release
+    # that is no longer ours) answers False, the lean client's Declined raised into its flow.
+    key, now = uuid.uuid4().hex, time.time()
+    with DynamoDBStore(
+        table, endpoint_url=proxy.url, region_name=REGION, transport=transport
+    ) as store:
+        store.claim(ClaimRequest(key, "fp", "first", now, 30))
+        proxy.set("error", operations=["PutItem"], count=1, error_status=400, error_code=CCF)
+        held = store.claim(ClaimRequest(key, "fp", "second", now, 30))
+        assert [seen.operation for seen in proxy.seen()][-2:] == ["PutItem", "GetItem"]
+        assert isinstance(held, Held) and held.record.owner == "first"
+        assert store.release(key, "second") is False
+        assert store.release(key, "first") is True
+
+
+async def test_the_async_store_takes_a_failed_claim_and_release_as_the_sync_one(
+    moto_endpoint: str, table: str
+) -> None:
+    key, now = uuid.uuid4().hex, time.time()
+    async with AsyncDynamoDBStore(table, endpoint_url=moto_endpoint, region_name=REGION) as store:
+        assert isinstance(await store.client(), AsyncWireClient)
+        assert await store.aclaim(ClaimRequest(key, "fp", "first", now, 30)) == Claimed()
+        held = await store.aclaim(ClaimRequest(key, "fp", "second", now, 30))
+        assert isinstance(held, Held) and held.record.owner == "first"
+        assert await store.arelease(key, "second") is False
+        assert await store.arelease(key, "first") is True

@@ -142,7 +142,7 @@ def claim_request(layout: TableLayout, request: ClaimRequest) -> dict[str, Any]:
 
 def claim_took_over(response: dict[str, Any]) -> bool:
     old = response.get("Attributes") or {}
-    return bool(old.get("status", {}).get("S") == Status.IN_PROGRESS.value)
+    return bool(old.get("status", {}).get("S") == _IN_PROGRESS)
 
 
 @dataclass(frozen=True)
@@ -233,7 +233,7 @@ def owned_in(item: Item | None, owner: str, *statuses: Status) -> bool:
     return (
         item is not None
         and item.get("owner", {}).get("S") == owner
-        and item.get("status", {}).get("S") in [status.value for status in statuses]
+        and item.get("status", {}).get("S") in statuses  # str enums: equal to their values
     )
 
 
