@@ -87,16 +87,28 @@ def _claim_ttl(lock_expires_at: float) -> dict[str, str]:
 _RENAMED = {"#lock": "lock_expires_at", "#exp": "expires_at", "#size": "response_size"}
 
 
+# Each request's names, by its layout's two attributes and the aliases it uses: built once
+# (the aliases come from this module's code, the layouts from the stores: a handful).
+_NAMES: dict[tuple[str, str, tuple[str, ...]], dict[str, str]] = {}
+
+
 def _names(layout: TableLayout, *used: str) -> dict[str, str]:
-    names = dict(_RENAMED, **{"#pk": layout.key_attribute, "#ttl": layout.ttl_attribute})
-    return {alias: names.get(alias, alias[1:]) for alias in used}
+    known = (layout.key_attribute, layout.ttl_attribute, used)
+    names = _NAMES.get(known)
+    if names is None:
+        aliases = dict(_RENAMED, **{"#pk": layout.key_attribute, "#ttl": layout.ttl_attribute})
+        names = _NAMES[known] = {alias: aliases.get(alias, alias[1:]) for alias in used}
+    return dict(names)  # the request's own copy (a before-call handler may change it)
 
 
 def _keyed(layout: TableLayout, key_hash: str) -> dict[str, Any]:
     return {"TableName": layout.table_name, "Key": {layout.key_attribute: {"S": key_hash}}}
 
 
+# The statuses as stored (an enum's .value is a Python-level lookup each time).
 _IN_PROGRESS = Status.IN_PROGRESS.value
+_COMPLETED = Status.COMPLETED.value
+_DEFERRED = Status.DEFERRED.value
 _CLAIM_CONDITION = (
     "attribute_not_exists(#pk) OR (#status <> :in_progress AND #exp <= :now) "
     "OR (#status = :in_progress AND #lock <= :stale)"
@@ -179,7 +191,7 @@ def plan_completion(
     status = Status.DEFERRED if completion.deferred else Status.COMPLETED
     values: dict[str, Any] = {
         ":owner": {"S": completion.owner},
-        ":completed": {"S": status.value},
+        ":completed": {"S": _COMPLETED if status is Status.COMPLETED else _DEFERRED},
         ":exp": _number(completion.expires_at),
         ":ttl": _ttl(completion.expires_at),
         ":size": {"N": str(completion.body_size)},
@@ -189,7 +201,7 @@ def plan_completion(
     condition = "#owner = :owner"
     if completion.writes or completion.deferred:
         condition += " AND #status = :in_progress"
-        values[":in_progress"] = {"S": Status.IN_PROGRESS.value}
+        values[":in_progress"] = {"S": _IN_PROGRESS}
     if completion.writes:
         values[":txn"] = {"S": commit_token(completion.owner)}
         update += ", #txn = :txn"
