@@ -1,10 +1,10 @@
 """The DynamoDB store's operations, written once as flows (see ``kit.Flow``): each yields a
 ``Call`` or :class:`Sleep` and receives the answer, or has the failure thrown in at its
 ``yield`` (``ConditionFailed``, ``TransactionCancelled``, ``StoreUnavailable``, from
-``errors.translate_error``). The claim's PutItem is the one exception: a transport may
-answer its failed condition with the ``ConditionFailed`` as the value (the lean client
-does: a replay's claim fails every time, and a raise costs more than the rest of the
-store's work on it)."""
+``errors.translate_error``). The claim's PutItem is the one exception: sent as
+``CLAIMING``, its failed condition may come back as the value, the ``ConditionFailed``
+itself (the lean client does: a replay's claim fails every time, and a raise costs more
+than the rest of the store's work on it)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ from .errors import ConditionFailed, Item, TransactionCancelled, refused_outrigh
 
 DYNAMODB = "dynamodb"
 S3 = "s3"
-CLAIM = "put_item"  # the claim's call, the only PutItem the flows make
+# DynamoDB, for a call whose failed condition may be answered as the value (see above).
+CLAIMING = "dynamodb (a failed condition answered)"
 
 # A deferred key past its interim completion: deferred (re-sent) or completed already.
 DONE = (Status.DEFERRED, Status.COMPLETED)
@@ -85,7 +86,7 @@ class DynamoDBOps:
         """One conditional PutItem; on failure the holder comes back in the same call."""
         for _ in range(ddb.CLAIM_ATTEMPTS):
             try:
-                response = yield (DYNAMODB, CLAIM, ddb.claim_request(self.layout, request))
+                response = yield (CLAIMING, "put_item", ddb.claim_request(self.layout, request))
             except ConditionFailed as thrown:
                 response = thrown
             if type(response) is not ConditionFailed:

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from ..kit import Flow, LoopLocal, adrive, drive, finish_without_loop
 from .config import DynamoDBConfig, WireConfig, resolve
 from .errors import ConditionFailed, store_errors, translate_error
-from .ops import CLAIM, S3, Call, Sleep
+from .ops import CLAIMING, S3, Call, Sleep
 from .wire import OPERATIONS, Declined
 from .wire_client import WireClient, events_of, forward_sdk_events
 
@@ -22,13 +22,13 @@ T = TypeVar("T")
 ADMIN = "admin"  # the SDK's DynamoDB client beside a lean one, for table administration
 
 
-def _taken(operation: str, result: Any) -> Any:
+def _taken(service: str, result: Any) -> Any:
     """A lean client's answer to ``declining``: a declined condition is the flows'
     ``ConditionFailed`` at once (on the SDK, ``translate_error`` makes it of a ClientError),
-    the claim's answer as it is, any other call's raised (see ``ops``)."""
+    the answer of a call sent as ``CLAIMING``, raised for any other (see ``ops``)."""
     if type(result) is Declined:
         failed = ConditionFailed(result.item)
-        if operation == CLAIM:
+        if service == CLAIMING:
             return failed
         raise failed
     return result
@@ -95,7 +95,7 @@ class SyncTransport(_Transport):
                 return getattr(self.admin(), operation)(**params)
             client = self.client or self.dynamodb()
             if isinstance(client, WireClient):
-                return _taken(operation, client.declining(operation, params))
+                return _taken(service, client.declining(operation, params))
             return getattr(client, operation)(**params)
         except self._errors as error:
             raise self._failed(service, operation, error) from error
@@ -195,7 +195,7 @@ class AsyncTransport(_Transport):
             if operation in OPERATIONS:
                 client = clients.dynamodb
                 if isinstance(client, WireClient):
-                    return _taken(operation, await client.declining(operation, params))
+                    return _taken(service, await client.declining(operation, params))
                 return await getattr(client, operation)(**params)
             return await getattr(await self._admin(clients), operation)(**params)
         except self._errors as error:
