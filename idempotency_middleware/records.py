@@ -370,6 +370,47 @@ def record_from_fields(
     unknown status, text that is not UTF-8, a deadline that is no number, a missing field, a
     corrupt response) comes back completed with an :class:`UnreadableResponse`, answered
     as such instead of an exception out of the claim, and never expiring (never re-run)."""
+    if (
+        type(status) is str
+        and type(fingerprint) is str
+        and type(owner) is str
+        and (response is None or type(response) is bytes or isinstance(response, StoredResponse))
+    ):
+        # The common case, fields of the types they should be, without a check per field
+        # (anything unreadable raises here, and the checked path says what).
+        try:
+            return Record(
+                key_hash,
+                _STATUSES[status],
+                fingerprint,
+                owner,
+                float(lock_expires_at),  # type: ignore[arg-type]
+                float(expires_at),  # type: ignore[arg-type]
+                read_response(response) if type(response) is bytes else response,  # type: ignore[arg-type]
+                bool(too_large),
+                int(size),  # type: ignore[call-overload]
+            )
+        except (KeyError, TypeError, ValueError):
+            pass
+    return _checked_record(
+        key_hash, status, fingerprint, owner, lock_expires_at, expires_at, response, too_large, size
+    )
+
+
+_STATUSES = {status.value: status for status in Status}
+
+
+def _checked_record(
+    key_hash: str,
+    status: object,
+    fingerprint: object,
+    owner: object,
+    lock_expires_at: object,
+    expires_at: object,
+    response: object,
+    too_large: object,
+    size: object,
+) -> Record:
     try:
         if response is not None and not isinstance(response, StoredResponse):
             response = read_response(_field("response", response, bytes))

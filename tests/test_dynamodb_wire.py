@@ -41,7 +41,13 @@ from botocore.exceptions import (
 
 from idempotency_middleware import AsyncDynamoDBStore, DynamoDBStore
 from idempotency_middleware.records import StoredResponse
-from idempotency_middleware.stores import ClaimRequest, Completion, StoreUnavailable
+from idempotency_middleware.stores import (
+    Claimed,
+    ClaimRequest,
+    Completion,
+    Held,
+    StoreUnavailable,
+)
 from idempotency_middleware.stores.dynamodb import requests as ddb
 from idempotency_middleware.stores.dynamodb import wire
 from idempotency_middleware.stores.dynamodb.config import (
@@ -907,3 +913,119 @@ def test_tls_trusts_the_configured_ca_bundle(
     client = flavour(url, **FAST)
     for _ in range(2):
         assert client.call("get_item", TableName="t")["ResponseMetadata"]["HTTPStatusCode"] == 200
+
+
+# --- a declined condition, as the stores take it -------------------------------------------
+
+
+def _holder(table: str, key: str) -> dict[str, Any]:
+    return {
+        "pk": {"S": key},
+        "response": {"B": b"\x00stored\xff"},
+        "parts": {"L": [{"B": b"one"}, {"S": "two"}, {"M": {"deep": {"B": b"three"}}}]},
+        "blobs": {"BS": [b"four"]},
+    }
+
+
+def test_a_declined_condition_answers_the_item_the_client_error_carries(
+    moto_endpoint: str, table: str, flavour: Callable[..., Flavour]
+) -> None:
+    client = flavour(moto_endpoint)
+    key = uuid.uuid4().hex
+    client.call("put_item", TableName=table, Item=_holder(table, key))
+    claim = {
+        "TableName": table,
+        "Item": {"pk": {"S": key}},
+        "ConditionExpression": "attribute_not_exists(pk)",
+        "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+    }
+    with pytest.raises(ClientError) as raised:
+        client.call("put_item", **claim)
+    seen: list[str] = []
+    client.client.meta.events.register(
+        "before-send", lambda event_name, **_: seen.append(event_name)
+    )
+
+    def declining(params: dict[str, Any]) -> Any:
+        answer = client.client.declining("put_item", params)
+        return client.loop.run_until_complete(answer) if client.is_async else answer
+
+    declined = declining(claim)
+    assert type(declined) is wire.Declined
+    assert declined.item == raised.value.response["Item"] == _holder(table, key)
+    assert seen == ["before-send.dynamodb.PutItem"]  # sent as put_item is: its events too
+    # Without ALL_OLD on failure the item is not known; a success answers as put_item does.
+    del claim["ReturnValuesOnConditionCheckFailure"]
+    assert declining(claim) == wire.Declined(None)
+    claim["Item"] = {"pk": {"S": uuid.uuid4().hex}}
+    assert declining(claim)["ResponseMetadata"]["HTTPStatusCode"] == 200
+    # Any other failure is raised as put_item raises it.
+    with pytest.raises(ClientError) as other:
+        declining({**claim, "TableName": "no-such-table"})
+    assert other.value.response["Error"]["Code"] == "ResourceNotFoundException"
+
+
+def test_a_declined_condition_without_an_item_is_declined_without_one() -> None:
+    assert wire.Declined.of({"Item": {}}) == wire.Declined(None)
+    assert wire.Declined.of({"Item": "not an item"}) == wire.Declined(None)
+    assert wire.Declined.of({}) == wire.Declined(None)
+    item = {"response": {"B": "AP8="}, "pk": {"S": "k"}}
+    assert wire.Declined.of({"Item": item}) == wire.Declined(
+        {"response": {"B": b"\x00\xff"}, "pk": {"S": "k"}}
+    )
+
+
+def test_an_error_body_is_read_once_as_botocore_reads_it() -> None:
+    def answer(status: int, body: bytes) -> wire.Answer:
+        return wire.Answer(status, {}, body)
+
+    typed = answer(400, b'{"__type":"com.amazonaws.dynamodb.v20120810#ThrottlingException"}')
+    assert wire.read_error(typed) == (
+        "ThrottlingException",
+        {"__type": "com.amazonaws.dynamodb.v20120810#ThrottlingException"},
+    )
+    assert wire.read_error(answer(502, b"<html>bad gateway</html>")) == (
+        "502",
+        {"message": "<html>bad gateway</html>"},
+    )
+    assert wire.read_error(answer(400, b"[1]")) == ("400", {})
+    assert wire.read_error(answer(500, b"")) == ("500", {})
+    policy = RetryPolicy(3, random=lambda: 0.0)
+    assert policy.after_answer(1, typed) == policy.after_answer(1, typed, "ThrottlingException")
+    assert policy.after_answer(1, typed, "ValidationException") == (None, 0)
+
+
+CCF = "ConditionalCheckFailedException"
+
+
+@pytest.mark.parametrize("transport", ["lean", "sdk"])
+def test_a_failed_claim_without_the_holder_reads_it_and_a_failed_release_is_false(
+    proxy: FaultProxy, table: str, transport: Transport
+) -> None:
+    # A backend that ignores ReturnValuesOnConditionCheckFailure answers the failed claim
+    # without the item: the store reads the holder. Any other failed condition (a release
+    # that is no longer ours) answers False, the lean client's Declined raised into its flow.
+    key, now = uuid.uuid4().hex, time.time()
+    with DynamoDBStore(
+        table, endpoint_url=proxy.url, region_name=REGION, transport=transport
+    ) as store:
+        store.claim(ClaimRequest(key, "fp", "first", now, 30))
+        proxy.set("error", operations=["PutItem"], count=1, error_status=400, error_code=CCF)
+        held = store.claim(ClaimRequest(key, "fp", "second", now, 30))
+        assert [seen.operation for seen in proxy.seen()][-2:] == ["PutItem", "GetItem"]
+        assert isinstance(held, Held) and held.record.owner == "first"
+        assert store.release(key, "second") is False
+        assert store.release(key, "first") is True
+
+
+async def test_the_async_store_takes_a_failed_claim_and_release_as_the_sync_one(
+    moto_endpoint: str, table: str
+) -> None:
+    key, now = uuid.uuid4().hex, time.time()
+    async with AsyncDynamoDBStore(table, endpoint_url=moto_endpoint, region_name=REGION) as store:
+        assert isinstance(await store.client(), AsyncWireClient)
+        assert await store.aclaim(ClaimRequest(key, "fp", "first", now, 30)) == Claimed()
+        held = await store.aclaim(ClaimRequest(key, "fp", "second", now, 30))
+        assert isinstance(held, Held) and held.record.owner == "first"
+        assert await store.arelease(key, "second") is False
+        assert await store.arelease(key, "first") is True

@@ -1,7 +1,10 @@
 """The DynamoDB store's operations, written once as flows (see ``kit.Flow``): each yields a
 ``Call`` or :class:`Sleep` and receives the answer, or has the failure thrown in at its
 ``yield`` (``ConditionFailed``, ``TransactionCancelled``, ``StoreUnavailable``, from
-``errors.translate_error``)."""
+``errors.translate_error``). The claim's PutItem is the one exception: sent as
+``CLAIMING``, its failed condition may come back as the value, the ``ConditionFailed``
+itself (the lean client does: a replay's claim fails every time, and a raise costs more
+than the rest of the store's work on it)."""
 
 from __future__ import annotations
 
@@ -28,6 +31,8 @@ from .errors import ConditionFailed, Item, TransactionCancelled, refused_outrigh
 
 DYNAMODB = "dynamodb"
 S3 = "s3"
+# DynamoDB, for a call whose failed condition may be answered as the value (see above).
+CLAIMING = "dynamodb (a failed condition answered)"
 
 # A deferred key past its interim completion: deferred (re-sent) or completed already.
 DONE = (Status.DEFERRED, Status.COMPLETED)
@@ -81,19 +86,20 @@ class DynamoDBOps:
         """One conditional PutItem; on failure the holder comes back in the same call."""
         for _ in range(ddb.CLAIM_ATTEMPTS):
             try:
-                response = yield (DYNAMODB, "put_item", ddb.claim_request(self.layout, request))
-            except ConditionFailed as failed:
-                if failed.item is not None:
-                    if ddb.owned_in(failed.item, request.owner, Status.IN_PROGRESS):
-                        return CLAIMED
-                    return Held((yield from self._record(failed.item)))
-                # A backend without ALL_OLD on failure: read the holder instead.
-                record = yield from self.get(request.key_hash)
-                skew = request.clock_skew_seconds
-                if record is not None and not record.is_claimable(request.now, skew):
-                    return Held(record)
-                continue
-            return Claimed(taken_over=ddb.claim_took_over(response))
+                response = yield (CLAIMING, "put_item", ddb.claim_request(self.layout, request))
+            except ConditionFailed as thrown:
+                response = thrown
+            if type(response) is not ConditionFailed:
+                return Claimed(taken_over=ddb.claim_took_over(response))
+            if response.item is not None:
+                if ddb.owned_in(response.item, request.owner, Status.IN_PROGRESS):
+                    return CLAIMED
+                return Held((yield from self._record(response.item)))
+            # A backend without ALL_OLD on failure: read the holder instead.
+            record = yield from self.get(request.key_hash)
+            skew = request.clock_skew_seconds
+            if record is not None and not record.is_claimable(request.now, skew):
+                return Held(record)
         raise StoreUnavailable("DynamoDB claim kept racing with other writers")
 
     def complete(self, completion: Completion) -> Flow[bool]:

@@ -87,13 +87,32 @@ def _claim_ttl(lock_expires_at: float) -> dict[str, str]:
 _RENAMED = {"#lock": "lock_expires_at", "#exp": "expires_at", "#size": "response_size"}
 
 
+# Each request's names, by its layout's two attributes and the aliases it uses: built once
+# (the aliases come from this module's code, the layouts from the stores: a handful).
+_NAMES: dict[tuple[str, str, tuple[str, ...]], dict[str, str]] = {}
+
+
 def _names(layout: TableLayout, *used: str) -> dict[str, str]:
-    names = dict(_RENAMED, **{"#pk": layout.key_attribute, "#ttl": layout.ttl_attribute})
-    return {alias: names.get(alias, alias[1:]) for alias in used}
+    known = (layout.key_attribute, layout.ttl_attribute, used)
+    names = _NAMES.get(known)
+    if names is None:
+        aliases = dict(_RENAMED, **{"#pk": layout.key_attribute, "#ttl": layout.ttl_attribute})
+        names = _NAMES[known] = {alias: aliases.get(alias, alias[1:]) for alias in used}
+    return dict(names)  # the request's own copy (a before-call handler may change it)
 
 
 def _keyed(layout: TableLayout, key_hash: str) -> dict[str, Any]:
     return {"TableName": layout.table_name, "Key": {layout.key_attribute: {"S": key_hash}}}
+
+
+# The statuses as stored (an enum's .value is a Python-level lookup each time).
+_IN_PROGRESS = Status.IN_PROGRESS.value
+_COMPLETED = Status.COMPLETED.value
+_DEFERRED = Status.DEFERRED.value
+_CLAIM_CONDITION = (
+    "attribute_not_exists(#pk) OR (#status <> :in_progress AND #exp <= :now) "
+    "OR (#status = :in_progress AND #lock <= :stale)"
+)
 
 
 def claim_request(layout: TableLayout, request: ClaimRequest) -> dict[str, Any]:
@@ -101,26 +120,32 @@ def claim_request(layout: TableLayout, request: ClaimRequest) -> dict[str, Any]:
     lock expired at least the claim's clock-skew margin ago. ALL_OLD: on failure the holding
     item comes back in the same call; on success it tells whether a dead owner was taken over.
     """
+    # Every request builds one (a replay too): the fields written out, not looked up.
+    now = request.now
+    expires_at = now + request.lock_timeout_seconds  # an in-progress claim's expiry is its lock's
+    expiry = f"{expires_at:.6f}"
     return {
         "TableName": layout.table_name,
         "Item": {
             layout.key_attribute: {"S": request.key_hash},
-            "status": {"S": Status.IN_PROGRESS.value},
+            "status": {"S": _IN_PROGRESS},
             "fingerprint": {"S": request.fingerprint},
             "owner": {"S": request.owner},
-            "lock_expires_at": _number(request.lock_expires_at),
-            "expires_at": _number(request.expires_at),
-            layout.ttl_attribute: _claim_ttl(request.expires_at),
+            "lock_expires_at": {"N": expiry},
+            "expires_at": {"N": expiry},
+            layout.ttl_attribute: _claim_ttl(expires_at),
         },
-        "ConditionExpression": (
-            "attribute_not_exists(#pk) OR (#status <> :in_progress AND #exp <= :now) "
-            "OR (#status = :in_progress AND #lock <= :stale)"
-        ),
-        "ExpressionAttributeNames": _names(layout, "#pk", "#exp", "#status", "#lock"),
+        "ConditionExpression": _CLAIM_CONDITION,
+        "ExpressionAttributeNames": {
+            "#pk": layout.key_attribute,
+            "#exp": "expires_at",
+            "#status": "status",
+            "#lock": "lock_expires_at",
+        },
         "ExpressionAttributeValues": {
-            ":now": _number(request.now),
-            ":stale": _number(request.stale_before),
-            ":in_progress": {"S": Status.IN_PROGRESS.value},
+            ":now": {"N": f"{now:.6f}"},
+            ":stale": {"N": f"{now - request.clock_skew_seconds:.6f}"},
+            ":in_progress": {"S": _IN_PROGRESS},
         },
         "ReturnValues": "ALL_OLD",
         "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
@@ -129,7 +154,7 @@ def claim_request(layout: TableLayout, request: ClaimRequest) -> dict[str, Any]:
 
 def claim_took_over(response: dict[str, Any]) -> bool:
     old = response.get("Attributes") or {}
-    return bool(old.get("status", {}).get("S") == Status.IN_PROGRESS.value)
+    return bool(old.get("status", {}).get("S") == _IN_PROGRESS)
 
 
 @dataclass(frozen=True)
@@ -166,7 +191,7 @@ def plan_completion(
     status = Status.DEFERRED if completion.deferred else Status.COMPLETED
     values: dict[str, Any] = {
         ":owner": {"S": completion.owner},
-        ":completed": {"S": status.value},
+        ":completed": {"S": _COMPLETED if status is Status.COMPLETED else _DEFERRED},
         ":exp": _number(completion.expires_at),
         ":ttl": _ttl(completion.expires_at),
         ":size": {"N": str(completion.body_size)},
@@ -176,7 +201,7 @@ def plan_completion(
     condition = "#owner = :owner"
     if completion.writes or completion.deferred:
         condition += " AND #status = :in_progress"
-        values[":in_progress"] = {"S": Status.IN_PROGRESS.value}
+        values[":in_progress"] = {"S": _IN_PROGRESS}
     if completion.writes:
         values[":txn"] = {"S": commit_token(completion.owner)}
         update += ", #txn = :txn"
@@ -220,7 +245,7 @@ def owned_in(item: Item | None, owner: str, *statuses: Status) -> bool:
     return (
         item is not None
         and item.get("owner", {}).get("S") == owner
-        and item.get("status", {}).get("S") in [status.value for status in statuses]
+        and item.get("status", {}).get("S") in statuses  # str enums: equal to their values
     )
 
 
@@ -412,16 +437,20 @@ def delete_request(layout: TableLayout, key_hash: str) -> dict[str, Any]:
     return {**_keyed(layout, key_hash), "ReturnValues": "ALL_OLD"}
 
 
+_NONE: dict[str, Any] = {}  # an absent attribute's (empty) value
+
+
 def item_to_record(layout: TableLayout, item: Item, overflow_blob: bytes | None = None) -> Record:
     """The record of an item; ``overflow_blob`` is its response fetched from S3, if any (an
     item whose S3 object could not be read is completed without a response)."""
+    get = item.get
     key_hash = item[layout.key_attribute]["S"]
-    document = item.get("response_json", {}).get("S")
-    response: object = item.get("response", {}).get("B", overflow_blob)
-    missing = bool(item.get("too_large", {}).get("BOOL", False)) or (
+    document = get("response_json", _NONE).get("S")
+    response: object = get("response", _NONE).get("B", overflow_blob)
+    missing = bool(get("too_large", _NONE).get("BOOL", False)) or (
         response is None and overflow_reference(item) is not None
     )
-    size: object = item.get("response_size", {}).get("N", "0")
+    size: object = get("response_size", _NONE).get("N", "0")
     if document is not None:
         # A final response written by a Step Functions state (or any other writer).
         try:
@@ -431,14 +460,17 @@ def item_to_record(layout: TableLayout, item: Item, overflow_blob: bytes | None 
             logger.error("idempotency record %s: unreadable response_json: %s", key_hash, error)
             response, size = None, len(document)
         missing = response is None
-    status, fingerprint, owner = (item.get(name, {}).get("S") for name in TEXTS)
-    lock, expires = (item.get(name, {}).get("N") for name in ("lock_expires_at", "expires_at"))
     return record_from_fields(
-        key_hash, status, fingerprint, owner, lock, expires, response, missing, size
+        key_hash,
+        get("status", _NONE).get("S"),
+        get("fingerprint", _NONE).get("S"),
+        get("owner", _NONE).get("S"),
+        get("lock_expires_at", _NONE).get("N"),
+        get("expires_at", _NONE).get("N"),
+        response,
+        missing,
+        size,
     )
-
-
-TEXTS = ("status", "fingerprint", "owner")
 
 
 def create_table_request(layout: TableLayout) -> dict[str, Any]:

@@ -13,13 +13,25 @@ from typing import Any, TypeVar
 
 from ..kit import Flow, LoopLocal, adrive, drive, finish_without_loop
 from .config import DynamoDBConfig, WireConfig, resolve
-from .errors import store_errors, translate_error
-from .ops import S3, Call, Sleep
-from .wire import OPERATIONS
-from .wire_client import events_of, forward_sdk_events
+from .errors import ConditionFailed, store_errors, translate_error
+from .ops import CLAIMING, S3, Call, Sleep
+from .wire import OPERATIONS, Declined
+from .wire_client import WireClient, events_of, forward_sdk_events
 
 T = TypeVar("T")
 ADMIN = "admin"  # the SDK's DynamoDB client beside a lean one, for table administration
+
+
+def _taken(service: str, result: Any) -> Any:
+    """A lean client's answer to ``declining``: a declined condition is the flows'
+    ``ConditionFailed`` at once (on the SDK, ``translate_error`` makes it of a ClientError),
+    the answer of a call sent as ``CLAIMING``, raised for any other (see ``ops``)."""
+    if type(result) is Declined:
+        failed = ConditionFailed(result.item)
+        if service == CLAIMING:
+            return failed
+        raise failed
+    return result
 
 
 class _Transport:
@@ -79,8 +91,12 @@ class SyncTransport(_Transport):
                 if operation == "get_object":
                     result["Blob"] = result["Body"].read()
                 return result
-            client = self.client if operation in OPERATIONS else self.admin()
-            return getattr(client or self.dynamodb(), operation)(**params)
+            if operation not in OPERATIONS:
+                return getattr(self.admin(), operation)(**params)
+            client = self.client or self.dynamodb()
+            if isinstance(client, WireClient):
+                return _taken(service, client.declining(operation, params))
+            return getattr(client, operation)(**params)
         except self._errors as error:
             raise self._failed(service, operation, error) from error
 
@@ -177,7 +193,10 @@ class AsyncTransport(_Transport):
                         result["Blob"] = await stream.read()
                 return result
             if operation in OPERATIONS:
-                return await getattr(clients.dynamodb, operation)(**params)
+                client = clients.dynamodb
+                if isinstance(client, WireClient):
+                    return _taken(service, await client.declining(operation, params))
+                return await getattr(client, operation)(**params)
             return await getattr(await self._admin(clients), operation)(**params)
         except self._errors as error:
             raise self._failed(service, operation, error) from error

@@ -68,7 +68,7 @@ class Frozen(NamedTuple):
 
 
 def _hmac(key: bytes, message: str) -> bytes:
-    return hmac.new(key, message.encode(), hashlib.sha256).digest()
+    return hmac.digest(key, message.encode(), "sha256")
 
 
 _SIGNED = "content-type;host;x-amz-date;x-amz-target"
@@ -121,9 +121,10 @@ class Signer:
         to_sign = (
             f"AWS4-HMAC-SHA256\n{stamp}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
         )
-        signature = hmac.new(
-            self._signing_key(credentials.secret_key, day), to_sign.encode(), hashlib.sha256
-        ).hexdigest()
+        # hmac.digest: OpenSSL's one-shot HMAC, without hmac.HMAC's Python object.
+        signature = hmac.digest(
+            self._signing_key(credentials.secret_key, day), to_sign.encode(), "sha256"
+        ).hex()
         headers = {
             "Host": self._host,
             "X-Amz-Date": stamp,
@@ -160,15 +161,21 @@ def _decode_value(value: dict[str, Any]) -> None:
         _decode_item(value["M"])
     elif "L" in value:
         for member in value["L"]:
-            _decode_value(member)
+            if isinstance(member, dict) and not _ENCODED.isdisjoint(member):
+                _decode_value(member)
     elif "BS" in value:
         value["BS"] = [base64.b64decode(member) for member in value["BS"]]
+
+
+# The types whose values hold base64 text (or values that may): only these need a look.
+_ENCODED = frozenset(("B", "M", "L", "BS"))
 
 
 def _decode_item(item: Any) -> None:
     if isinstance(item, dict):
         for value in item.values():
-            if isinstance(value, dict):
+            # One set test per attribute: most are S or N and need nothing.
+            if isinstance(value, dict) and not _ENCODED.isdisjoint(value):
                 _decode_value(value)
 
 
@@ -216,7 +223,7 @@ MODELED_ERROR_MEMBERS: dict[str, tuple[str, ...]] = {
 def request_head(request_line: bytes, headers: dict[str, str]) -> bytes:
     return (
         request_line
-        + "".join(f"{name}: {value}\r\n" for name, value in headers.items()).encode()
+        + "".join([f"{name}: {value}\r\n" for name, value in headers.items()]).encode()
         + b"\r\n"
     )
 
@@ -279,30 +286,32 @@ def _error_code(body: dict[str, Any], status: int) -> str:
     return code.split(":", 1)[0].rsplit("#", 1)[-1]
 
 
-def error_code(answer: Answer) -> str:
-    """The ``Error.Code`` :func:`error_response` would give, without building the rest (the
-    retry policy asks it of every error answer; a failed claim's item need not be decoded
-    twice)."""
-    if b'"__type"' not in answer.body:
-        return str(answer.status)
-    try:
-        loaded = orjson.loads(answer.body)
-    except orjson.JSONDecodeError:
-        return str(answer.status)
-    return _error_code(loaded if isinstance(loaded, dict) else {}, answer.status)
+ErrorBody = tuple[str, dict[str, Any]]  # an error answer's code, and its JSON body
 
 
-def error_response(answer: Answer, attempts: int) -> dict[str, Any]:
-    """The ``error_response`` botocore's JSON parser builds for a failed call: ``Error``
-    (``Code`` after the ``#`` of ``__type``, ``Message``), the modeled members (``Item`` of a
-    failed condition, ``CancellationReasons`` of a cancelled transaction) and metadata."""
+def read_error(answer: Answer) -> ErrorBody:
+    """An error answer's ``Error.Code`` (after the ``#`` of ``__type``, else the status) and
+    its body, parsed once for the retry decision and what the call then answers."""
     body: dict[str, Any]
     try:
         loaded = orjson.loads(answer.body) if answer.body else {}
         body = loaded if isinstance(loaded, dict) else {}
     except orjson.JSONDecodeError:
         body = {"message": answer.body.decode("utf-8", "replace")}
-    code = _error_code(body, answer.status)
+    return _error_code(body, answer.status), body
+
+
+def error_code(answer: Answer) -> str:
+    """The ``Error.Code`` :func:`error_response` would give."""
+    return read_error(answer)[0]
+
+
+def error_response(answer: Answer, attempts: int, error: ErrorBody | None = None) -> dict[str, Any]:
+    """The ``error_response`` botocore's JSON parser builds for a failed call: ``Error``
+    (``Code`` after the ``#`` of ``__type``, ``Message``), the modeled members (``Item`` of a
+    failed condition, ``CancellationReasons`` of a cancelled transaction) and metadata.
+    ``error``: :func:`read_error`'s answer, if read already."""
+    code, body = read_error(answer) if error is None else error
     members = MODELED_ERROR_MEMBERS.get(code, ())
     parsed = {name: body[name] for name in members if body.get(name) is not None}
     _decode_blobs(parsed)
@@ -311,11 +320,32 @@ def error_response(answer: Answer, attempts: int) -> dict[str, Any]:
     return parsed
 
 
-def client_error(answer: Answer, operation: str, attempts: int, exhausted: bool) -> Exception:
+CONDITION_FAILED = "ConditionalCheckFailedException"
+
+
+class Declined(NamedTuple):
+    """A conditional write DynamoDB declined (``ConditionalCheckFailedException``), as the
+    stores' entry (``WireClient.declining``) answers it instead of raising a ``ClientError``:
+    the item ``ReturnValuesOnConditionCheckFailure`` returned (blobs decoded), if any."""
+
+    item: dict[str, Any] | None
+
+    @classmethod
+    def of(cls, body: dict[str, Any]) -> Declined:
+        item = body.get("Item")
+        if not isinstance(item, dict) or not item:
+            return cls(None)
+        _decode_item(item)
+        return cls(item)
+
+
+def client_error(
+    answer: Answer, operation: str, attempts: int, exhausted: bool, error: ErrorBody | None = None
+) -> Exception:
     """The ``botocore.exceptions.ClientError`` botocore raises for a failed call."""
     from botocore.exceptions import ClientError
 
-    response = error_response(answer, attempts)
+    response = error_response(answer, attempts, error)
     if exhausted:
         response["ResponseMetadata"]["MaxAttemptsReached"] = True
     return ClientError(response, operation)  # type: ignore[no-any-return]

@@ -77,7 +77,7 @@ class AsyncWireClient(WireClient):
         for _, writer in idle:
             _abort(writer)
 
-    async def _call(self, operation: str, params: dict[str, Any]) -> dict[str, Any]:
+    async def _call(self, operation: str, params: dict[str, Any], declines: bool = False) -> Any:
         # Used off its loop, pooled connections would wait on futures no loop resolves: fail
         # as aiohttp does, in words translate_error classifies as ``loop_closed``.
         if asyncio.get_running_loop() is not self._loop:
@@ -96,9 +96,9 @@ class AsyncWireClient(WireClient):
                 if delay is None:
                     raise
             else:
-                delay, cost = self._judge(operation, attempt, cost, answer)
+                delay, cost, result = self._judge(operation, attempt, cost, answer, declines)
                 if delay is None:
-                    return wire.parse_success(answer, attempt)
+                    return result
             await asyncio.sleep(delay)
             attempt += 1
 

@@ -97,8 +97,15 @@ class WireClient:
         self.meta = ClientMeta(config.endpoint.url, config.region)
         self._request_line = f"POST {config.endpoint.path} HTTP/1.1\r\n".encode()
 
-    def _call(self, operation: str, params: dict[str, Any]) -> Any:
+    def _call(self, operation: str, params: dict[str, Any], declines: bool = False) -> Any:
         raise NotImplementedError
+
+    def declining(self, method: str, params: dict[str, Any]) -> Any:
+        """The stores' entry: the SDK method ``method`` (one of ``wire.OPERATIONS``), except
+        that a failed condition answers ``wire.Declined`` instead of raising botocore's
+        ``ClientError``. A replay's claim fails its condition every time: no exception is
+        built, raised and translated for it."""
+        return self._call(wire.OPERATIONS[method], params, True)
 
     # The SDK client's methods of the same names.
     def put_item(self, **params: Any) -> Any:
@@ -135,16 +142,25 @@ class WireClient:
         return headers
 
     def _judge(
-        self, operation: str, attempt: int, cost: int, answer: wire.Answer
-    ) -> tuple[float | None, int]:
-        """Seconds to wait before the next attempt (``None``: a success, taken as it is) and
-        the quota that retry took; raises the failure a non-retried error answer means."""
-        delay, retry_cost = self._retry.after_answer(attempt, answer)
-        if delay is None:
-            if answer.status >= 300:
-                raise wire.client_error(answer, operation, attempt, retry_cost > 0)
+        self, operation: str, attempt: int, cost: int, answer: wire.Answer, declines: bool
+    ) -> tuple[float | None, int, Any]:
+        """Seconds to wait before the next attempt and the quota that retry took, or
+        ``(None, 0, result)`` to answer the call with; raises the failure a non-retried error
+        answer means (with ``declines``, a failed condition is a ``wire.Declined`` result)."""
+        if answer.status < 300:
+            delay, retry_cost = self._retry.after_answer(attempt, answer)
+            if delay is not None:
+                return delay, retry_cost, None
             self._retry.succeeded(cost)
-        return delay, retry_cost
+            return None, 0, wire.parse_success(answer, attempt)
+        error = wire.read_error(answer)  # parsed once: the retry decision, then the failure
+        code = error[0]
+        delay, retry_cost = self._retry.after_answer(attempt, answer, code)
+        if delay is not None:
+            return delay, retry_cost, None
+        if declines and code == wire.CONDITION_FAILED:
+            return None, 0, wire.Declined.of(error[1])
+        raise wire.client_error(answer, operation, attempt, retry_cost > 0, error)
 
     def _connect_failed(self, error: BaseException) -> None:
         """Raise botocore's exception for a connection that could not be made (returns for

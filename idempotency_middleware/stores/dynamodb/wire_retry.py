@@ -73,14 +73,17 @@ class RetryPolicy:
         cost = _TIMEOUT_RETRY_COST if timed_out else _RETRY_COST
         return self._delay(attempt, cost), cost
 
-    def after_answer(self, attempt: int, answer: Answer) -> tuple[float | None, int]:
-        """:meth:`after_exception` for an answer (``None``: take it as it is)."""
+    def after_answer(
+        self, attempt: int, answer: Answer, code: str | None = None
+    ) -> tuple[float | None, int]:
+        """:meth:`after_exception` for an answer (``None``: take it as it is); ``code``: an
+        error answer's code, if read already."""
         if answer.status < 300:
             retryable = answer.checksum_failed()
         elif answer.status in _TRANSIENT_STATUSES:
             retryable = True
         else:
-            retryable = error_code(answer) in _RETRYABLE_CODES
+            retryable = (error_code(answer) if code is None else code) in _RETRYABLE_CODES
         if not retryable:
             return None, 0
         return self._delay(attempt, _RETRY_COST), _RETRY_COST

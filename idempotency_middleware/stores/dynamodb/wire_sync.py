@@ -110,7 +110,7 @@ class SyncWireClient(WireClient):
         while self._idle:
             self._idle.pop().close()
 
-    def _call(self, operation: str, params: dict[str, Any]) -> dict[str, Any]:
+    def _call(self, operation: str, params: dict[str, Any], declines: bool = False) -> Any:
         target, body = self._start(operation, params)
         attempt, cost = 1, 0
         while True:
@@ -124,9 +124,9 @@ class SyncWireClient(WireClient):
                 if delay is None:
                     raise
             else:
-                delay, cost = self._judge(operation, attempt, cost, answer)
+                delay, cost, result = self._judge(operation, attempt, cost, answer, declines)
                 if delay is None:
-                    return wire.parse_success(answer, attempt)
+                    return result
             time.sleep(delay)
             attempt += 1
 
