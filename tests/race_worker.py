@@ -1,7 +1,7 @@
 """A worker process of the contract suite's one-winner race (tests/test_store_contract.py).
 
-Its own small module, so a spawned process imports the package and this, not the test
-module with its servers and SDKs: four of them start in about a second instead of fifteen.
+Its own small module, so the race's processes (tests/race_processes.py) import the package
+and this, not the test module with its servers and SDKs.
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ Not on moto: its threaded server does not apply conditional writes atomically
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from idempotency_middleware import OneTimeActions, SQLiteStore
 from tests.action_stores import ActionsUnderTest, open_actions
 from tests.action_workers import TIMEOUT, Outcome, StoreSpec, attempt, consume_in_threads
 from tests.db_stores import location, new_store
+from tests.race_processes import RACES
 from tests.store_kinds import DB_KINDS, LOCAL_KINDS, MEMORY_KINDS
 
 CONSUMERS = 50
@@ -115,7 +115,7 @@ class Contenders:
 
     @staticmethod
     def _race_in(spec: StoreSpec, action_id: str, pins: list[str | None]) -> list[Outcome]:
-        context = multiprocessing.get_context("spawn")
+        context = RACES
         ready, results, go = context.Queue(), context.Queue(), context.Event()
         share = len(pins) // PROCESSES
         processes = [

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
-import multiprocessing
 import os
 import threading
 import time
@@ -62,6 +61,7 @@ from idempotency_middleware.stores.protocol import AsyncDeferrals, SyncDeferrals
 from idempotency_middleware.testing import FakeClock
 from tests.conftest import REGION
 from tests.db_stores import location, open_db_store
+from tests.race_processes import RACES
 from tests.race_worker import claim_in_a_process
 from tests.servers import free_port
 from tests.store_kinds import (
@@ -1399,7 +1399,7 @@ def test_one_of_many_processes_claiming_at_once_wins_and_the_others_are_held_by_
     made = make_store(request, store_kind)
     made.store.close()  # made (and its table created); the processes open their own
     keys = [uuid.uuid4().hex for _ in range(ROUNDS)]
-    context = multiprocessing.get_context("spawn")
+    context = RACES
     # Every wait bounded: a worker that fails before a start line breaks the barrier for
     # the others, and each reports what happened; one that never reports fails the test.
     start = context.Barrier(PROCESSES, timeout=PROCESS_SECONDS)
