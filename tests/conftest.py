@@ -173,7 +173,7 @@ def open_harness(request: pytest.FixtureRequest, combo: Combo) -> Iterator[Harne
 # work, handed out in collection order. xdist's own order (most tests first) left files with
 # few but long tests (the chaos run, the load test) to the end, where one worker ran them
 # alone for most of a minute. Here files are ordered by their running time, longest first,
-# so the two workers end together. Seconds measured under make test on 2 cores (only the
+# so the workers end together. Seconds measured under make test on 2 cores (only the
 # order matters); a file not listed counts 0.1 s a test.
 FILE_SECONDS = {
     "test_store_contract.py": 110,
