@@ -17,7 +17,7 @@ arguments: the engine takes them from its clock and its ``entropy.Entropy``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from . import problems
@@ -26,7 +26,7 @@ from .errors import StoredResultUnreadableError
 from .events import EventKind
 from .fingerprint import fingerprint_request
 from .keys import InvalidKey, parse_idempotency_key, storage_key
-from .options import DEFAULT_STORED_STATUSES, Options, Policy
+from .options import Options, Policy
 from .problems import Problem
 from .records import (
     IN_PROGRESS,
@@ -316,12 +316,6 @@ def held_event_kind(answer: StoredResponse | Refusal) -> EventKind:
     if isinstance(answer, StoredResponse):
         return "replayed"
     return answer.event_kind
-
-
-def keeps_response(status: int, stored_statuses: Container[int] = DEFAULT_STORED_STATUSES) -> bool:
-    """Whether a response of ``status`` is kept and replayed (``stored_statuses``; by
-    default below 500: the outcome of the request). Any other releases the key for retry."""
-    return status in stored_statuses
 
 
 def completion_for(

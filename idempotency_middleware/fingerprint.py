@@ -64,7 +64,10 @@ def canonical_query(query_string: bytes | str) -> bytes:
 
 def canonical_body(content_type: bytes | str | None, body: bytes) -> tuple[bytes, bytes]:
     """Return ``(kind, canonical bytes)`` for a body; the kind keeps forms from colliding."""
-    kind = _body_kind(content_type)
+    return _canonical(_body_kind(content_type), body)
+
+
+def _canonical(kind: bytes, body: bytes) -> tuple[bytes, bytes]:
     if body and kind == b"json":
         fast = _fast_canonical_json(body)
         if fast is not None:
@@ -172,13 +175,7 @@ def fingerprint_request(
     body: bytes,
 ) -> str:
     """SHA-256 over method, concrete path, sorted query and canonical body (hex)."""
-    # The usual JSON body goes straight to its fast canonical form (canonical_body's first
-    # step, without the call through it); any other body, or one the fast path declines,
-    # through canonical_body, which gives the same answer for it.
-    kind = _body_kind(content_type)
-    canonical = _fast_canonical_json(body) if body and kind == b"json" else None
-    if canonical is None:
-        kind, canonical = canonical_body(content_type, body)
+    kind, canonical = _canonical(_body_kind(content_type), body)
     method_bytes = method.encode("ascii", "replace")
     path_bytes = path.encode("utf-8", "surrogateescape")
     query = canonical_query(query_string) if query_string else b""

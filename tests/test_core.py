@@ -296,17 +296,17 @@ def test_completed_without_a_kept_response_is_410() -> None:
     assert "600000" in problem.detail
 
 
-# --- keeps_response and completion_for --------------------------------------------------
+# --- the statuses kept by default, and completion_for ------------------------------------
 
 
 @pytest.mark.parametrize("status", [200, 201, 204, 301, 400, 404, 409, 422, 499])
 def test_responses_below_500_are_kept(status: int) -> None:
-    assert core.keeps_response(status)
+    assert status in core.DEFAULT_STORED_STATUSES
 
 
 @pytest.mark.parametrize("status", [500, 502, 503, 504, 599])
 def test_5xx_responses_are_not_kept(status: int) -> None:
-    assert not core.keeps_response(status)
+    assert status not in core.DEFAULT_STORED_STATUSES
 
 
 def test_completion_keeps_end_to_end_headers_only() -> None:

@@ -975,7 +975,7 @@ def test_a_declined_condition_without_an_item_is_declined_without_one() -> None:
     )
 
 
-def test_an_error_body_is_read_once_as_botocore_reads_it() -> None:
+def test_an_error_body_is_read_as_botocore_reads_it() -> None:
     def answer(status: int, body: bytes) -> wire.Answer:
         return wire.Answer(status, {}, body)
 

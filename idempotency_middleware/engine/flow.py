@@ -226,7 +226,7 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
         return ran
     # (Unpacked at once: cheaper than a NamedTuple attribute read per field.)
     status, headers, body, live, _, size, writes, deferred = ran
-    # (core.keeps_response, inlined: one call less on every new key.)
+    # A status outside stored_statuses (by default 5xx) keeps nothing: a retry runs again.
     if status not in context.stored_statuses or (end is not None and end.failed):
         yield from _release(context, attempt)
         return ran

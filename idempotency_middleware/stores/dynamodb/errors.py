@@ -9,11 +9,9 @@ from typing import Any
 from ...errors import TransactionRejectedError
 from ..kit import CLOSED_LOOP, off_its_loop
 from ..protocol import StoreUnavailable
+from .wire import CONDITION_FAILED
 
 Item = dict[str, dict[str, Any]]
-
-# The error code of a conditional write that lost (the request was fine, the item not).
-CONDITION_FAILED = "ConditionalCheckFailedException"
 
 
 class TransactionCancelled(Exception):

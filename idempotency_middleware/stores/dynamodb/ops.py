@@ -88,7 +88,9 @@ class DynamoDBOps:
             try:
                 response = yield (CLAIMING, "put_item", ddb.claim_request(self.layout, request))
             except ConditionFailed as thrown:
-                response = thrown
+                # A fresh value, not the exception: its traceback would tie this
+                # generator's frame into a cycle left for the garbage collector.
+                response = ConditionFailed(thrown.item)
             if type(response) is not ConditionFailed:
                 return Claimed(taken_over=ddb.claim_took_over(response))
             if response.item is not None:
