@@ -480,7 +480,7 @@ def test_the_table_or_bucket_is_described_when_unknown() -> None:
 
 
 def test_a_lost_condition_is_not_a_store_failure() -> None:
-    translated = ddb.translate_error("put_item", client_error(ddb.CONDITION_FAILED))
+    translated = ddb.translate_error("put_item", client_error("ConditionalCheckFailedException"))
     assert isinstance(translated, ddb.ConditionFailed)
 
 
