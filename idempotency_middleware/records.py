@@ -353,6 +353,9 @@ UNKNOWN_FINGERPRINT = ""
 T = TypeVar("T")
 
 
+_STATUSES = {status.value: status for status in Status}
+
+
 def record_from_fields(
     key_hash: str,
     status: object,
@@ -391,26 +394,7 @@ def record_from_fields(
                 int(size),  # type: ignore[call-overload]
             )
         except (KeyError, TypeError, ValueError):
-            pass
-    return _checked_record(
-        key_hash, status, fingerprint, owner, lock_expires_at, expires_at, response, too_large, size
-    )
-
-
-_STATUSES = {status.value: status for status in Status}
-
-
-def _checked_record(
-    key_hash: str,
-    status: object,
-    fingerprint: object,
-    owner: object,
-    lock_expires_at: object,
-    expires_at: object,
-    response: object,
-    too_large: object,
-    size: object,
-) -> Record:
+            pass  # the checked path below says which field is unreadable
     try:
         if response is not None and not isinstance(response, StoredResponse):
             response = read_response(_field("response", response, bytes))
