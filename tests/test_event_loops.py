@@ -38,7 +38,12 @@ from .conftest import REGION
 @pytest.fixture
 def no_unclosed(caplog: pytest.LogCaptureFixture) -> Iterator[list[warnings.WarningMessage]]:
     """Fails the test if anything reports an unclosed aiohttp session, connector or transport
-    (a ResourceWarning, or asyncio's "Unclosed ..." error log), up to a full collection."""
+    (a ResourceWarning, or asyncio's "Unclosed ..." error log), up to a full collection.
+
+    Earlier tests' garbage is collected before the recording starts: a worker's previous
+    files left moto's request bodies and an event loop unreferenced, and their warnings,
+    raised by this test's collection, failed it (a worker runs files in varying company)."""
+    gc.collect()
     with (
         warnings.catch_warnings(record=True) as caught,
         caplog.at_level(logging.ERROR, logger="asyncio"),
