@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install servers demo test lint typecheck docs docs-serve unit test-dynamodb-local collect coverage bench bench-functions bench-transport bench-floor bench-instructions profile clean
+.PHONY: install servers demo test simulate lint typecheck docs docs-serve unit test-dynamodb-local collect coverage bench bench-functions bench-transport bench-floor bench-instructions profile clean
 
 # Bytecode is written (an environment may set PYTHONDONTWRITEBYTECODE): one make test runs
 # many Python processes that import the same modules (the pytest workers, the DynamoDB Local
@@ -84,6 +84,7 @@ PYTEST_WORKERS ?= 3
 
 coverage: servers
 	@mkdir -p $(dir $(COVERAGE_DATA))
+	@rm -f .cache/simulation.txt
 	$(COVERAGE) erase
 	@status=0; local_status=0; \
 	COVERAGE_PROCESS_START=$(CURDIR)/pyproject.toml COVERAGE_FILE=$(COVERAGE_DATA) \
@@ -93,7 +94,18 @@ coverage: servers
 	cat .cache/dynamodb-local.out; \
 	[ $$status -ne 0 ] || status=$$local_status; \
 	$(COVERAGE) combine --quiet && $(COVERAGE) report || { [ $$status -ne 0 ] || status=2; }; \
+	if [ -f .cache/simulation.txt ]; then echo "Simulation (tests/test_simulation.py):"; cat .cache/simulation.txt; fi; \
 	exit $$status
+
+# The attempt flow under every interleaving, deeper and longer than make test's bounded sweep
+# (tests/test_simulation.py): every schedule of two attempts with up to DEPTH injected
+# faults, then SCHEDULES random schedules per scenario (two and three attempts) from SEED
+# (a random one, printed, when unset). A violation prints its seed and shortest schedule.
+DEPTH ?= 2
+SCHEDULES ?= 20000
+SEED ?=
+simulate: $(STAMP)
+	$(PY) -m tests.simulation --depth $(DEPTH) --schedules $(SCHEDULES) $(if $(SEED),--seed $(SEED))
 
 # Everything a change must pass, timed from a bare clone (the venv's install included). The
 # checks run at once (mypy, the longest, uses one core: the docs build and the collection

@@ -212,6 +212,7 @@ FILE_SECONDS = {
     "test_faststream.py": 14,
     "test_sqs_crash.py": 11,
     "test_sqs_worker.py": 10,
+    "test_simulation.py": 45,
     "test_encryption.py": 8,
     "test_consumers.py": 8,
 }

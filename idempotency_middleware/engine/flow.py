@@ -244,6 +244,8 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
             stored = yield completion
         except StoreUnavailable as error:
             stored = yield from _retry_finish(context, attempt, completion, "complete", error)
+    except GeneratorExit:
+        raise
     except (TransactionConflictError, TransactionRejectedError) as failed:
         # Nothing was written: the handler's response is discarded with its writes.
         refusal = core.Refusal(
@@ -255,6 +257,14 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
         yield Emit(reporter, attempt, refusal.event_kind, refusal.status, error=str(failed))
         yield from _release(context, attempt)
         return refusal
+    except Exception:
+        raise  # a store's own defect: not a cancellation, nothing to finish for it
+    except BaseException:
+        # Cancelled (the caller's deadline, a shutdown) while the completion was on the
+        # wire, after the handler finished: left unwritten, the key would stay claimed with
+        # its renewals stopped, and a retry would take it over and run the handler again.
+        yield from _finish_interrupted(context, attempt, completion, "complete")
+        raise
     if stored is not None:
         kind = "completed"
         if not stored:
@@ -286,12 +296,63 @@ def _release(context: Context, attempt: core.Attempt) -> Generator[Effect, Any, 
     claim = attempt.claim
     release = Release(claim.key_hash, claim.owner)
     try:
-        released = yield release
-    except StoreUnavailable as error:
-        released = yield from _retry_finish(context, attempt, release, "release", error)
+        try:
+            released = yield release
+        except StoreUnavailable as error:
+            released = yield from _retry_finish(context, attempt, release, "release", error)
+    except (GeneratorExit, Exception):
+        raise
+    except BaseException:
+        # Cancelled mid-release: the key would stay claimed until its lock timeout.
+        yield from _finish_interrupted(context, attempt, release, "release")
+        raise
+    yield from _report_finished(context, attempt, released)
+
+
+def _report_finished(
+    context: Context, attempt: core.Attempt, released: bool | None
+) -> Generator[Effect, Any, None]:
     if released is not None:
         # Fenced out: another request took the key over while we ran; nothing was deleted.
         kind: EventKind = "released" if released else "lost"
+        if context.reporter.wants(kind):
+            yield Emit(context.reporter, attempt, kind)
+
+
+def _finish_interrupted(
+    context: Context, attempt: core.Attempt, effect: Completion | Release, operation: str
+) -> Generator[Effect, Any, None]:
+    """A finishing write (``effect``) cut short by a cancellation of its caller (a
+    deadline, a shutdown, ``KeyboardInterrupt``), landed or not: it is sent once more
+    before the cancellation goes on, which is safe because it is fenced by the owner token
+    (a completion sent twice by its owner stores the same response). Should that be cut
+    short or fail too, a background flow keeps at it, so a finished handler's outcome is
+    not lost to its caller's deadline."""
+    try:
+        yield effect
+    except GeneratorExit:
+        raise
+    except BaseException:
+        yield Spawn(_finish_in_background(context, attempt, effect, operation))
+
+
+def _finish_in_background(
+    context: Context, attempt: core.Attempt, effect: Completion | Release, operation: str
+) -> Generator[Effect, Any, None]:
+    """The finishing write of a cancelled caller, retried with the usual backoff. A
+    transaction refused with it left nothing behind: the key is released for a retry."""
+    try:
+        try:
+            done = yield effect
+        except StoreUnavailable as error:
+            done = yield from _retry_finish(context, attempt, effect, operation, error)
+    except (TransactionConflictError, TransactionRejectedError):
+        yield from _release(context, attempt)
+        return
+    if type(effect) is Release:
+        yield from _report_finished(context, attempt, done)
+    elif done is not None:
+        kind: EventKind = "completed" if done else "lost"
         if context.reporter.wants(kind):
             yield Emit(context.reporter, attempt, kind)
 
