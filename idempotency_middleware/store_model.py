@@ -22,7 +22,7 @@ import math
 import random
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, Literal, NamedTuple, TypeVar
 
 from .records import COMPLETED, DEFERRED, IN_PROGRESS, Record, StoredResponse, deferred_by
@@ -173,23 +173,48 @@ class StoreModel:
 def record_differences(expected: Record | None, actual: Record | None) -> list[str]:
     """The fields in which a store's record differs from the model's (empty: the same)."""
     if expected is None or actual is None:
-        return [] if expected is actual else [f"record: model {expected!r}, store {actual!r}"]
+        if expected is actual:
+            return []
+        return [f"record: model {_shown(expected)}, store {_shown(actual)}"]
     return [
-        f"{name}: model {want!r}, store {got!r}"
+        f"{name}: model {_shown(want)}, store {_shown(got)}"
         for name, want, got in zip(Record._fields, expected, actual, strict=True)
         if want != got
     ]
+
+
+def _shown(value: object) -> str:
+    """``value`` for a message: a response's body by its size and digest, not its bytes."""
+    if isinstance(value, StoredResponse):
+        digest = hashlib.sha256(value.body).hexdigest()[:12]
+        return (
+            f"StoredResponse({value.status}, {value.headers!r}, <{len(value.body)} bytes {digest}>)"
+        )
+    if isinstance(value, Record):
+        fields = ", ".join(
+            f"{name}={_shown(part)}" for name, part in zip(Record._fields, value, strict=True)
+        )
+        return f"Record({fields})"
+    return repr(value)
 
 
 def claim_differences(expected: ClaimResult, actual: object) -> list[str]:
     """How a store's claim answer differs from the model's: the answer's kind, whether it
     took over, or the held record's fields."""
     if type(actual) is not type(expected):
-        return [f"answer: model {expected!r}, store {actual!r}"]
+        return [f"answer: model {_shown_claim(expected)}, store {_shown_claim(actual)}"]
     if isinstance(expected, Held):
         assert isinstance(actual, Held)
         return record_differences(expected.record, actual.record)
     return [] if actual == expected else [f"taken_over: model {expected!r}, store {actual!r}"]
+
+
+def _shown_claim(answer: object) -> str:
+    return f"Held({_shown(answer.record)})" if isinstance(answer, Held) else repr(answer)
+
+
+Compare = Callable[[Record | None, Record | None], list[str]]
+"""How a store's record is compared with the model's: the differences, empty if none."""
 
 
 class Disagreement(AssertionError):
@@ -281,6 +306,7 @@ def store_model_machine(
     too_large_bytes: int | None = None,
     start: float | None = None,
     tally: Tally | None = None,
+    compare: Compare = record_differences,
 ) -> type[Any]:
     """A ``hypothesis.stateful.RuleBasedStateMachine`` class driving the stores that
     ``store_factory(clock)`` makes (one per sequence, on a ``FakeClock`` the machine moves)
@@ -314,7 +340,7 @@ def store_model_machine(
             # Owner tokens as the engine makes them (hex, a dash, a counter): a token needs it.
             self.owner_prefix = sequence[:24]
             self.owners: list[tuple[str, str]] = [(key, self._new_owner()) for key in self.keys]
-            self.tokens: list[str] = []
+            self.tokens: dict[str, str] = {}  # owner: its attempt's deferral token
 
         def _new_owner(self) -> str:
             return f"{self.owner_prefix}-{next(numbers):x}"
@@ -328,9 +354,26 @@ def store_model_machine(
 
         def _same_record(self, key: str) -> None:
             """After every write: the store holds what the model holds, field by field."""
-            agree(
-                f"get({key[:8]})", record_differences(self.model.get(key), self.calls("get", key))
-            )
+            agree(f"get({key[:8]})", compare(self.model.get(key), self.calls("get", key)))
+
+        # -- whom a request comes from -----------------------------------------------------
+
+        def _owner(self, data: st.DataObject) -> tuple[str, str]:
+            """Mostly a key's current holder (whose requests succeed), else any owner so far:
+            a fenced one, one whose claim was held, or one that never claimed."""
+            holders = [(key, record.owner) for key, record in self.model.records.items()]
+            fenced = data.draw(st.sampled_from((False, False, True)), label="fenced")
+            pool = self.owners if fenced or not holders else holders
+            drawn: tuple[str, str] = data.draw(st.sampled_from(pool), label="owner")
+            return drawn
+
+        def _token(self, data: st.DataObject) -> str:
+            """The current holder's deferral token, or any token so far."""
+            owner = self._owner(data)[1]
+            if owner in self.tokens:
+                return self.tokens[owner]
+            drawn: str = data.draw(st.sampled_from(list(self.tokens.values())), label="token")
+            return drawn
 
         # -- the requests ----------------------------------------------------------------
 
@@ -340,11 +383,21 @@ def store_model_machine(
             lock=st.sampled_from(LOCKS),
             skew=st.sampled_from(SKEWS),
             ttl=st.sampled_from(TTLS),
+            later=st.booleans(),
         )
         def claim(
-            self, data: st.DataObject, fingerprint: str, lock: float, skew: float, ttl: float
+            self,
+            data: st.DataObject,
+            fingerprint: str,
+            lock: float,
+            skew: float,
+            ttl: float,
+            later: bool,
         ) -> None:
+            """A new attempt's claim, by a new owner; ``later``: at a deadline first."""
             self._step()
+            if later:
+                self._advance(data)
             key = data.draw(st.sampled_from(self.keys), label="key")
             owner = self._new_owner()
             request = ClaimRequest(key, fingerprint, owner, self.now, lock, skew)
@@ -352,7 +405,7 @@ def store_model_machine(
             agree(f"claim {request}", claim_differences(expected, self.calls("claim", request)))
             self.owners.append((key, owner))
             # The token a handler of this attempt would get from defer_completion().
-            self.tokens.append(new_token(key, owner, self.now + ttl))
+            self.tokens[owner] = new_token(key, owner, self.now + ttl)
             self._same_record(key)
 
         @rule(
@@ -373,7 +426,7 @@ def store_model_machine(
             deferred: bool,
         ) -> None:
             self._step()
-            key, owner = data.draw(st.sampled_from(self.owners), label="owner")
+            key, owner = self._owner(data)
             completion = self._completion(key, owner, ttl, status, size, streamed, deferred)
             expected = self.model.complete(completion)
             actual = self.calls("complete", completion)
@@ -401,7 +454,7 @@ def store_model_machine(
         @rule(data=st.data())
         def release(self, data: st.DataObject) -> None:
             self._step()
-            key, owner = data.draw(st.sampled_from(self.owners), label="owner")
+            key, owner = self._owner(data)
             expected = self.model.release(key, owner)
             agree(f"release by {owner}", _answers(expected, self.calls("release", key, owner)))
             self._same_record(key)
@@ -409,7 +462,7 @@ def store_model_machine(
         @rule(data=st.data(), lock=st.sampled_from(LOCKS))
         def renew(self, data: st.DataObject, lock: float) -> None:
             self._step()
-            key, owner = data.draw(st.sampled_from(self.owners), label="owner")
+            key, owner = self._owner(data)
             until = self.now + lock
             expected = self.model.renew(key, owner, until)
             actual = self.calls("renew", key, owner, until)
@@ -417,38 +470,37 @@ def store_model_machine(
             self._same_record(key)
 
         @precondition(lambda self: bool(self.tokens))
-        @rule(data=st.data(), status=st.sampled_from(STATUSES), size=st.sampled_from(sizes))
-        def complete_deferred(self, data: st.DataObject, status: int, size: int) -> None:
+        @rule(
+            data=st.data(),
+            done=st.booleans(),
+            status=st.sampled_from(STATUSES),
+            size=st.sampled_from(sizes),
+        )
+        def finish_deferral(self, data: st.DataObject, done: bool, status: int, size: int) -> None:
+            """A deferral's worker: the final response by token (``done``), or forgetting
+            the key (the work did not happen)."""
             self._step()
-            token = data.draw(st.sampled_from(self.tokens), label="token")
+            token = self._token(data)
             parsed = parse_token(token)
-            number = next(numbers)
-            response = StoredResponse(status, [(b"x-final", b"%d" % number)], body_of(size, number))
-            expected = self.model.complete_deferred(parsed, response, self.now)
-            actual = self.calls("complete_deferred", token, status, response.headers, response.body)
-            agree(f"complete_deferred({token}, size {size})", _answers(expected, actual))
+            if done:
+                number = next(numbers)
+                response = StoredResponse(
+                    status, [(b"x-final", b"%d" % number)], body_of(size, number)
+                )
+                expected = self.model.complete_deferred(parsed, response, self.now)
+                actual = self.calls(
+                    "complete_deferred", token, status, response.headers, response.body
+                )
+                agree(f"complete_deferred({token}, size {size})", _answers(expected, actual))
+            else:
+                expected = self.model.release_deferred(parsed)
+                actual = self.calls("release_deferred", token)
+                agree(f"release_deferred({token})", _answers(expected, actual))
             self._same_record(parsed.key_hash)
-
-        @precondition(lambda self: bool(self.tokens))
-        @rule(data=st.data())
-        def release_deferred(self, data: st.DataObject) -> None:
-            self._step()
-            token = data.draw(st.sampled_from(self.tokens), label="token")
-            parsed = parse_token(token)
-            expected = self.model.release_deferred(parsed)
-            agree(
-                f"release_deferred({token})",
-                _answers(expected, self.calls("release_deferred", token)),
-            )
-            self._same_record(parsed.key_hash)
-
-        @rule(data=st.data())
-        def get(self, data: st.DataObject) -> None:
-            self._step()
-            self._same_record(data.draw(st.sampled_from(self.keys), label="key"))
 
         @rule(data=st.data())
         def delete(self, data: st.DataObject) -> None:
+            """The operator's delete, whoever holds the key (reads follow every write)."""
             self._step()
             key = data.draw(st.sampled_from(self.keys), label="key")
             expected = self.model.delete(key)
@@ -459,10 +511,13 @@ def store_model_machine(
 
         @rule(data=st.data())
         def advance(self, data: st.DataObject) -> None:
+            self._step()
+            self._advance(data)
+
+        def _advance(self, data: st.DataObject) -> None:
             """Move to a deadline, or one tick either side of it: a lock's expiry, that
             plus each skew margin, a record's expiry, a token's expiry."""
-            self._step()
-            targets = _moments(self.model.records.values(), self.tokens, self.now)
+            targets = _moments(self.model.records.values(), self.tokens.values(), self.now)
             target = data.draw(st.sampled_from(targets), label="time")
             self.clock.advance(target - self.now)
 
@@ -487,7 +542,7 @@ def _body_sizes(max_response_bytes: int | None, too_large_bytes: int | None) -> 
     return [0, 7, max_response_bytes, too_large]
 
 
-def _moments(records: Any, tokens: list[str], now: float) -> list[float]:
+def _moments(records: Any, tokens: Iterable[str], now: float) -> list[float]:
     deadlines = [now + 1.0]
     for record in records:
         deadlines.append(record.expires_at)
@@ -517,6 +572,7 @@ def check_store_against_model(
     max_examples: int = 50,
     steps: int = 30,
     start: float | None = None,
+    compare: Compare = record_differences,
 ) -> Exploration:
     """Run the stores ``store_factory(clock)`` makes against :class:`StoreModel` over
     ``max_examples`` sequences of up to ``steps`` requests each, chosen by Hypothesis from a
@@ -528,6 +584,8 @@ def check_store_against_model(
     largest body the store keeps (``None``: any); ``too_large_bytes``: the smallest it never
     keeps, when its limit is not on the body alone (DynamoDB's is on the encoded item).
     ``start``: the clock's first time (default: now), each sequence far after the last.
+    ``compare(expected, actual)``: the differences between the model's record of a key and
+    the store's, read after every write (default: :func:`record_differences`, every field).
     The factory is called once per sequence; it may return the same store each time
     (every sequence uses keys of its own), which is closed after each and used again.
     """
@@ -543,6 +601,7 @@ def check_store_against_model(
         too_large_bytes=too_large_bytes,
         start=start,
         tally=tally,
+        compare=compare,
     )
     run_state_machine_as_test(
         machine,
@@ -562,6 +621,7 @@ def check_store_against_model(
 
 
 __all__ = [
+    "Compare",
     "Disagreement",
     "Exploration",
     "Flavour",
