@@ -170,6 +170,10 @@ class StoreModel:
 # -- comparing answers ----------------------------------------------------------------------
 
 
+Compare = Callable[[Record | None, Record | None], list[str]]
+"""How a store's record is compared with the model's: the differences, empty if none."""
+
+
 def record_differences(expected: Record | None, actual: Record | None) -> list[str]:
     """The fields in which a store's record differs from the model's (empty: the same)."""
     if expected is None or actual is None:
@@ -198,23 +202,21 @@ def _shown(value: object) -> str:
     return repr(value)
 
 
-def claim_differences(expected: ClaimResult, actual: object) -> list[str]:
+def claim_differences(
+    expected: ClaimResult, actual: object, compare: Compare | None = None
+) -> list[str]:
     """How a store's claim answer differs from the model's: the answer's kind, whether it
     took over, or the held record's fields."""
     if type(actual) is not type(expected):
         return [f"answer: model {_shown_claim(expected)}, store {_shown_claim(actual)}"]
     if isinstance(expected, Held):
         assert isinstance(actual, Held)
-        return record_differences(expected.record, actual.record)
+        return (compare or record_differences)(expected.record, actual.record)
     return [] if actual == expected else [f"taken_over: model {expected!r}, store {actual!r}"]
 
 
 def _shown_claim(answer: object) -> str:
     return f"Held({_shown(answer.record)})" if isinstance(answer, Held) else repr(answer)
-
-
-Compare = Callable[[Record | None, Record | None], list[str]]
-"""How a store's record is compared with the model's: the differences, empty if none."""
 
 
 class Disagreement(AssertionError):
@@ -402,7 +404,10 @@ def store_model_machine(
             owner = self._new_owner()
             request = ClaimRequest(key, fingerprint, owner, self.now, lock, skew)
             expected = self.model.claim(request)
-            agree(f"claim {request}", claim_differences(expected, self.calls("claim", request)))
+            agree(
+                f"claim {request}",
+                claim_differences(expected, self.calls("claim", request), compare),
+            )
             self.owners.append((key, owner))
             # The token a handler of this attempt would get from defer_completion().
             self.tokens[owner] = new_token(key, owner, self.now + ttl)

@@ -214,6 +214,7 @@ FILE_SECONDS = {
     "test_sqs_worker.py": 10,
     "test_encryption.py": 8,
     "test_consumers.py": 8,
+    "test_store_model.py": 30,
 }
 DEFAULT_SECONDS_PER_TEST = 0.1
 
