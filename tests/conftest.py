@@ -215,6 +215,7 @@ FILE_SECONDS = {
     "test_simulation.py": 45,
     "test_encryption.py": 8,
     "test_consumers.py": 8,
+    "test_store_model.py": 30,
 }
 DEFAULT_SECONDS_PER_TEST = 0.1
 
