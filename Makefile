@@ -101,11 +101,17 @@ coverage: servers
 # (tests/test_simulation.py): every schedule of two attempts with up to DEPTH injected
 # faults, then SCHEDULES random schedules per scenario (two and three attempts) from SEED
 # (a random one, printed, when unset). A violation prints its seed and shortest schedule.
+# Then every store against the reference model of the store protocol (tests/test_store_model.py)
+# for MODEL_EXAMPLES sequences of MODEL_STEPS steps per store kind, on the real servers.
 DEPTH ?= 2
 SCHEDULES ?= 20000
 SEED ?=
-simulate: $(STAMP)
+MODEL_EXAMPLES ?= 300
+MODEL_STEPS ?= 40
+simulate: servers
 	$(PY) -m tests.simulation --depth $(DEPTH) --schedules $(SCHEDULES) $(if $(SEED),--seed $(SEED))
+	MODEL_EXAMPLES=$(MODEL_EXAMPLES) MODEL_STEPS=$(MODEL_STEPS) \
+	  $(VENV)/bin/pytest -q -s -p no:cacheprovider tests/test_store_model.py
 
 # Everything a change must pass, timed from a bare clone (the venv's install included). The
 # checks run at once (mypy, the longest, uses one core: the docs build and the collection
