@@ -347,6 +347,7 @@ class Watchdog:
         self._armed: dict[int, tuple[float, int]] = {}  # token: (deadline, socket fd)
         self._fired: set[int] = set()
         self._tokens = itertools.count()
+        self._last_token = -1  # the last statement's: none since the last look, no thread
         self._thread: threading.Thread | None = None
 
     @contextlib.contextmanager
@@ -356,6 +357,7 @@ class Watchdog:
         token = next(self._tokens)
         with self._lock:
             self._armed[token] = (time.monotonic() + seconds, connection.pgconn.socket)
+            self._last_token = token
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="idempotency-postgres-deadlines", daemon=True
@@ -375,10 +377,17 @@ class Watchdog:
                 self._fired.discard(token)
 
     def _run(self) -> None:
+        seen = -1
         while True:
             time.sleep(CHECK_INTERVAL_SECONDS)
             now = time.monotonic()
             with self._lock:
+                if not self._armed and self._last_token == seen:
+                    # No statement for a whole interval: end (the next one starts another),
+                    # so a process whose stores are idle or closed keeps no thread for them.
+                    self._thread = None
+                    return
+                seen = self._last_token
                 late = [token for token, (deadline, _) in self._armed.items() if deadline <= now]
                 # Shut down under the lock: the watched block cannot leave (its finally takes
                 # the lock) and hand its connection back to be closed meanwhile. Outside it,
