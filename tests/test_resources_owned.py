@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import threading
 import uuid
 import weakref
@@ -20,6 +21,7 @@ from typing import Any
 
 import boto3
 import pytest
+from psycopg_pool.pool import MaintenanceTask
 
 from idempotency_middleware import (
     IdempotentConsumer,
@@ -301,3 +303,41 @@ def test_a_closed_sqs_worker_cancels_its_background_work_and_ends_its_loop(
     assert len(store.cancelled) == 1  # cancelled cleanly, not destroyed pending
     assert joined(started_since(baseline)) == [] and started_since(baseline) == []
     assert len(store.loops) == 1 and live(store.loops) == 0
+
+
+class HoldsThePool(MaintenanceTask):
+    """Runs on one of the pool's worker threads, holding the pool (as psycopg_pool's own
+    tasks do, adding a connection) until told to return."""
+
+    def __init__(self, pool: Any) -> None:
+        super().__init__(pool)
+        self.running, self.proceed = threading.Event(), threading.Event()
+
+    def _run(self, pool: Any) -> None:
+        self.running.set()
+        self.proceed.wait(JOIN)
+
+
+def test_a_postgres_store_dropped_unclosed_is_not_closed_from_its_pools_own_worker(
+    postgres_dsn: str, baseline: set[threading.Thread], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before, the pool of a store dropped while one of its workers held it (adding a
+    # connection) was freed on that worker, whose __del__ then joined its own thread:
+    # "Exception ignored in ... RuntimeError: cannot join current thread".
+    unraisable: list[str] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda hook: unraisable.append(repr(hook)))
+    store = PostgresStore(postgres_dsn, table=f"owned_{uuid.uuid4().hex[:10]}")
+    store.create_table()  # the sync pool, with its worker threads
+    pool = store._transport.pool()
+    task = HoldsThePool(pool)
+    pool.run_task(task)
+    assert task.running.wait(JOIN)
+    del pool
+    del store
+    gc.collect()  # dropped, while a worker holds its pool
+
+    task.proceed.set()
+
+    assert joined(started_since(baseline)) == []  # its threads ended (the watchdog's too)
+    gc.collect()
+    assert unraisable == []
