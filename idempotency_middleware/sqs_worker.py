@@ -9,8 +9,11 @@ its unsettled messages every half visibility timeout, so SQS does not hand a mes
 handler is slow (or that waits behind one) to another consumer meanwhile.
 
 An ``async def`` consumer runs on the worker's own event loop, made on first use and kept
-(async store clients bound to it stay usable) until ``close()``. boto3 is imported only when
-the worker makes its own client.
+(async store clients bound to it stay usable) until ``close()``. That loop runs in a thread
+of its own, so what an attempt leaves running in the background (the release of a claim
+whose answer was lost) goes on between batches, not only while the next batch runs;
+``close()`` gives such work ``close_timeout`` seconds to finish, cancels the rest, then
+ends the loop and its thread. boto3 is imported only when the worker makes its own client.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ import json
 import logging
 import math
 import threading
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import Any, TypeVar
 
 from .consumers import IdempotentConsumer, Outcome
 
@@ -37,8 +40,13 @@ RECEIVE_ERROR_PAUSE_SECONDS = 1.0
 # Beyond the last receive SQS may make of a message, how much longer its completed key is to
 # be kept: a backlog of visible messages no worker receives meanwhile.
 TTL_MARGIN_SECONDS = 3600
+# How long close() lets the loop's background work (lost claims' releases) finish before
+# cancelling it: a claim left unreleased is only held until its lock timeout.
+CLOSE_TIMEOUT_SECONDS = 5.0
+UNWIND_SECONDS = 1.0  # then how long cancelled tasks get to unwind (a bound, should one hang)
 
 Message = dict[str, Any]  # one message as boto3's receive_message returns it
+T = TypeVar("T")
 
 
 def _check_int(value: object, name: str, low: int, high: int) -> int:
@@ -114,7 +122,7 @@ class SQSWorker:
         self._checked = False
         self._own_client = client is None
         self.client: Any = _sqs_client() if client is None else client
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: _LoopThread | None = None
 
     def __repr__(self) -> str:
         return f"SQSWorker({self.consumer.name!r}, {self.queue_url!r})"
@@ -125,11 +133,12 @@ class SQSWorker:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def close(self) -> None:
-        """Close the worker's event loop (async consumers) and the client it made."""
+    def close(self, close_timeout: float | None = None) -> None:
+        """End the worker's event loop (async consumers) and the client it made. Background
+        work still running on the loop gets ``close_timeout`` seconds (default
+        ``CLOSE_TIMEOUT_SECONDS``, 5), then is cancelled."""
         if self._loop is not None:
-            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
-            self._loop.close()
+            self._loop.close(CLOSE_TIMEOUT_SECONDS if close_timeout is None else close_timeout)
             self._loop = None
         if self._own_client:
             self.client.close()
@@ -212,8 +221,8 @@ class SQSWorker:
     def _process(self, messages: list[Message]) -> list[Outcome]:
         if self.consumer.is_async:
             if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-            return self._loop.run_until_complete(self._aprocess(messages))
+                self._loop = _LoopThread(f"sqs-worker-{self.consumer.name}")
+            return self._loop.run(self._aprocess(messages))
         outcomes: list[Outcome] = []
         blocked: dict[str, Outcome] = {}
         for message in messages:
@@ -356,6 +365,56 @@ def _block(message: Message, outcome: Outcome, blocked: dict[str, Outcome]) -> N
     group = _group(message)
     if group is not None and outcome.action == "retry":
         blocked[group] = outcome
+
+
+class _LoopThread:
+    """An event loop running in a thread of its own until ``close()``.
+
+    Between batches the loop keeps running, so background tasks the batches spawned go on
+    (draining them at the end of each batch instead would hold the next receive for as long
+    as the slowest: a lost claim's release retries for seconds).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run ``coroutine`` on the loop; its result, or what it raised, here."""
+        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # (interrupted here: the batch does not go on without us)
+            raise
+
+    def close(self, timeout: float) -> None:
+        try:
+            self.run(_finish_tasks(timeout))
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join()
+            self.loop.close()
+
+
+async def _finish_tasks(timeout: float) -> None:
+    """Let the loop's other tasks finish within ``timeout`` seconds, cancel the rest and
+    wait for them to unwind; then close its async generators."""
+    loop = asyncio.get_running_loop()
+    tasks = asyncio.all_tasks(loop) - {asyncio.current_task(loop)}
+    if tasks:
+        _, pending = await asyncio.wait(tasks, timeout=timeout)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=UNWIND_SECONDS)
+    await loop.shutdown_asyncgens()
+    await loop.shutdown_default_executor()  # (threads a handler's to_thread started)
 
 
 class _Heartbeat:

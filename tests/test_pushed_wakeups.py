@@ -10,6 +10,7 @@ test waits for conditions (the claims the store saw), never for a length of time
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 import uuid
@@ -331,3 +332,26 @@ async def test_a_doors_pause_ends_on_the_keys_news_or_when_its_client_left() -> 
         assert wakeups._waiting == {}  # nobody left registered
     finally:
         wakeups.close()
+
+
+def test_a_lost_channel_is_a_warning_once_and_its_return_is_logged(
+    backend: Backend, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before, a lost channel was logged at DEBUG only: waiters slowed down to their polls
+    # (seconds apart) with nothing in an ordinary log saying why.
+    subscribed(backend)
+    store = backend.store
+    with caplog.at_level(logging.INFO, logger="idempotency_middleware"):
+        caplog.clear()
+        backend.kill()
+        until(lambda: any(r.message.endswith("pushed again") for r in caplog.records))
+        until(lambda: store.wakeups.subscribed and backend.listeners() == 1)
+    lines = [
+        (record.levelno, record.message)
+        for record in caplog.records
+        if "wake-up channel" in record.message
+    ]
+    assert [level for level, _ in lines] == [logging.WARNING, logging.INFO], lines
+    lost, back = (message for _, message in lines)
+    assert repr(store) in lost and "waiters poll the store until it is back" in lost
+    assert back == f"wake-up channel of {store!r} is back: waiters are pushed again"

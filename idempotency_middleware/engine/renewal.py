@@ -11,16 +11,20 @@ One scheduler per door renews every running claim, so starting and ending a requ
 a dict insert and pop, not a timer or a thread:
 
 - ``LoopRenewals`` (ASGI) fires on the app's own event loop: a loop that is blocked cannot
-  renew, so a stuck owner is taken over after the lock timeout;
-- ``ThreadRenewals`` (WSGI) is one daemon thread ticking every half interval: a dead
-  process stops renewing with it.
+  renew, so a stuck owner is taken over after the lock timeout. It keeps no loop alive: a
+  loop that ended (one ``asyncio.run`` per call) is collected with its state;
+- ``ThreadRenewals`` (WSGI, sync functions) share one daemon thread per process, ticking
+  every half interval while some claim runs and ending when none does (a dead process
+  stops renewing with it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import weakref
+from collections.abc import Callable
 
 from ..clock import Clock
 from ..events import Reporter
@@ -63,14 +67,23 @@ def _renewed_deadline(lease: Run, now: float) -> float:
     return now + lease.attempt.claim.lock_timeout_seconds
 
 
+def _no_loop() -> None:
+    return None
+
+
 class _LoopLeases:
-    """The running claims of one event loop, and its timer."""
+    """The running claims of one event loop, and its timer.
+
+    Held as the value of a weak dictionary keyed by the loop, it must not reach the loop:
+    the timer (whose handle holds the loop) is held weakly, the loop's own scheduled
+    handles hold it while it is pending, and a closed loop drops them.
+    """
 
     __slots__ = ("leases", "tasks", "timer", "timer_due")
 
     def __init__(self) -> None:
         self.leases = Leases()
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer: weakref.ref[asyncio.TimerHandle] | None = None
         self.timer_due: float | None = None
         self.tasks: set[asyncio.Task[None]] = set()
 
@@ -91,25 +104,28 @@ class LoopRenewals:
             weakref.WeakKeyDictionary()
         )
         self._lock = threading.Lock()  # for _loops, shared by the threads of several loops
-        # The last loop seen, read and replaced as one tuple (atomic): the usual single loop
-        # costs no dictionary lookup.
-        self._current: tuple[asyncio.AbstractEventLoop | None, _LoopLeases] = (None, _LoopLeases())
+        # The last loop seen (weakly: a finished loop is not kept), read and replaced as one
+        # tuple (atomic): the usual single loop costs no dictionary lookup.
+        self._current: tuple[Callable[[], asyncio.AbstractEventLoop | None], _LoopLeases] = (
+            _no_loop,
+            _LoopLeases(),
+        )
 
     def _leases_of(self, loop: asyncio.AbstractEventLoop) -> _LoopLeases:
         current_loop, state = self._current
-        if current_loop is loop:
+        if current_loop() is loop:
             return state
         with self._lock:
             found = self._loops.get(loop)
             if found is None:
                 found = self._loops[loop] = _LoopLeases()
-        self._current = (loop, found)
+        self._current = (weakref.ref(loop), found)
         return found
 
     def start(self, lease: Run) -> None:
         loop = asyncio.get_running_loop()
         current_loop, state = self._current
-        if current_loop is not loop:
+        if current_loop() is not loop:
             state = self._leases_of(loop)
         # Leases.add, inlined: started on every request, so one call less.
         attempt = lease.attempt
@@ -129,10 +145,12 @@ class LoopRenewals:
             self._leases_of(asyncio.get_running_loop()).leases.remove(owner)
 
     def _schedule(self, loop: asyncio.AbstractEventLoop, state: _LoopLeases, due: float) -> None:
-        if state.timer is not None:
-            state.timer.cancel()
+        timer = state.timer() if state.timer is not None else None
+        if timer is not None:
+            timer.cancel()
         state.timer_due = due
-        state.timer = loop.call_later(max(due - self._clock.now(), 0.0), self._tick, loop, state)
+        handle = loop.call_later(max(due - self._clock.now(), 0.0), self._tick, loop, state)
+        state.timer = weakref.ref(handle)
 
     def _tick(self, loop: asyncio.AbstractEventLoop, state: _LoopLeases) -> None:
         state.timer = state.timer_due = None
@@ -160,13 +178,86 @@ class LoopRenewals:
             state.leases.remove(lease.attempt.claim.owner)
 
 
-class ThreadRenewals:
-    """Renews the claims of one WSGI door from one daemon thread, started lazily.
+class _Renewer:
+    """The process's one lease-renewer thread, shared by every ``ThreadRenewals``.
 
-    The thread ticks every half renewal interval and renews what is due, so registering a
-    claim never wakes it (a wake-up per request would cost a thread switch): a claim is
-    renewed at most half an interval late, still well inside its lock. A handler thread
-    that hangs forever keeps its claim renewed; give such handlers their own timeouts.
+    It runs only while some door has a lease: it ticks every half renewal interval (the
+    shortest among the doors it serves), renews what is due, and ends at the first tick that
+    finds no lease left (the next lease starts it again). A door's ``close()`` drops its
+    leases, and ends the thread at once when no other door has any.
+    """
+
+    def __init__(self) -> None:
+        # Requests take the plain lock (a C-level context manager); the condition shares it
+        # and is only waited on by the renewal thread.
+        self.lock = threading.Lock()
+        self.condition = threading.Condition(self.lock)
+        self.doors: set[ThreadRenewals] = set()  # the doors with leases: held only then
+        self.tick: float | None = None
+        self.thread: threading.Thread | None = None
+
+    def start_thread(self) -> None:
+        """Start the thread (called holding ``lock``, when none runs)."""
+        self.thread = threading.Thread(
+            target=self._run, name="idempotency-lease-renewer", daemon=True
+        )
+        self.thread.start()
+
+    def _run(self) -> None:
+        me = threading.current_thread()
+        while True:
+            with self.condition:
+                # (Not ours any more: closed, or idle and replaced by a newer thread.)
+                if self.thread is not me:
+                    return
+                if self.doors:
+                    self.condition.wait(self.tick)
+                if self.thread is not me:
+                    return
+                due = self._take_due()
+                if not self.doors:
+                    # Nothing left to renew: end, deciding under the lock, so a lease
+                    # started from now on finds no thread and starts another.
+                    self.thread = self.tick = None
+            for door, leases, now in due:
+                door.renew_due(leases, now)
+
+    def _take_due(self) -> list[tuple[ThreadRenewals, list[Run], float]]:
+        """Each door's due leases, at its own clock's time; doors left idle are dropped."""
+        due: list[tuple[ThreadRenewals, list[Run], float]] = []
+        for door in list(self.doors):
+            now = door._clock.now()
+            leases = door._leases.take_due(now)
+            if leases:
+                due.append((door, leases, now))
+            if not door._leases.active:
+                self.doors.discard(door)
+        self.tick = min((door._tick for door in self.doors if door._tick), default=None)
+        return due
+
+
+_RENEWER = _Renewer()
+
+
+def _renewer_after_fork() -> None:
+    # The parent's thread did not come along: the child renews its own leases afresh.
+    global _RENEWER
+    _RENEWER = _Renewer()
+
+
+os.register_at_fork(after_in_child=_renewer_after_fork)
+
+
+class ThreadRenewals:
+    """Renews the claims of one sync door (WSGI, Django, sync ``idempotent`` functions).
+
+    The renewing is done by one thread per process (``_Renewer``), running only while some
+    door has a claim to renew: a process with many decorated functions has one renewer, not
+    one per function, and none once nothing runs. It ticks every half renewal interval and
+    renews what is due, so registering a claim never wakes it (a wake-up per request would
+    cost a thread switch): a claim is renewed at most half an interval late, still well
+    inside its lock. A handler thread that hangs forever keeps its claim renewed; give such
+    handlers their own timeouts.
     """
 
     def __init__(self, store: SyncStore, reporter: Reporter, clock: Clock) -> None:
@@ -174,52 +265,39 @@ class ThreadRenewals:
         self._reporter = reporter
         self._clock = clock
         self._leases = Leases()
-        # Requests take the plain lock (a C-level context manager); the condition shares it
-        # and is only waited on by the renewal thread.
-        self._lock = threading.Lock()
-        self._condition = threading.Condition(self._lock)
-        self._thread: threading.Thread | None = None
         self._tick: float | None = None
-        self._closed = False
 
     def start(self, lease: Run) -> None:
         tick = lease.attempt.policy.renewal_interval / 2
-        with self._lock:
+        renewer = _RENEWER
+        with renewer.lock:
             self._leases.add(lease)
+            renewer.doors.add(self)
             if self._tick is None or tick < self._tick:
-                self._tick = tick  # the first claim, or a shorter lock: tick faster
-                self._condition.notify()
-            if self._thread is None or self._closed:
-                self._closed = False
-                self._thread = threading.Thread(
-                    target=self._run, name="idempotency-lease-renewer", daemon=True
-                )
-                self._thread.start()
+                self._tick = tick  # the first claim, or a shorter lock
+            if renewer.tick is None or tick < renewer.tick:
+                renewer.tick = tick  # tick faster from now on
+                renewer.condition.notify()
+            if renewer.thread is None:
+                renewer.start_thread()
 
     def stop(self, owner: str) -> None:
-        with self._lock:
+        with _RENEWER.lock:
             self._leases.remove(owner)
 
     def close(self) -> None:
-        """Stop the thread; claims still running are no longer renewed."""
-        with self._condition:
-            self._closed = True
+        """Stop renewing this door's claims (those still running are no longer renewed);
+        the renewer thread ends now if no other door has a claim."""
+        renewer = _RENEWER
+        with renewer.condition:
             self._leases = Leases()
-            self._condition.notify()
-            thread, self._thread = self._thread, None
+            renewer.doors.discard(self)
+            if renewer.doors:
+                return
+            thread, renewer.thread, renewer.tick = renewer.thread, None, None
+            renewer.condition.notify()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while True:
-            with self._condition:
-                if not self._closed:  # (a close() before the first wait must not be missed)
-                    self._condition.wait(self._tick)
-                if self._closed:
-                    return
-                now = self._clock.now()
-                due_now = self._leases.take_due(now)
-            self.renew_due(due_now, now)
 
     def renew_due(self, leases: list[Run], now: float) -> None:
         for lease in leases:

@@ -427,7 +427,10 @@ class KitStore(ClosingStore, BreakerOwner):
         self._transport.close()
 
     async def aclose(self) -> None:
-        """Release the running event loop's connections; using it again reconnects."""
+        """Release the running event loop's connections, and stop listening for pushed
+        changes (``close()`` does both too); using it again reconnects."""
+        if self.wakeups is not None:
+            await self.wakeups.aclose()
         await self._transport.aclose()
 
 

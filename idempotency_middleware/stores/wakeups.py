@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,9 @@ Listen = Callable[[Callable[[], None], Callable[[str], None], threading.Event], 
 _LOG = logging.getLogger("idempotency_middleware")
 _MAX_REMEMBERED = 4096  # keys whose last change is kept; past it, every waiter re-polls once
 _RETRY_FIRST, _RETRY_MAX = 0.05, 2.0  # seconds between reconnections, doubling
+# How long close() waits for the thread: past its receive timeout (0.5 s), not forever.
+CLOSE_WAIT_SECONDS = 1.0
+_JOIN_POLL_SECONDS = 0.01  # how often aclose() looks whether the thread ended
 
 
 def _settle(future: asyncio.Future[None]) -> None:
@@ -34,9 +38,12 @@ def _settle(future: asyncio.Future[None]) -> None:
 class Wakeups:
     """Who waits on which key, and the thread that hears the changes."""
 
-    def __init__(self, listen: Listen, name: str) -> None:
+    def __init__(self, listen: Listen, name: str, store: str = "") -> None:
         self._listen = listen
         self._name = name
+        self._store = store or name  # how the logs name the store
+        # Whether the channel was lost and not yet back (logged once per loss).
+        self._lost = False
         self._lock = threading.Lock()
         self._seq = 0  # bumped by every change heard
         self._reset = 0  # the seq of the last (re)subscription: news before it may be lost
@@ -129,25 +136,68 @@ class Wakeups:
             self._reset = self._seq
             waiters = [waiter for each in self._waiting.values() for waiter in each]
             self._waiting.clear()
+        if self.subscribed:
+            # Subscribed again without the listener returning: its client lost the
+            # connection and made it anew underneath (redis-py does), news lost meanwhile.
+            self._lost_channel("the client reconnected it")
         self.subscribed = True
         self._retry = _RETRY_FIRST
+        if self._lost:
+            self._lost = False
+            _LOG.info("wake-up channel of %s is back: waiters are pushed again", self._store)
         self._wake(waiters)
 
     def _run(self, stopping: threading.Event) -> None:
         while not stopping.is_set():
+            error: Exception | None = None
             try:
                 self._listen(self.ready, self.changed, stopping)
-            except Exception as error:  # the channel is lost: waiters poll meanwhile
-                _LOG.debug("wakeup channel of %s lost: %r", self._name, error)
+            except Exception as raised:  # the channel is lost: waiters poll meanwhile
+                error = raised
             self.subscribed = False
+            if stopping.is_set():
+                return  # closed: not a loss
+            self._lost_channel(repr(error) if error is not None else "it ended")
             if stopping.wait(self._retry):
                 return
             self._retry = min(self._retry * 2, _RETRY_MAX)
 
-    def close(self) -> None:
-        """Stop listening (the thread ends within its next receive timeout); the next
-        waiter listens again, as a closed store's next call reconnects."""
+    def _lost_channel(self, reason: str) -> None:
+        """A lost channel slows every waiter down to its polls: worth a warning, once per
+        loss (the reconnection attempts that follow fail quietly until one succeeds)."""
+        if self._lost:
+            _LOG.debug("wake-up channel of %s still lost: %s", self._store, reason)
+            return
+        self._lost = True
+        _LOG.warning(
+            "wake-up channel of %s lost (%s): waiters poll the store until it is back",
+            self._store,
+            reason,
+        )
+
+    def close(self, timeout: float = CLOSE_WAIT_SECONDS) -> None:
+        """Stop listening; the next waiter listens again, as a closed store's next call
+        reconnects. The thread ends within its next receive timeout (0.5 s): ``timeout``
+        seconds are waited for it."""
+        thread = self._stop()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    async def aclose(self, timeout: float = CLOSE_WAIT_SECONDS) -> None:
+        """``close()`` from a running loop: the wait for the thread does not block it."""
+        thread = self._stop()
+        if thread is None or thread is threading.current_thread():
+            return
+        deadline = time.monotonic() + timeout
+        # (A thread's end cannot be awaited; a join would block the loop: look, bounded.)
+        while thread.is_alive() and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(_JOIN_POLL_SECONDS)
+
+    def _stop(self) -> threading.Thread | None:
         with self._lock:
             self._stopping.set()
+            thread = self._thread
             self._stopping, self._thread = threading.Event(), None
             self.subscribed = False
+            self._lost = False
+        return thread

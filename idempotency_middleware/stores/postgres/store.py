@@ -111,7 +111,7 @@ class PostgresStore(KitStore):
         ops = PostgresOps(sql, max_response_bytes, purge_interval_seconds, purge_batch_size, clock)
         breaker = (clock, breaker_threshold, breaker_cooldown_seconds)
         super().__init__(ops, PostgresTransport(config), *breaker)
-        self.wakeups = Wakeups(listener(config, sql.channel), sql.channel)
+        self.wakeups = Wakeups(listener(config, sql.channel), sql.channel, repr(self))
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.where!r}, table={self.table!r})"

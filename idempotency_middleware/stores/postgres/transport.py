@@ -13,6 +13,7 @@ import select
 import socket
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -155,6 +156,20 @@ def listener(config: PostgresConfig, channel: str) -> Listen:
     return listen
 
 
+def _close_dropped(pool: ConnectionPool[Any]) -> None:
+    """Close the sync pool of a store dropped without ``close()``, from a thread of its own.
+
+    Left to the garbage collector, psycopg_pool's own ``__del__`` joins the pool's worker
+    threads, from whichever thread dropped the last reference: when that is one of those
+    workers (a store dropped while a worker was still adding a connection, holding the pool
+    until it returned), "cannot join current thread". Closing it here first, holding it
+    until closed, leaves that ``__del__`` nothing to do; from a thread of its own, since
+    this finalizer may itself run on any thread, a worker's included.
+    """
+    with contextlib.suppress(RuntimeError):  # (no new thread at interpreter shutdown)
+        threading.Thread(target=pool.close, name="idempotency-postgres-close").start()
+
+
 class PostgresTransport:
     """Runs flows (``kit.Transport``). ``reachable``: whether the last call reached the server;
     until one does, a call waits no longer than a connection attempt, so an outage answers fast."""
@@ -165,6 +180,8 @@ class PostgresTransport:
         self._pool = config.pool
         self._pool_lock = threading.Lock()
         self._pid = os.getpid()
+        # Closes the pool made here if the store is dropped unclosed (see _close_dropped).
+        self._pool_finalizer: weakref.finalize[Any, Any] | None = None
         self.loop_pools: LoopLocal[LoopPool] = LoopLocal(
             self._new_loop_pool, LoopPool.close, LoopPool.abandon
         )
@@ -187,6 +204,7 @@ class PostgresTransport:
             self._pid = os.getpid()
             self._pool = self.config.pool
             self._pool_lock = threading.Lock()
+            self._forget_pool()  # (the parent's, whose threads are not here to stop)
         pool = self._pool
         return pool if pool is not None else self._new_pool(None)
 
@@ -204,6 +222,9 @@ class PostgresTransport:
                     open=False,
                 )
                 self._pool.open(wait=False)
+                self._forget_pool()
+                self._pool_finalizer = weakref.finalize(self, _close_dropped, self._pool)
+                self._pool_finalizer.atexit = False  # (at exit its daemon threads just stop)
             pool = self._pool
         if stuck is not None:
             threading.Thread(target=stuck.close, name="idempotency-postgres-close").start()
@@ -280,9 +301,16 @@ class PostgresTransport:
         """Close the sync pool (reopened on use; the user's stays open) and closed loops'."""
         with self._pool_lock:
             pool, self._pool = self._pool, self.config.pool
+            self._forget_pool()
         if pool is not None and pool is not self.config.pool:
             pool.close()
         self.loop_pools.release_closed_loops()
+
+    def _forget_pool(self) -> None:
+        """The pool is closed (or no longer ours) some other way: no finalizer for it."""
+        if self._pool_finalizer is not None:
+            self._pool_finalizer.detach()
+            self._pool_finalizer = None
 
     async def _new_loop_pool(self) -> LoopPool:
         return LoopPool(self.config.dsn, self.config.connect_kwargs, self.config.max_size)
@@ -347,6 +375,7 @@ class Watchdog:
         self._armed: dict[int, tuple[float, int]] = {}  # token: (deadline, socket fd)
         self._fired: set[int] = set()
         self._tokens = itertools.count()
+        self._last_token = -1  # the last statement's: none since the last look, no thread
         self._thread: threading.Thread | None = None
 
     @contextlib.contextmanager
@@ -356,6 +385,7 @@ class Watchdog:
         token = next(self._tokens)
         with self._lock:
             self._armed[token] = (time.monotonic() + seconds, connection.pgconn.socket)
+            self._last_token = token
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="idempotency-postgres-deadlines", daemon=True
@@ -375,10 +405,17 @@ class Watchdog:
                 self._fired.discard(token)
 
     def _run(self) -> None:
+        seen = -1
         while True:
             time.sleep(CHECK_INTERVAL_SECONDS)
             now = time.monotonic()
             with self._lock:
+                if not self._armed and self._last_token == seen:
+                    # No statement for a whole interval: end (the next one starts another),
+                    # so a process whose stores are idle or closed keeps no thread for them.
+                    self._thread = None
+                    return
+                seen = self._last_token
                 late = [token for token, (deadline, _) in self._armed.items() if deadline <= now]
                 # Shut down under the lock: the watched block cannot leave (its finally takes
                 # the lock) and hand its connection back to be closed meanwhile. Outside it,

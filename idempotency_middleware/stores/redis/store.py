@@ -62,7 +62,7 @@ class RedisStore(KitStore):
         ops = RedisOps(prefix, self.ttl_grace_seconds, max_response_bytes)
         super().__init__(ops, transport, *breaker)
         listen = transport.listener(ops.channel, prefix)
-        self.wakeups = None if listen is None else Wakeups(listen, ops.channel)
+        self.wakeups = None if listen is None else Wakeups(listen, ops.channel, repr(self))
 
     def __repr__(self) -> str:
         return f"RedisStore({self._where!r}, prefix={self.prefix!r})"
