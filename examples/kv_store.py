@@ -1,4 +1,4 @@
-"""A whole store in under 100 lines on the store kit, over a backend with only ``get`` and
+"""A whole store in 100 lines on the store kit, over a backend with only ``get`` and
 compare-and-set (etcd, Consul, FoundationDB; here a dict behind a lock). ``KitStore`` writes
 the public methods, ``check()`` included. Its contract: ``tests/test_store_contract.py -k kv``."""
 
@@ -84,11 +84,12 @@ class KeyValueOps:
             old = yield ("get", done.key_hash)
             if old is not None and owned(done.owner, DEFERRED, COMPLETED)(old):
                 return True
-        status = DEFERRED if done.deferred else COMPLETED
+        # The owner's completion again: the last wins (an interim one never replaces a final).
+        again, status = ((), DEFERRED) if done.deferred else ((DEFERRED, COMPLETED), COMPLETED)
         dropped = done.streamed or self._too_large(done.body_size)  # completed, body not kept
         return (
             yield from self._write(
-                done.key_hash, owned(done.owner, IN_PROGRESS), status=status,
+                done.key_hash, owned(done.owner, IN_PROGRESS, *again), status=status,
                 expires_at=done.expires_at, response=None if dropped else done.response,
                 response_not_stored=dropped, response_size=done.body_size)
         )  # fmt: skip

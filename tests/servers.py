@@ -528,10 +528,19 @@ class Harness:
         the session's server), made on first use and closed after every server stopped."""
         if self._db_store is None:
             assert self._db_location is not None
+            # The servers run in the test process, their event loop sharing the GIL with
+            # the test's client threads (24 at once in a burst), under coverage on a loaded
+            # machine: there a connect to the local Redis can outlive RedisStore's 1 s
+            # default while the loop waits its turn. PostgresStore's default is 5 s; the
+            # connect timeout itself is tested on unreachable stores (db_stores.py).
+            slow_loop: dict[str, Any] = (
+                {"socket_connect_timeout": 5.0} if self.combo.store == "redis" else {}
+            )
             store = new_store(
                 self.combo.store,
                 self._db_location,
                 max_response_bytes=MEMORY_MAX_RESPONSE_BYTES,
+                **slow_loop,
             )
             self._stack.callback(store.close)
             self._db_store = store

@@ -125,3 +125,24 @@ def test_a_missing_s3_object_reads_as_not_stored_never_as_new(
     assert isinstance(held, Held)
     assert held.record.response is None
     assert held.record.response_not_stored
+
+
+def test_an_owners_second_completion_replaces_the_first_in_whichever_form_each_is_kept(
+    moto_endpoint: str, dynamodb_table: str
+) -> None:
+    # The last completion wins: a small body in the item, then a large one in S3 (the item's
+    # body, preferred on a read, must go), then the small one again (the reference must go).
+    small = StoredResponse(200, [], b"small")
+    bucket = _bucket(moto_endpoint)
+    key = f"k-{uuid.uuid4().hex[:8]}"
+    with _store_with_bucket(moto_endpoint, dynamodb_table, bucket) as store:
+        assert store.claim(_claim(key, "owner-1")) == Claimed()
+        assert store.complete(Completion(key, "owner-1", time.time(), 60, small))
+        assert store.complete(_completion(key, "owner-1"))
+        large = store.get(key)
+        assert large is not None and large.response is not None
+        assert large.response.body == LARGE_BODY
+        assert store.complete(Completion(key, "owner-1", time.time(), 60, small))
+        again = store.get(key)
+    assert again is not None and again.response == small
+    assert not again.response_not_stored

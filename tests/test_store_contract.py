@@ -772,6 +772,54 @@ def test_streamed_completion_keeps_its_size_but_no_body(
     assert record.response_size == 12345
 
 
+def _not_kept(claim: ClaimRequest, now: float, how: str) -> Completion:
+    """A completion by ``claim``'s owner whose body is not kept: streamed, or too large."""
+    if how == "streamed":
+        return Completion(
+            key_hash=claim.key_hash,
+            owner=claim.owner,
+            now=now,
+            ttl_seconds=TTL,
+            response=StoredResponse(200, [(b"content-type", b"text/event-stream")], b""),
+            streamed=True,
+            streamed_size=12345,
+        )
+    large = StoredResponse(200, [], os.urandom(TOO_LARGE_BODY_SIZE))
+    return completion(claim, now, response=large)
+
+
+@pytest.mark.parametrize("how", ["streamed", "too_large"])
+def test_a_second_completion_not_kept_leaves_no_earlier_body_behind(
+    store: Driver, key: str, now: float, how: str
+) -> None:
+    # The same owner completing twice: the last one wins, so a replay never answers with
+    # a body the last completion did not keep.
+    claim = claim_request(key, now)
+    store.claim(claim)
+    assert store.complete(completion(claim, now + 1)) is True
+    second = _not_kept(claim, now + 2, how)
+    assert store.complete(second) is True
+    record = held_record(store.claim(claim_request(key, now + 3)))
+    assert record.status is Status.COMPLETED
+    assert record.response is None
+    assert record.response_not_stored is True
+    assert record.response_size == second.body_size
+
+
+@pytest.mark.parametrize("how", ["streamed", "too_large"])
+def test_a_second_completion_kept_replaces_one_not_kept(
+    store: Driver, key: str, now: float, how: str
+) -> None:
+    claim = claim_request(key, now)
+    store.claim(claim)
+    assert store.complete(_not_kept(claim, now + 1, how)) is True
+    assert store.complete(completion(claim, now + 2)) is True
+    record = held_record(store.claim(claim_request(key, now + 3)))
+    assert record.response == RESPONSE
+    assert record.response_not_stored is False
+    assert record.response_size == len(RESPONSE.body)
+
+
 def test_memory_store_without_a_limit_keeps_any_response(key: str, now: float) -> None:
     store = MemoryStore()
     claim = claim_request(key, now)

@@ -4,6 +4,7 @@ raises botocore's own exceptions, so one translation serves both transports."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from ...errors import TransactionRejectedError
@@ -139,7 +140,9 @@ def classify(error: BaseException, table_name: str = "") -> tuple[str, str]:
         return "no_credentials", f"no usable AWS credentials: {error}"
     if isinstance(error, boto.CredentialRetrievalError):
         return "no_credentials", f"no AWS credentials found: {error}"
-    if isinstance(error, (boto.ReadTimeoutError, TimeoutError)):
+    # (asyncio.TimeoutError: before Python 3.11 not the builtin one; aiohttp's read
+    # timeouts are of it, and are no OSError.)
+    if isinstance(error, (boto.ReadTimeoutError, TimeoutError, asyncio.TimeoutError)):
         return "timed_out", f"timed out waiting for an answer from {endpoint}"
     if isinstance(error, boto.ConnectTimeoutError):
         return "unreachable", f"unreachable: connecting to {endpoint} timed out"
@@ -166,7 +169,8 @@ def _classify_code(error: BaseException, code: str, table_name: str) -> tuple[st
 
 def store_errors() -> tuple[type[BaseException], ...]:
     """The exception types that mean the store did not answer usefully; RuntimeError too, as
-    aiobotocore raises it, unwrapped, for a client used off its own event loop."""
+    aiobotocore raises it, unwrapped, for a client used off its own event loop; asyncio's
+    TimeoutError, a class of its own before Python 3.11 (aiohttp's timeouts)."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    return (BotoCoreError, ClientError, OSError, TimeoutError, RuntimeError)
+    return (BotoCoreError, ClientError, OSError, TimeoutError, asyncio.TimeoutError, RuntimeError)

@@ -87,6 +87,10 @@ def _claim_ttl(lock_expires_at: float) -> dict[str, str]:
 _RENAMED = {"#lock": "lock_expires_at", "#exp": "expires_at", "#size": "response_size"}
 
 
+# Where a record's response can be: a writer's forms, at most one kept by a completion.
+_RESPONSE_FORMS = ("#response_json", "#response", "#response_ref")
+
+
 # Each request's names, by its layout's two attributes and the aliases it uses: built once
 # (the aliases come from this module's code, the layouts from the stores: a handful).
 _NAMES: dict[tuple[str, str, tuple[str, ...]], dict[str, str]] = {}
@@ -197,7 +201,7 @@ def plan_completion(
         ":size": {"N": str(completion.body_size)},
     }
     update, kept = _set_completed(values, ":ttl", encoded if fits else None, overflow_key)
-    names = ["#status", "#exp", "#ttl", "#owner", "#size", "#too_large", *kept]
+    names = ["#status", "#exp", "#ttl", "#owner", "#size", "#too_large", *_RESPONSE_FORMS]
     condition = "#owner = :owner"
     if completion.writes or completion.deferred:
         condition += " AND #status = :in_progress"
@@ -206,6 +210,9 @@ def plan_completion(
         values[":txn"] = {"S": commit_token(completion.owner)}
         update += ", #txn = :txn"
         names.append("#txn")
+    # The owner's completion again (the last wins): a response written before in another
+    # form, or one this completion does not keep, would otherwise be left behind and replayed.
+    update += " REMOVE " + ", ".join(form for form in _RESPONSE_FORMS if form not in kept)
     request = {
         **_keyed(layout, completion.key_hash),
         "UpdateExpression": update,
@@ -375,9 +382,8 @@ def plan_final_completion(
         ":size": {"N": str(len(response.body))},
     }
     update, kept = _set_completed(values, ":exp", encoded if fits else None, overflow_key)
-    forms = ["#response_json", "#response", "#response_ref"]  # a writer's forms: one kept
-    update += " REMOVE " + ", ".join(form for form in forms if form not in kept)
-    names = ["#status", "#exp", "#ttl", "#owner", "#size", "#too_large", *forms]
+    update += " REMOVE " + ", ".join(form for form in _RESPONSE_FORMS if form not in kept)
+    names = ["#status", "#exp", "#ttl", "#owner", "#size", "#too_large", *_RESPONSE_FORMS]
     request = {
         **_keyed(layout, token.key_hash),
         "UpdateExpression": update,

@@ -63,7 +63,9 @@ class LoopPool:
         if self._slots.locked():  # (else acquiring takes no wait: no timer, no task)
             try:
                 await asyncio.wait_for(self._slots.acquire(), timeout)
-            except TimeoutError:
+            # asyncio's own: before Python 3.11 not the builtin TimeoutError, which would let
+            # a full pool's wait escape as an unclassified error (a 500, not a 503).
+            except asyncio.TimeoutError:
                 raise PoolTimeout(f"no free connection within {timeout:.2f} s") from None
         else:
             await self._slots.acquire()

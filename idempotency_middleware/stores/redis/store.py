@@ -23,10 +23,12 @@ class RedisStore(KitStore):
     ``RedisStore("redis://cache:6379/0")`` builds its own clients with redis-py's
     ``from_url`` (a sync one, and one asyncio client per event loop), with
     ``socket_timeout``, ``socket_connect_timeout``, ``retries`` (on a dropped connection)
-    and ``client_options``. Or pass your own ``client`` and/or ``async_client``: used as
-    they are, never closed by the store, and they must not decode responses. The keys'
-    TTLs are housekeeping, ``ttl_grace_seconds`` past each deadline; a body over
-    ``max_response_bytes`` completes its key without being kept.
+    and ``client_options``; an asyncio client runs at most 16 commands at once (its
+    connections: ``max_connections=n``), a burst's claims waiting for a free one. Or pass
+    your own ``client`` and/or ``async_client``: used as they are, never closed by the
+    store, and they must not decode responses. The keys' TTLs are housekeeping,
+    ``ttl_grace_seconds`` past each deadline; a body over ``max_response_bytes`` completes
+    its key without being kept.
     """
 
     def __init__(

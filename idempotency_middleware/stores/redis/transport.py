@@ -20,6 +20,14 @@ T = TypeVar("T")
 
 DEFAULT_URL = "redis://localhost:6379/0"
 
+# At most this many commands at once on an event loop's own client (``max_connections`` in
+# the client options sets it): a burst of claims shares that many connections, each claim
+# waiting (within its deadline) for a free one. redis-py's pool would open a connection per
+# concurrent command, each under the connect timeout while the loop is at its busiest with
+# the burst itself, and past 100 refuse with "Too many connections": 503s from a healthy
+# server, counted by the circuit breaker as an outage.
+ASYNC_CONNECTIONS = 16
+
 
 @dataclass(frozen=True)
 class RedisSettings:
@@ -36,6 +44,20 @@ def _sender(client: Any) -> Callable[[tuple[Any, ...]], Any]:
     return lambda request: getattr(client, request[0])(*request[1:])
 
 
+@dataclass(frozen=True)
+class _LoopClient:
+    """An event loop's own asyncio client, and the slots bounding its commands at once."""
+
+    client: Any
+    slots: asyncio.Semaphore
+
+    async def run(self, flow: Flow[T]) -> T:
+        # (Not redis-py's BlockingConnectionPool: its condition, timeout and context
+        # managers on every command cost more CPU than a semaphore that is rarely full.)
+        async with self.slots:
+            return await adrive(flow, _sender(self.client))
+
+
 class RedisTransport:
     """Runs ``RedisStore``'s flows on its clients; ``where`` names the server, for messages."""
 
@@ -48,7 +70,7 @@ class RedisTransport:
         # What a call may raise that means the store did not answer usefully (translate()
         # raises a RuntimeError that is not about event loops again, as the bug it is).
         self._errors = (redis.RedisError, OSError, asyncio.TimeoutError, RuntimeError)
-        self._loops: LoopLocal[Any] | None = None  # the store's own asyncio clients
+        self._loops: LoopLocal[_LoopClient] | None = None  # the store's own asyncio clients
         self._async_client: Any = None  # the caller's, on whatever loop the caller uses it
         self._call_timeout: float | None = None  # a caller's clients keep their own
         client, async_client = settings.client, settings.async_client
@@ -72,15 +94,18 @@ class RedisTransport:
             # send in asyncio.wait_for when one is set, a task per command (a fifth of a
             # claim's CPU). Each whole call is bounded by it instead (arun).
             self._call_timeout = options.pop("socket_timeout")
+            limit: int = options.get("max_connections") or ASYNC_CONNECTIONS
+            options["max_connections"] = limit  # (the pool then never refuses: see above)
 
-            async def make() -> Any:
-                return redis.asyncio.Redis.from_url(
+            async def make() -> _LoopClient:
+                client = redis.asyncio.Redis.from_url(
                     where, retry=async_retry, socket_timeout=None, **options
                 )
+                return _LoopClient(client, asyncio.Semaphore(limit))
 
             # A loop closed without closing its client: nothing can run on it any more, so
             # the client is only forgotten.
-            self._loops = LoopLocal(make, lambda client: client.aclose())
+            self._loops = LoopLocal(make, lambda own: own.client.aclose())
         else:
             sync_kinds = (redis.Redis, redis.cluster.RedisCluster)
             async_kinds = (redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster)
@@ -117,9 +142,9 @@ class RedisTransport:
 
     async def arun(self, operation: str, flow: Flow[T]) -> T:
         if self._async_client is not None:
-            client = self._async_client
+            work = adrive(flow, _sender(self._async_client))  # bounded by the caller's pool
         elif self._loops is not None:
-            client = await self._loops.get()
+            work = (await self._loops.get()).run(flow)
         else:
             raise TypeError(
                 "this RedisStore was given a sync redis client only: use its sync methods "
@@ -127,8 +152,8 @@ class RedisTransport:
             )
         try:
             if self._call_timeout is None:
-                return await adrive(flow, _sender(client))
-            return await _bounded(adrive(flow, _sender(client)), self._call_timeout)
+                return await work
+            return await _bounded(work, self._call_timeout)
         except self._errors as error:
             raise translate(operation, error, self.where) from error
 
