@@ -368,6 +368,23 @@ def test_forget_on_a_consumer_also_clears_its_replay_cache(fstore: FunctionStore
     assert handler.runs == [delivered["id"]] * 2
 
 
+def test_required_false_runs_a_message_without_key_unprotected() -> None:
+    runs: list[Any] = []
+    consumer = IdempotentConsumer(
+        runs.append,
+        store=MemoryStore(),
+        key=lambda m: m.get("id"),
+        name=fresh_key(),
+        required=False,
+    )
+    keyless = {"body": "order-1"}
+    assert [consumer.process(keyless).action for _ in range(2)] == ["ack", "ack"]
+    assert runs == [keyless, keyless]  # no key: each delivery runs
+    keyed = message()
+    assert [consumer.process(keyed).replayed for _ in range(2)] == [False, True]
+    assert runs == [keyless, keyless, keyed]
+
+
 def test_a_consumer_and_a_function_with_the_same_name_share_their_keys(
     fstore: FunctionStore,
 ) -> None:
