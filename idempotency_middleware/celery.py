@@ -12,6 +12,8 @@ Importing this module imports Celery; importing the package does not.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,12 +30,14 @@ except ModuleNotFoundError as missing:  # tests/test_missing_extras.py
 
 from .clock import SYSTEM_CLOCK, Clock
 from .consumers import IdempotentConsumer
+from .encryption import Encryption
 from .events import EventHook
 from .function_attempts import is_coroutine_callable
 from .options import (
     DEFAULT_CLOCK_SKEW_SECONDS,
     DEFAULT_LOCK_TIMEOUT_SECONDS,
     DEFAULT_TTL_SECONDS,
+    check_option_names,
 )
 from .results import Serializer
 from .stores.protocol import AsyncStore, SyncStore
@@ -86,14 +90,17 @@ def idempotent_task(
     payload: Callable[[TaskCall], Any] | None = None,
     max_attempts: int | None = None,
     on_exhausted: Callable[[TaskCall, Exception], Any] | None = None,
+    required: bool = True,
     ttl_seconds: float = DEFAULT_TTL_SECONDS,
     lock_timeout_seconds: float = DEFAULT_LOCK_TIMEOUT_SECONDS,
     wait_seconds: float = 0,
     serializer: Serializer | None = None,
     on_store_error: str = "fail",
+    replay_cache_size: int = 0,
     on_event: EventHook | None = None,
     clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS,
     clock: Clock = SYSTEM_CLOCK,
+    encryption: Encryption | None = None,
     **task_options: Any,
 ) -> Callable[[TaskFunction], Task]:
     """Registers the decorated function (a plain function taking the task's arguments) as
@@ -103,8 +110,10 @@ def idempotent_task(
     ``call_arguments``); the keys' namespace is the task's name. The other options are
     ``IdempotentConsumer``'s; the store must be sync. ``task_options`` go to ``app.task``
     (``name``, ``queue``, ``default_retry_delay``...), with ``acks_late=True`` and
-    ``max_retries=None`` unless given: ``max_attempts`` bounds the retries.
+    ``max_retries=None`` unless given: ``max_attempts`` bounds the retries. A task option
+    that is no Celery one and looks like a misspelling of one of these is a ``TypeError``.
     """
+    _check_task_options(app, task_options)
     if "bind" in task_options:
         raise TypeError(
             "idempotent_task binds the task itself: the function takes the task's arguments; "
@@ -135,14 +144,17 @@ def idempotent_task(
             name=name,
             max_attempts=max_attempts,
             on_exhausted=on_exhausted,
+            required=required,
             ttl_seconds=ttl_seconds,
             lock_timeout_seconds=lock_timeout_seconds,
             wait_seconds=wait_seconds,
             serializer=serializer,
             on_store_error=on_store_error,
+            replay_cache_size=replay_cache_size,
             on_event=on_event,
             clock_skew_seconds=clock_skew_seconds,
             clock=clock,
+            encryption=encryption,
         )
 
         def run(task: Task, *args: Any, **kwargs: Any) -> Any:
@@ -164,6 +176,51 @@ def idempotent_task(
         return task
 
     return register
+
+
+# What ``app.task`` takes besides a task class's attributes (celery.app.base, autoretry).
+_CELERY_TASK_KEYWORDS = frozenset(
+    {
+        "base",
+        "bind",
+        "shared",
+        "lazy",
+        "filter",
+        "pydantic",
+        "pydantic_strict",
+        "pydantic_context",
+        "pydantic_dump_kwargs",
+        "autoretry_for",
+        "dont_autoretry_for",
+        "retry_kwargs",
+        "retry_backoff",
+        "retry_backoff_max",
+        "retry_jitter",
+        "queue",
+        "exchange",
+        "routing_key",
+    }
+)
+# How close an unknown name must be to one of idempotent_task's own to be taken for its
+# misspelling ("encyrption") rather than a task attribute of the application's own.
+_MISSPELLING_CUTOFF = 0.7
+
+
+def _check_task_options(app: Celery, task_options: Mapping[str, Any]) -> None:
+    """``TypeError`` for a task option that is none of Celery's and is close to one of
+    ``idempotent_task``'s own: Celery sets any name it is given as a task attribute, so a
+    misspelled ``encryption`` would otherwise be dropped silently. Other unknown names stay
+    Celery's (a task attribute of the application's own, as ``app.task`` allows)."""
+    ours = frozenset(inspect.signature(idempotent_task).parameters) - {"app", "task_options"}
+    ours |= {"name"}  # a task option, and the keys' namespace
+    misspelled = [
+        given
+        for given in task_options
+        if given not in _CELERY_TASK_KEYWORDS
+        and not hasattr(app.Task, given)
+        and difflib.get_close_matches(given, ours, n=1, cutoff=_MISSPELLING_CUTOFF)
+    ]
+    check_option_names("idempotent_task()", misspelled, ours)
 
 
 __all__ = [

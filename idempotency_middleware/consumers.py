@@ -9,6 +9,7 @@ key and the payload from the message and words the attempt's outcome as a verdic
 
 from __future__ import annotations
 
+import copy
 import inspect
 import logging
 import math
@@ -95,7 +96,8 @@ class IdempotentConsumer:
     idempotency key (``str``); ``payload`` takes the message and returns what identifies the
     work (default: ``message_payload``). ``max_attempts`` with a delivery count gives up on a
     message whose handler keeps failing (``dead``, after ``on_exhausted(message, error)``).
-    The other options mean what they mean for ``idempotent``; a consumer and an
+    ``required=False`` runs a message without a key unprotected (``ack``) instead of giving
+    it up (``dead``). The other options mean what they mean for ``idempotent``; a consumer and an
     ``idempotent`` function with the same ``name`` share their keys.
     """
 
@@ -110,22 +112,25 @@ class IdempotentConsumer:
         name: str | None = None,
         max_attempts: int | None = None,
         on_exhausted: ExhaustedHook | None = None,
+        required: bool = True,
         ttl_seconds: float = DEFAULT_TTL_SECONDS,
         lock_timeout_seconds: float = DEFAULT_LOCK_TIMEOUT_SECONDS,
         wait_seconds: float = 0,
         serializer: Serializer | None = None,
         on_store_error: str = "fail",
+        replay_cache_size: int = 0,
         on_event: EventHook | None = None,
         clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS,
         clock: Clock = SYSTEM_CLOCK,
         encryption: Encryption | None = None,
     ) -> None:
         options = Options.build(
-            required=True,
+            required=required,
             ttl_seconds=ttl_seconds,
             lock_timeout_seconds=lock_timeout_seconds,
             wait_seconds=wait_seconds,
             on_store_error=on_store_error,
+            replay_cache_size=replay_cache_size,
             on_event=on_event,
             clock=clock,
             clock_skew_seconds=clock_skew_seconds,
@@ -169,9 +174,21 @@ class IdempotentConsumer:
         self._payload = payload or message_payload
         self._max_attempts = max_attempts
         self._on_exhausted = on_exhausted
+        self._parts = (store, serializer, options)
         self._attempts = FunctionAttempts(
             handler, name, store, serializer, options, self._is_async, f"consumer {name}"
         )
+
+    def _renamed(self, name: str) -> IdempotentConsumer:
+        """This consumer with keys named ``name`` (its own replay cache and renewals): how a
+        door serving several handlers (FastStream's subscribers) makes one per handler from
+        options it checked, and warned about, once."""
+        twin = copy.copy(self)
+        twin.name = name
+        twin._attempts = FunctionAttempts(
+            self._handler, name, *self._parts, self._is_async, f"consumer {name}"
+        )
+        return twin
 
     def __repr__(self) -> str:
         return f"IdempotentConsumer({self.name!r})"
@@ -218,6 +235,8 @@ class IdempotentConsumer:
             return self._exhaust(message, error)
         handler = self._handler
         try:
+            if attempt is None:
+                return Outcome("ack", self._attempts.unprotected(lambda: handler(message)))
             outcome, result = self._attempts.drive(attempt, lambda: handler(message))
             if outcome is flow.RUN_UNPROTECTED:
                 return Outcome("ack", self._attempts.unprotected(lambda: handler(message)))
@@ -243,6 +262,9 @@ class IdempotentConsumer:
             return await self._aexhaust(message, error)
         handler = self._handler
         try:
+            if attempt is None:
+                ran = await self._attempts.aunprotected(lambda: handler(message))
+                return Outcome("ack", ran)
             outcome, result = await self._attempts.adrive(attempt, lambda: handler(message))
             if outcome is flow.RUN_UNPROTECTED:
                 ran = await self._attempts.aunprotected(lambda: handler(message))
@@ -269,10 +291,13 @@ class IdempotentConsumer:
 
     # -- the verdicts --------------------------------------------------------------------
 
-    def _attempt(self, message: Any) -> core.Attempt:
-        """The delivery's attempt; what the message cannot give (a key, a payload) raises."""
+    def _attempt(self, message: Any) -> core.Attempt | None:
+        """The delivery's attempt; what the message cannot give (a key, a payload) raises.
+        ``None``: no key, and ``required=False``: the handler runs unprotected."""
         key = self._key(message)
         if key is None or key == "":
+            if not self._attempts.policy.required:
+                return None
             raise InvalidKeyError(
                 f"consumer {self.name}: the message's key is "
                 f"{'missing (None)' if key is None else 'empty'}; it cannot be processed "

@@ -33,12 +33,14 @@ except ModuleNotFoundError as missing:  # tests/test_missing_extras.py
 
 from .clock import SYSTEM_CLOCK, Clock
 from .consumers import IdempotentConsumer, Outcome
+from .encryption import Encryption
 from .errors import InvalidKeyError
 from .events import EventHook
 from .options import (
     DEFAULT_CLOCK_SKEW_SECONDS,
     DEFAULT_LOCK_TIMEOUT_SECONDS,
     DEFAULT_TTL_SECONDS,
+    named_options,
 )
 from .results import Serializer
 from .stores.protocol import AsyncStore, SyncStore
@@ -97,10 +99,7 @@ def header_or_message_id(message: StreamMessage[Any]) -> str:
     """The default key: the producer's ``Idempotency-Key`` header when it set one (one
     logical operation, however often it was sent), else ``message_id(message)`` (one
     message, however often it was delivered). ``InvalidKeyError`` when there is neither."""
-    header = message.headers.get(KEY_HEADER)
-    if header:
-        return str(header)
-    found = message_id(message)
+    found = _header_or_message_id_if_any(message)
     if found is None:
         raise InvalidKeyError(
             "the message has no Idempotency-Key header and no message id: set one when "
@@ -108,6 +107,13 @@ def header_or_message_id(message: StreamMessage[Any]) -> str:
             "to IdempotencyFastStreamMiddleware"
         )
     return found
+
+
+def _header_or_message_id_if_any(message: StreamMessage[Any]) -> str | None:
+    """The default key, ``None`` when the message has neither (``required=False``: the
+    message then runs unprotected)."""
+    header = message.headers.get(KEY_HEADER)
+    return str(header) if header else message_id(message)
 
 
 def message_body(message: StreamMessage[Any]) -> Any:
@@ -178,6 +184,7 @@ class IdempotencyFastStreamMiddleware:
     ``dead``. The other options are ``IdempotentConsumer``'s; the store must be async.
     """
 
+    @named_options("IdempotencyFastStreamMiddleware")
     def __init__(
         self,
         *,
@@ -188,21 +195,24 @@ class IdempotencyFastStreamMiddleware:
         max_attempts: int | None = None,
         on_exhausted: Callable[[StreamMessage[Any], Exception], Any] | None = None,
         delivery_count: CountFunction | None = None,
+        required: bool = True,
         ttl_seconds: float = DEFAULT_TTL_SECONDS,
         lock_timeout_seconds: float = DEFAULT_LOCK_TIMEOUT_SECONDS,
         wait_seconds: float = 0,
         serializer: Serializer | None = None,
         on_store_error: str = "fail",
+        replay_cache_size: int = 0,
         on_event: EventHook | None = None,
         clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS,
         clock: Clock = SYSTEM_CLOCK,
+        encryption: Encryption | None = None,
     ) -> None:
         for option, value in (("key", key), ("payload", payload), ("on_exhausted", on_exhausted)):
             if value is not None and not callable(value):
                 raise TypeError(f"{option} must be a callable taking the message, got {value!r}")
         if delivery_count is not None and not callable(delivery_count):
             raise TypeError(f"delivery_count must be a callable, got {delivery_count!r}")
-        message_key = key or header_or_message_id
+        message_key = key or (header_or_message_id if required else _header_or_message_id_if_any)
         message_payload = payload or message_body
         hook = on_exhausted
         options: dict[str, Any] = {
@@ -213,18 +223,21 @@ class IdempotencyFastStreamMiddleware:
             "on_exhausted": None
             if hook is None
             else (lambda delivery, error: hook(delivery.message, error)),
+            "required": required,
             "ttl_seconds": ttl_seconds,
             "lock_timeout_seconds": lock_timeout_seconds,
             "wait_seconds": wait_seconds,
             "serializer": serializer,
             "on_store_error": on_store_error,
+            "replay_cache_size": replay_cache_size,
             "on_event": on_event,
             "clock_skew_seconds": clock_skew_seconds,
             "clock": clock,
+            "encryption": encryption,
         }
-        # Built now, so bad options fail at start-up rather than on the first message.
-        IdempotentConsumer(_run, name=name or "faststream", **options)
-        self._options = options
+        # Built now, so bad options fail (and a pickle serializer warns) at start-up, once:
+        # each subscriber's consumer is a copy of it under the subscriber's name.
+        self._prototype = IdempotentConsumer(_run, name=name or "faststream", **options)
         self._name = name
         self._count: CountFunction = delivery_count or broker_delivery_count
         self._consumers: dict[str, IdempotentConsumer] = {}
@@ -236,7 +249,7 @@ class IdempotencyFastStreamMiddleware:
         """The consumer of the subscriber whose keys are ``name`` (for ``forget``)."""
         found = self._consumers.get(name)
         if found is None:
-            found = self._consumers[name] = IdempotentConsumer(_run, name=name, **self._options)
+            found = self._consumers[name] = self._prototype._renamed(name)
         return found
 
     def __call__(self, msg: Any, /, *, context: ContextRepo) -> _Scope:

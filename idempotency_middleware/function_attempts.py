@@ -245,8 +245,9 @@ class FunctionAttempts:
     # -- redrive -------------------------------------------------------------------------
 
     def forget(self, key: str) -> bool:
-        """Delete ``key``'s record whatever its state; ``True`` when there was one. The next
-        call (or delivery) with that key runs again."""
+        """Delete ``key``'s record whatever its state, and drop it from this door's replay
+        cache; ``True`` when there was one. The next call (or delivery) with that key runs
+        again."""
         key_hash = function_key_hash(self.name, self._checked(key))
         delete = getattr(self.store, "delete", None)
         if delete is None:
@@ -254,19 +255,33 @@ class FunctionAttempts:
                 f"{self.label}: {type(self.store).__name__} has no sync delete; "
                 f"use `await ....aforget({key!r})`"
             )
-        return bool(delete(key_hash))
+        try:
+            return bool(delete(key_hash))
+        finally:
+            self._evict(key_hash)
 
     async def aforget(self, key: str) -> bool:
         """``forget`` on the running event loop."""
         key_hash = function_key_hash(self.name, self._checked(key))
         adelete = getattr(self.store, "adelete", None)
-        if adelete is not None:
-            return bool(await adelete(key_hash))
         delete = getattr(self.store, "delete", None)
-        if delete is None:
+        if adelete is None and delete is None:
             raise TypeError(f"{self.label}: {type(self.store).__name__} has no delete or adelete")
-        # A sync-only store (DynamoDBStore): its blocking call off the loop.
-        return bool(await asyncio.to_thread(delete, key_hash))
+        try:
+            if adelete is not None:
+                return bool(await adelete(key_hash))
+            # A sync-only store (DynamoDBStore): its blocking call off the loop.
+            assert delete is not None
+            return bool(await asyncio.to_thread(delete, key_hash))
+        finally:
+            self._evict(key_hash)
+
+    def _evict(self, key_hash: str) -> None:
+        """Drop the key from this door's replay cache, after the delete (evicted before, a
+        replay in between could cache the record again): the next call asks the store.
+        Also when the delete failed: the cache only saves store reads, dropping is safe."""
+        if self.context.cache is not None:
+            self.context.cache.discard(key_hash)
 
     def _checked(self, key: object) -> str:
         if not isinstance(key, str) or not key:

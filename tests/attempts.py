@@ -44,7 +44,7 @@ def bookkeeping(effect: Effect) -> Any:
     if isinstance(effect, Recall):
         return effect.cache.get(effect.key_hash, effect.now)
     assert isinstance(effect, Remember), effect
-    effect.cache.put(effect.record)
+    effect.cache.put(effect.record, effect.now)
     return None
 
 

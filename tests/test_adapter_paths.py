@@ -36,6 +36,8 @@ from idempotency_middleware import (
     IdempotencyWSGIMiddleware,
     MemoryStore,
 )
+from idempotency_middleware.cache import ENTRY_SECONDS
+from idempotency_middleware.keys import storage_key
 from idempotency_middleware.stores.protocol import ClaimRequest, ClaimResult, Completion
 from idempotency_middleware.testing import FakeClock
 from tests.apps import (
@@ -103,6 +105,10 @@ class CountingStore:
         """Calls of every operation (claim, complete, release, renew) so far."""
         with self._lock:
             return sum(self._calls.values())
+
+    def drop(self, key_hash: str) -> bool:
+        """Delete a record behind the door's back, as the command line's ``delete`` does."""
+        return self._inner.delete(key_hash)
 
     def _count(self, operation: str) -> None:
         with self._lock:
@@ -281,6 +287,27 @@ def test_an_in_progress_record_is_not_cached_the_completed_response_is_replayed(
     assert first.status_code == 201
     assert is_replay_of(after_completion, first)
     assert served.state.calls(POST_SLOW) == 1
+
+
+def test_a_key_deleted_elsewhere_replays_from_the_cache_for_at_most_its_entry_lifetime(
+    servers: Servers,
+) -> None:
+    clock = FakeClock()
+    served = servers.start(replay_cache_size=CACHE_SIZE, clock=clock)
+    key = new_key()
+    first = served.post_order(key)
+    served.post_order(key)  # a replay through the store fills the cache (at the latest)
+    assert served.store.drop(storage_key("POST", "/orders", None, key))
+
+    clock.advance(ENTRY_SECONDS - 1)
+    cached = served.post_order(key)
+    clock.advance(1)
+    after_entry_lifetime = served.post_order(key)
+
+    assert is_replay_of(cached, first)
+    assert after_entry_lifetime.status_code == 201
+    assert after_entry_lifetime.headers.get("idempotent-replayed") is None
+    assert after_entry_lifetime.json()["call"] == 2
 
 
 def test_an_expired_replay_cache_entry_is_not_served(servers: Servers) -> None:

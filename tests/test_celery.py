@@ -11,10 +11,13 @@ retried (``task.retry``) and, on its ``max_attempts``-th delivery, rejected afte
 from __future__ import annotations
 
 import gc
+import inspect
+import pickle
 import runpy
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,11 +28,16 @@ from celery import Celery, signals
 from celery.contrib.testing.worker import start_worker
 from celery.result import AsyncResult
 
-from idempotency_middleware import MemoryStore
+from idempotency_middleware import Encryption, MemoryStore, SQLiteStore, idempotent
 from idempotency_middleware.celery import TaskCall, idempotent_task
+from idempotency_middleware.function_attempts import function_key_hash
+from tests.raw_records import RawStore
 
 WAIT_SECONDS = 20.0
 QUICKSTART = Path(__file__).resolve().parent.parent / "docs" / "snippets" / "quickstart"
+SEALING = Encryption(keys={"2026-11": bytes(range(32))}, current="2026-11")
+PICKLE = (pickle.dumps, pickle.loads)
+SECRET = "card-4242-4242"
 
 
 @dataclass
@@ -43,6 +51,7 @@ class Worker:
     retried: list[str] = field(default_factory=list)
     release: threading.Event = field(default_factory=threading.Event)
     started: threading.Event = field(default_factory=threading.Event)
+    sealed: RawStore | None = None  # the encrypted task's store, read behind its back
 
 
 def until(condition: Any) -> None:
@@ -53,7 +62,7 @@ def until(condition: Any) -> None:
 
 
 @pytest.fixture(scope="module")
-def worker(redis_url: str) -> Iterator[Worker]:
+def worker(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
     server = redis_url.rsplit("/", 1)[0]
     app = Celery("receipts", broker=f"{server}/1", backend=f"{server}/2", set_as_current=False)
     app.conf.broker_connection_retry_on_startup = True
@@ -84,7 +93,19 @@ def worker(redis_url: str) -> Iterator[Worker]:
         state.release.wait(WAIT_SECONDS)
         return f"exported {order}"
 
-    state.tasks.update(send_receipt=send_receipt, charge=charge, slow_export=slow_export)
+    # A pickled result, encrypted: what a store's reader may not see, nor forge.
+    sealed_path = tmp_path_factory.mktemp("celery") / "sealed.sqlite3"
+    sealed_store = SQLiteStore(sealed_path)
+    state.sealed = RawStore("sqlite", sealed_store, str(sealed_path))
+
+    @idempotent_task(app, store=sealed_store, serializer=PICKLE, encryption=SEALING)
+    def save_card(order: str) -> dict[str, str]:
+        state.runs.append(("save_card", order))
+        return {"card": SECRET, "order": order}
+
+    state.tasks.update(
+        send_receipt=send_receipt, charge=charge, slow_export=slow_export, save_card=save_card
+    )
 
     def on_retry(request: Any = None, **_: Any) -> None:
         state.retried.append(request.id)
@@ -100,6 +121,7 @@ def worker(redis_url: str) -> Iterator[Worker]:
         # The results unsubscribe when collected: while Redis (a session server) still runs.
         gc.collect()
         app.close()
+        sealed_store.close()
 
 
 def fresh(prefix: str) -> str:
@@ -155,6 +177,97 @@ def test_a_duplicate_while_running_is_retried_then_replays(worker: Worker) -> No
     assert result.get(timeout=WAIT_SECONDS) == "exported order-4"
     assert worker.runs.count(("slow_export", "order-4")) == 1
     assert worker.retried.count(task_id) == 1
+
+
+def test_with_encryption_a_result_is_stored_sealed_and_its_replay_opened(worker: Worker) -> None:
+    task, task_id = worker.tasks["save_card"], fresh("card")
+    results = [
+        task.apply_async(("order-5",), task_id=task_id).get(timeout=WAIT_SECONDS) for _ in range(2)
+    ]
+    assert results == [{"card": SECRET, "order": "order-5"}] * 2  # the second, decrypted
+    assert worker.runs.count(("save_card", "order-5")) == 1
+    assert worker.sealed is not None
+    raw = worker.sealed.raw(function_key_hash(task.name, task_id))
+    assert task_id.encode() not in raw  # (the key is hashed)
+    assert SECRET.encode() not in raw
+
+
+def test_a_pickle_serializer_warns_unless_encryption_is_given() -> None:
+    app = Celery("warnings", set_as_current=False)
+
+    def save(order: str) -> str:
+        return order
+
+    with pytest.warns(UserWarning, match="serializer loads with pickle"):
+        idempotent_task(app, store=MemoryStore(), serializer=PICKLE, name="t.plain")(save)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sealed = idempotent_task(
+            app, store=MemoryStore(), serializer=PICKLE, encryption=SEALING, name="t.sealed"
+        )(save)
+    assert not hasattr(sealed, "encryption")  # the door's, not handed to Celery as a task option
+
+
+def test_it_takes_every_option_idempotent_takes_and_names_them_when_one_is_misspelled() -> None:
+    app = Celery("options", set_as_current=False)
+    ours = set(inspect.signature(idempotent_task).parameters) | {"name"}  # name: a task option
+    assert set(inspect.signature(idempotent).parameters) <= ours
+    with pytest.raises(
+        TypeError, match="'encyrption' \\(did you mean 'encryption'\\?\\)"
+    ) as raised:
+        idempotent_task(app, store=MemoryStore(), encyrption=SEALING)
+    assert "replay_cache_size" in str(raised.value)  # the valid names are listed
+    with pytest.raises(TypeError, match="'lock_timeout' \\(did you mean 'lock_timeout_seconds'"):
+        idempotent_task(app, store=MemoryStore(), lock_timeout=5)
+
+    def shout(order: str) -> str:
+        return order.upper()
+
+    # Celery's own task options, and attributes of the application's own, still go to Celery.
+    task = idempotent_task(
+        app, store=MemoryStore(), name="t.routed", queue="billing", rate_limit="1/s", team="ops"
+    )(shout)
+    assert (task.queue, task.rate_limit, task.team) == ("billing", "1/s", "ops")
+
+
+def test_required_false_runs_a_call_without_key_unprotected() -> None:
+    app = Celery("unkeyed", set_as_current=False)
+    runs: list[str] = []
+
+    @idempotent_task(
+        app, store=MemoryStore(), key=lambda call: call.kwargs.get("key"), required=False
+    )
+    def ping(order: str, key: str | None = None) -> str:
+        runs.append(order)
+        return "pong"
+
+    assert [ping.apply(("o-1",), task_id="t-1").get() for _ in range(2)] == ["pong"] * 2
+    assert runs == ["o-1", "o-1"]  # no key: each runs, unprotected
+    assert ping.apply(("o-2",), {"key": "k-2"}, task_id="t-2").get() == "pong"
+    assert ping.apply(("o-2",), {"key": "k-2"}, task_id="t-3").get() == "pong"
+    assert runs == ["o-1", "o-1", "o-2"]  # a key: once
+
+
+def test_forget_clears_the_tasks_replay_cache() -> None:
+    app = Celery("cached", set_as_current=False)
+    runs: list[str] = []
+
+    store = MemoryStore()
+
+    @idempotent_task(app, store=store, replay_cache_size=8)
+    def send(order: str) -> str:
+        runs.append(order)
+        return f"sent {order}"
+
+    for _ in range(2):  # the second is a replay, and puts the record in the cache
+        assert send.apply(("o-1",), task_id="t-1").get() == "sent o-1"
+    # Deleted behind the door's back, it still replays: from the cache.
+    assert store.delete(function_key_hash(send.name, "t-1")) is True
+    assert send.apply(("o-1",), task_id="t-1").get() == "sent o-1"
+    assert runs == ["o-1"]
+    assert send.consumer.forget("t-1") is False  # nothing left in the store; the cache is cleared
+    assert send.apply(("o-1",), task_id="t-1").get() == "sent o-1"
+    assert runs == ["o-1", "o-1"]
 
 
 def test_a_coroutine_function_or_bind_is_refused() -> None:

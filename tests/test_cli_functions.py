@@ -13,7 +13,9 @@ import orjson
 import pytest
 
 from idempotency_middleware import IdempotentConsumer, SQLiteStore, idempotent
+from idempotency_middleware.cache import ENTRY_SECONDS
 from idempotency_middleware.cli import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, main
+from idempotency_middleware.testing import FakeClock
 
 
 @pytest.fixture
@@ -66,6 +68,35 @@ def test_delete_function_lets_the_key_run_again(
     assert "deleted record" in capsys.readouterr().out
     assert run_charge(path, "o-1") == ["o-1"]
     assert main(["delete", "o-9", "--function", "billing.charge", "--sqlite", str(path)]) == 1
+
+
+def test_a_running_processs_replay_cache_sees_a_delete_within_its_entry_lifetime(
+    path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The command line cannot reach a running process's replay cache: a key it deletes
+    replays there until the cached entry is ``ENTRY_SECONDS`` old, then runs again."""
+    runs: list[str] = []
+    clock = FakeClock()
+    with SQLiteStore(path) as store:
+
+        @idempotent(
+            store=store, key="order", name="billing.charge", replay_cache_size=8, clock=clock
+        )
+        def charge(order: str) -> str:
+            runs.append(order)
+            return f"charged {order}"
+
+        charge("o-1")
+        charge("o-1")  # a replay: the record is now in the cache
+        assert main(["delete", "o-1", "--function", "billing.charge", "--sqlite", str(path)]) == 0
+        assert "deleted record" in capsys.readouterr().out
+
+        clock.advance(ENTRY_SECONDS - 1)
+        assert charge("o-1") == "charged o-1"
+        assert runs == ["o-1"]  # still replayed from the cache
+        clock.advance(1)
+        assert charge("o-1") == "charged o-1"
+        assert runs == ["o-1", "o-1"]  # the store was asked again: the delete is seen
 
 
 def test_delete_keys_from_a_file_redrives_a_consumers_dead_letters(

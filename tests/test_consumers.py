@@ -334,6 +334,57 @@ def test_forget_on_an_idempotent_function_clears_its_key(fstore: FunctionStore) 
     assert runs == [key, key]
 
 
+def test_forget_on_an_idempotent_function_also_clears_its_replay_cache(
+    fstore: FunctionStore,
+) -> None:
+    runs: list[str] = []
+
+    @fstore.decorate(key="key", name=fresh_key("charge"), replay_cache_size=8)
+    def charge(key: str) -> str:
+        runs.append(key)
+        return "charged"
+
+    key = fresh_key()
+    fstore.run(charge, key)
+    assert fstore.run(charge, key) == "charged"  # a replay: its record is now in the cache
+    forgotten = fstore.run(charge.aforget, key) if fstore.is_async else charge.forget(key)  # type: ignore[attr-defined]
+
+    assert forgotten is True
+    assert fstore.run(charge, key) == "charged"
+    assert runs == [key, key]  # it ran again, not replayed from the cache
+    assert fstore.run(charge, key) == "charged"
+    assert runs == [key, key]  # and its new result replays
+
+
+def test_forget_on_a_consumer_also_clears_its_replay_cache(fstore: FunctionStore) -> None:
+    handler = Handler()
+    consumer = consumer_for(fstore, handler, replay_cache_size=8)
+    delivered = message()
+    process(fstore, consumer, delivered)
+    assert process(fstore, consumer, delivered).replayed is True  # now in the cache
+
+    assert forget(fstore, consumer, delivered["id"]) is True
+    assert process(fstore, consumer, delivered).replayed is False
+    assert handler.runs == [delivered["id"]] * 2
+
+
+def test_required_false_runs_a_message_without_key_unprotected() -> None:
+    runs: list[Any] = []
+    consumer = IdempotentConsumer(
+        runs.append,
+        store=MemoryStore(),
+        key=lambda m: m.get("id"),
+        name=fresh_key(),
+        required=False,
+    )
+    keyless = {"body": "order-1"}
+    assert [consumer.process(keyless).action for _ in range(2)] == ["ack", "ack"]
+    assert runs == [keyless, keyless]  # no key: each delivery runs
+    keyed = message()
+    assert [consumer.process(keyed).replayed for _ in range(2)] == [False, True]
+    assert runs == [keyless, keyless, keyed]
+
+
 def test_a_consumer_and_a_function_with_the_same_name_share_their_keys(
     fstore: FunctionStore,
 ) -> None:

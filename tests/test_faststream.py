@@ -12,8 +12,11 @@ what the broker did with it off the broker (a queue's counts, a dead-letter queu
 from __future__ import annotations
 
 import asyncio
+import inspect
+import pickle
 import runpy
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -27,13 +30,21 @@ from faststream.nats import JStream, NatsBroker, PullSub
 from faststream.rabbit import QueueType, RabbitBroker, RabbitQueue, TestRabbitBroker
 from faststream.redis import RedisBroker, StreamSub
 
-from idempotency_middleware import InvalidKeyError, MemoryStore, RedisStore
+from idempotency_middleware import (
+    Encryption,
+    InvalidKeyError,
+    MemoryStore,
+    RedisStore,
+    idempotent,
+)
 from idempotency_middleware.faststream import (
     IdempotencyFastStreamMiddleware,
     header_or_message_id,
     subscriber_name,
 )
+from idempotency_middleware.function_attempts import function_key_hash
 from tests.broker_servers import nats_url, rabbitmq_url
+from tests.raw_records import RawStore
 
 __all__ = ["nats_url", "rabbitmq_url"]  # session fixtures used here
 
@@ -502,3 +513,107 @@ async def test_the_readme_quick_start_runs_a_message_once(
         assert replies == [{"charged": 7}, {"charged": 7}]
         assert charge.mock.call_count == 1  # the replay did not reach the function
     module["store"].close()
+
+
+# --- the options idempotent takes -----------------------------------------------------------
+
+SEALING = Encryption(keys={"2026-11": bytes(range(32))}, current="2026-11")
+PICKLE = (pickle.dumps, pickle.loads)
+SECRET = "card-4242-4242"
+
+
+async def test_with_encryption_a_result_is_stored_sealed_and_its_replay_opened(
+    nats: Callable[..., NatsBroker], redis_url: str
+) -> None:
+    """A pickled result with ``encryption``: no clear text in the Redis hash, and the
+    replay (the reply to the second request) is the first result, decrypted."""
+    store = RedisStore(redis_url, prefix=fresh("sealed"))
+    name = fresh("billing.charge")
+    runs: list[Any] = []
+    broker = nats(
+        IdempotencyFastStreamMiddleware(
+            store=store, name=name, serializer=PICKLE, encryption=SEALING
+        )
+    )
+    subject = fresh("cards")
+
+    @broker.subscriber(subject)
+    async def charge(body: dict[str, Any]) -> dict[str, Any]:
+        runs.append(body)
+        return {"card": SECRET, "run": len(runs)}
+
+    try:
+        await broker.start()
+        replies = [
+            await (
+                await broker.request({"order": 21}, subject, headers={"Idempotency-Key": "o-21"})
+            ).decode()
+            for _ in range(2)
+        ]
+        assert replies == [{"card": SECRET, "run": 1}] * 2
+        assert runs == [{"order": 21}]
+        raw = RawStore("redis", store, redis_url).raw(function_key_hash(name, "o-21"))
+        assert b"response" in raw
+        assert SECRET.encode() not in raw
+    finally:
+        await store.aclose()
+
+
+def test_a_pickle_serializer_warns_unless_encryption_is_given() -> None:
+    with pytest.warns(UserWarning, match="serializer loads with pickle"):
+        IdempotencyFastStreamMiddleware(store=MemoryStore(), serializer=PICKLE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        IdempotencyFastStreamMiddleware(store=MemoryStore(), serializer=PICKLE, encryption=SEALING)
+
+
+def test_it_takes_every_option_idempotent_takes_and_names_them_when_one_is_misspelled() -> None:
+    ours = set(inspect.signature(IdempotencyFastStreamMiddleware).parameters)
+    assert set(inspect.signature(idempotent).parameters) <= ours
+    with pytest.raises(
+        TypeError, match="'encyrption' \\(did you mean 'encryption'\\?\\)"
+    ) as raised:
+        IdempotencyFastStreamMiddleware(store=MemoryStore(), encyrption=SEALING)  # type: ignore[call-arg]
+    assert "replay_cache_size" in str(raised.value)  # the valid names are listed
+    with pytest.raises(ValueError, match="replay_cache_size"):
+        IdempotencyFastStreamMiddleware(store=MemoryStore(), replay_cache_size=-1)
+
+
+async def test_required_false_runs_a_message_without_key_unprotected(
+    nats: Callable[..., NatsBroker],
+) -> None:
+    story, answers = Story(), Answers()
+    broker = nats(answers, story.middleware(required=False))
+    subject = fresh("orders")
+
+    @broker.subscriber(subject)
+    async def charge(body: dict[str, Any]) -> dict[str, Any]:
+        return story.handle(body)
+
+    await broker.start()
+    for _ in range(2):  # no header, no message id: nothing to key it by
+        await broker._connection.publish(subject, b'{"order":22}')  # type: ignore[union-attr]
+    assert await answers.wait_for(2) == ["ACKED", "ACKED"]
+    assert story.runs == [{"order": 22}] * 2
+    assert story.dead == []
+
+
+async def test_forget_clears_a_subscribers_replay_cache(nats: Callable[..., NatsBroker]) -> None:
+    story, answers = Story(), Answers()
+    name = fresh("billing.refund")
+    middleware = story.middleware(name=name, replay_cache_size=8)
+    broker = nats(answers, middleware)
+    subject = fresh("refunds")
+
+    @broker.subscriber(subject)
+    async def refund(body: dict[str, Any]) -> dict[str, Any]:
+        return story.handle(body)
+
+    await broker.start()
+    for sent in range(1, 4):
+        await broker.publish({"order": 23}, subject, headers={"Idempotency-Key": "o-23"})
+        await answers.wait_for(sent)
+        if sent == 2:  # the replay put it in the cache: forget must clear it there too
+            assert await middleware.consumer(name).aforget("o-23") is True
+    assert answers.seen == ["ACKED"] * 3
+    assert story.runs == [{"order": 23}] * 2

@@ -175,7 +175,7 @@ class SyncDriver:
         return effect.cache.get(effect.key_hash, effect.now)
 
     def _remember(self, effect: Remember) -> None:
-        effect.cache.put(effect.record)
+        effect.cache.put(effect.record, effect.now)
 
     def _release(self, effect: Release) -> bool:
         return self.store.release(effect.key_hash, effect.owner)
@@ -300,7 +300,7 @@ class AsyncDriver:
         return effect.cache.get(effect.key_hash, effect.now)
 
     async def _remember(self, effect: Remember) -> None:
-        effect.cache.put(effect.record)
+        effect.cache.put(effect.record, effect.now)
 
     async def _release(self, effect: Release) -> bool:
         return await self.store.arelease(effect.key_hash, effect.owner)

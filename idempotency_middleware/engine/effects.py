@@ -124,10 +124,12 @@ class Recall(NamedTuple):
 
 
 class Remember(NamedTuple):
-    """``cache.put(record)`` -> ``None``: keep a held record for replays (when completed)."""
+    """``cache.put(record, now)`` -> ``None``: keep a held record, read from the store at
+    ``now``, for replays (when completed)."""
 
     cache: ReplayCache
     record: Record
+    now: float
 
 
 class Spawn(NamedTuple):

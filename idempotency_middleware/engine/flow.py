@@ -169,7 +169,7 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
                     attempt = attempt._replace(claim=claim)
                     continue
         if cache is not None:
-            yield Remember(cache, record)
+            yield Remember(cache, record, now)
         answer = core.answer_held(
             record, claim.fingerprint, context.encryption, context.sealed_only
         )
