@@ -100,10 +100,16 @@ coverage: servers
 # modules compiled and imported, and the test files of tests/other_pythons.txt run
 # (scripts/pythons.sh). A version not on this machine is skipped with its name; under
 # CI=true that fails.
+# One target a version, so that make test's -j runs them beside the other checks.
 OTHER_PYTHONS := 3.10 3.12 3.13
 
-pythons: servers
-	@MAIN_PYTHON=$(PY) bash scripts/pythons.sh $(OTHER_PYTHONS)
+PYTHON_TARGETS := $(addprefix python-,$(OTHER_PYTHONS))
+.PHONY: $(PYTHON_TARGETS)
+
+pythons: $(PYTHON_TARGETS)
+
+$(PYTHON_TARGETS): python-%: servers
+	@MAIN_PYTHON=$(PY) bash scripts/pythons.sh $*
 
 # Everything a change must pass, timed from a bare clone (the venv's install included). The
 # checks run at once (mypy, the longest, uses one core: the docs build and the collection
