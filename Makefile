@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install servers demo test simulate lint typecheck docs docs-serve unit test-dynamodb-local collect coverage bench bench-functions bench-transport bench-floor bench-instructions profile clean
+.PHONY: install servers demo test simulate pythons lint typecheck docs docs-serve unit test-dynamodb-local collect coverage bench bench-functions bench-transport bench-floor bench-instructions profile clean
 
 # Bytecode is written (an environment may set PYTHONDONTWRITEBYTECODE): one make test runs
 # many Python processes that import the same modules (the pytest workers, the DynamoDB Local
@@ -113,12 +113,29 @@ simulate: servers
 	MODEL_EXAMPLES=$(MODEL_EXAMPLES) MODEL_STEPS=$(MODEL_STEPS) \
 	  $(VENV)/bin/pytest -q -s -p no:cacheprovider tests/test_store_model.py
 
+# The supported Pythons besides 3.11 (requires-python and the classifiers in pyproject.toml
+# name the same ones): each in its own .venv-X.Y with the test-core extra, the package's
+# modules compiled and imported, and the test files of tests/other_pythons.txt run
+# (scripts/pythons.sh). A version not on this machine is skipped with its name; under
+# CI=true that fails.
+# One target a version, so that make test's -j runs them beside the other checks.
+OTHER_PYTHONS := 3.10 3.12 3.13
+
+PYTHON_TARGETS := $(addprefix python-,$(OTHER_PYTHONS))
+.PHONY: $(PYTHON_TARGETS)
+
+pythons: $(PYTHON_TARGETS)
+
+$(PYTHON_TARGETS): python-%: servers
+	@MAIN_PYTHON=$(PY) bash scripts/pythons.sh $*
+
 # Everything a change must pass, timed from a bare clone (the venv's install included). The
 # checks run at once (mypy, the longest, uses one core: the docs build and the collection
-# that compiles the tests use the other); the suite runs once they all passed.
+# that compiles the tests use the other; the other Pythons' installs mostly wait on the
+# network); the suite runs once they all passed.
 test:
 	@start=$$(date +%s); status=0; \
-	$(MAKE) --no-print-directory -j 4 --output-sync=target lint typecheck docs collect \
+	$(MAKE) --no-print-directory -j 4 --output-sync=target lint typecheck docs collect pythons \
 	  && $(MAKE) --no-print-directory coverage || status=$$?; \
 	echo "make test: $$(( $$(date +%s) - start )) s"; \
 	exit $$status
@@ -162,4 +179,4 @@ profile: $(BENCH_STAMP)
 	$(PY) -m benchmarks.profile_paths
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .cache/coverage site
+	rm -rf $(VENV) $(addprefix .venv-,$(OTHER_PYTHONS)) .mypy_cache .pytest_cache .ruff_cache .cache/coverage site

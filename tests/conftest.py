@@ -8,16 +8,26 @@ import os
 import signal
 import uuid
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-import aioboto3
-import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from idempotency_middleware import DynamoDBStore
-from tests.faultproxy import FaultProxy
-from tests.servers import ALL_COMBOS, AWSSessions, Combo, Harness
+from tests.core_only import CORE_ONLY, require_module
 from tests.sigint_guard import require_sigint_unchanged, sigint_state
+
+if TYPE_CHECKING:
+    from tests.faultproxy import FaultProxy
+    from tests.servers import AWSSessions, Combo, Harness
+
+# moto, the SDKs and the web frameworks are imported where a fixture needs them: a core-only
+# run (tests/core_only.py) has none of them, and its tests use none of these fixtures.
+HARNESS_COMBOS: tuple[Combo, ...] = ()
+try:
+    from tests.servers import ALL_COMBOS as HARNESS_COMBOS
+except ModuleNotFoundError:
+    if not CORE_ONLY:
+        raise
 
 # moto accepts any credentials; botocore only needs some to sign requests. Never a real AWS.
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
@@ -60,7 +70,8 @@ def _sigint_left_alone() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
     """URL of a moto server on 127.0.0.1 (a free port), for the whole test session."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    moto_server = require_module("moto.server")
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     try:
@@ -96,6 +107,8 @@ def _benchmark_sees_its_own_garbage(request: pytest.FixtureRequest) -> Iterator[
 @pytest.fixture
 def fault_proxy(moto_endpoint: str) -> Iterator[FaultProxy]:
     """A fault-injection proxy in front of moto (tests/faultproxy.py)."""
+    from tests.faultproxy import FaultProxy
+
     with FaultProxy(moto_endpoint) as started:
         yield started
 
@@ -112,10 +125,13 @@ def dynamodb_table(moto_endpoint: str) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def aws_sessions(moto_endpoint: str) -> Iterator[AWSSessions]:
     """A boto3 and an aioboto3 session for every store of the run, and a client on moto."""
-    boto3_session = boto3.session.Session(region_name=REGION)
+    from tests.servers import AWSSessions
+
+    boto3_session = require_module("boto3.session").Session(region_name=REGION)
     dynamodb = boto3_session.client("dynamodb", endpoint_url=moto_endpoint)
     try:
-        yield AWSSessions(boto3_session, aioboto3.Session(region_name=REGION), dynamodb)
+        aioboto3_session = require_module("aioboto3").Session(region_name=REGION)
+        yield AWSSessions(boto3_session, aioboto3_session, dynamodb)
     finally:
         dynamodb.close()
 
@@ -131,7 +147,7 @@ def harness_table(moto_endpoint: str, aws_sessions: AWSSessions) -> str:
     return name
 
 
-@pytest.fixture(params=ALL_COMBOS, ids=lambda combo: combo.id)
+@pytest.fixture(params=HARNESS_COMBOS, ids=lambda combo: combo.id)
 def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
     """One adapter/store combination (FastAPI or Flask, memory or DynamoDB store).
 
@@ -144,6 +160,8 @@ def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
 
 def open_harness(request: pytest.FixtureRequest, combo: Combo) -> Iterator[Harness]:
     """The ``Harness`` of ``combo`` (moto, Redis and PostgreSQL from the session's servers)."""
+    from tests.servers import Harness
+
     table_name: str | None = None
     endpoint: str | None = None
     aws: AWSSessions | None = None
@@ -254,16 +272,15 @@ def dynamodb_local_endpoint() -> str:
     """
     from urllib.parse import urlsplit
 
-    from botocore.config import Config
-
     if DYNAMODB_LOCAL_URL is None:
         pytest.skip(
             f"{DYNAMODB_LOCAL_URL_VARIABLE} is not set: scripts/dynamodb-local.sh runs these "
             "against Amazon DynamoDB Local"
         )
+    Config = require_module("botocore.config").Config
     if urlsplit(DYNAMODB_LOCAL_URL).hostname not in _LOOPBACK_HOSTS:
         pytest.fail(f"{DYNAMODB_LOCAL_URL_VARIABLE} must point at loopback: {DYNAMODB_LOCAL_URL}")
-    client = boto3.client(
+    client = require_module("boto3").client(
         "dynamodb",
         endpoint_url=DYNAMODB_LOCAL_URL,
         region_name=REGION,

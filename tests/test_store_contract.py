@@ -33,7 +33,6 @@ from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-import boto3
 import pytest
 
 from examples.kv_store import KeyValueStore
@@ -60,10 +59,11 @@ from idempotency_middleware.stores.dynamodb.requests import (
 from idempotency_middleware.stores.protocol import AsyncDeferrals, SyncDeferrals
 from idempotency_middleware.testing import FakeClock
 from tests.conftest import REGION
+from tests.core_only import require_module
+from tests.db_servers import _free_port as free_port
 from tests.db_stores import location, open_db_store
 from tests.race_processes import RACES
 from tests.race_worker import claim_in_a_process
-from tests.servers import free_port
 from tests.store_kinds import (
     ATOMIC_KINDS,
     DYNAMODB_KINDS,
@@ -252,9 +252,7 @@ def target_of(request: pytest.FixtureRequest, kind: str) -> Target:
 @pytest.fixture(scope="module")
 def sessions() -> tuple[Any, Any]:
     """boto3 and aioboto3 sessions shared by the module, so service models load once."""
-    import aioboto3
-
-    return boto3.session.Session(), aioboto3.Session()
+    return require_module("boto3.session").Session(), require_module("aioboto3").Session()
 
 
 def drive_async(store: ContractAsyncStore) -> Iterator[AsyncDriver]:
@@ -847,7 +845,7 @@ def test_memory_store_limit_is_on_the_body_size(key: str, now: float) -> None:
 
 
 def boto3_client(endpoint: str) -> Any:
-    return boto3.client("dynamodb", endpoint_url=endpoint, region_name=REGION)
+    return require_module("boto3").client("dynamodb", endpoint_url=endpoint, region_name=REGION)
 
 
 @pytest.mark.parametrize("kind", DYNAMODB_KINDS)
@@ -921,6 +919,7 @@ def test_ttl_attribute_is_whole_epoch_seconds_covering_the_deadline(
 
 
 def test_unreachable_dynamodb_raises_store_unavailable_quickly(key: str, now: float) -> None:
+    require_module("boto3")  # the store's default client
     endpoint = f"http://127.0.0.1:{free_port()}"
     with DynamoDBStore("idem", endpoint_url=endpoint, region_name=REGION) as unreachable:
         started = time.monotonic()
@@ -932,6 +931,7 @@ def test_unreachable_dynamodb_raises_store_unavailable_quickly(key: str, now: fl
 async def test_unreachable_dynamodb_raises_store_unavailable_quickly_async(
     key: str, now: float
 ) -> None:
+    require_module("aioboto3")  # the store's default client
     endpoint = f"http://127.0.0.1:{free_port()}"
     async with AsyncDynamoDBStore("idem", endpoint_url=endpoint, region_name=REGION) as store:
         started = time.monotonic()
