@@ -1,0 +1,334 @@
+"""Network partitions on real servers: worker processes calling one ``idempotent`` function on
+Redis and PostgreSQL, each through its own TCP fault proxy (tests/tcp_faults.py), one of
+them cut off from the store mid-attempt.
+
+What is checked comes from the handlers' own ledger (tests/partition_worker.py: every run
+appends ``key owner pid``), not from what the store says:
+
+- a key runs a second time only when its first owner lost its lease: it was cut off longer
+  than ``lock_timeout_seconds`` plus the skew margin (the test waits for that, reading the
+  record's ``lock_expires_at``, before the second caller goes);
+- every caller's answer is its own run's result, the completed (replayed) result, or a
+  documented refusal (``KeyInProgressError``, ``StoreUnavailableError``);
+- once every attempt ended and the lock timeouts passed, the key is not in progress: a last
+  caller gets the completed result.
+
+Redis and PostgreSQL make those claims: their conditional writes are atomic. DynamoDB is
+faulted through moto only to show the proxy serves its HTTP too (moto's threaded server does
+not make conditional writes atomic: tests/test_moto_atomicity.py).
+
+Every wait is bounded; proxies and processes are stopped at the end of each test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from idempotency_middleware import DynamoDBStore, StoreUnavailableError, idempotent
+from idempotency_middleware.function_attempts import function_key_hash
+from idempotency_middleware.options import DEFAULT_CLOCK_SKEW_SECONDS
+from idempotency_middleware.records import COMPLETED, IN_PROGRESS, Record
+from tests.conftest import REGION
+from tests.db_stores import location, new_store
+from tests.function_worker import read_lines
+from tests.partition_worker import NAME, Job, Signals, call_once
+from tests.race_processes import RACES
+from tests.tcp_faults import TcpFaultProxy
+
+LOCK_SECONDS = 1.5  # renewed every 0.5 s; taken over 1 s (the skew margin) after it lapses
+SKEW_SECONDS = DEFAULT_CLOCK_SKEW_SECONDS
+TIMEOUT = 15.0  # real seconds the test waits at most for a process or a store state
+POLL = 0.005
+REFUSALS = {"in_progress", "unavailable"}
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up after {timeout:.0f} s waiting for {what}")
+        time.sleep(POLL)
+
+
+@dataclass
+class Worker:
+    """One process behind its own proxy."""
+
+    name: str
+    proxy: TcpFaultProxy
+    signals: Signals
+    process: Any
+    outcome: dict[str, Any] | None = None
+
+    @property
+    def pid(self) -> int:
+        pid: int = self.process.pid
+        return pid
+
+
+class Scene:
+    """One key, the worker processes calling it, their ledger, and a store of the test's own
+    (no proxy) to read the record."""
+
+    def __init__(self, kind: str, where: str, directory: Path, stack: contextlib.ExitStack):
+        self.kind = kind
+        self.where = where
+        self.store = stack.enter_context(new_store(kind, where))
+        self.key = f"key-{uuid.uuid4().hex[:8]}"
+        self.key_hash = function_key_hash(NAME, self.key)
+        self.ledger = str(directory / "ledger")
+        self.results = RACES.Queue()
+        self.workers: list[Worker] = []
+        self._stack = stack
+        stack.callback(self._stop_all)
+
+    def worker(self, *, hold: bool = False, timeout: float = 0.5) -> Worker:
+        """A connected worker process (not called yet) behind a proxy of its own."""
+        proxy = self._stack.enter_context(TcpFaultProxy(self.where))
+        spec: dict[str, Any] = {"kind": self.kind, "timeout": timeout}
+        if self.kind == "redis":
+            spec.update(url=proxy.url, prefix=self.store.prefix)
+        else:
+            spec.update(dsn=proxy.url, table=self.store.table)
+        job = Job(spec, self.key, self.ledger, LOCK_SECONDS, hold=hold)
+        signals = Signals(RACES.Event(), RACES.Event(), RACES.Event(), RACES.Event())
+        process = RACES.Process(target=call_once, args=(job, signals, self.results), daemon=True)
+        process.start()
+        worker = Worker(f"w{len(self.workers) + 1}", proxy, signals, process)
+        self.workers.append(worker)
+        wait_for(
+            lambda: signals.ready.is_set() or not process.is_alive(), f"{worker.name} to connect"
+        )
+        assert signals.ready.is_set(), f"{worker.name} died before connecting"
+        return worker
+
+    def go(self, worker: Worker) -> None:
+        worker.signals.go.set()
+
+    def wait_running(self, worker: Worker) -> None:
+        wait_for(worker.signals.running.is_set, f"{worker.name}'s function to run")
+
+    def outcome(self, worker: Worker) -> dict[str, Any]:
+        """The worker's outcome (waiting for it); a worker that failed fails the test."""
+        deadline = time.monotonic() + TIMEOUT
+        while worker.outcome is None:
+            found = self.results.get(timeout=max(0.0, deadline - time.monotonic()))
+            for each in self.workers:
+                if each.pid == found["pid"]:
+                    each.outcome = found
+        assert worker.outcome["outcome"] != "error", worker.outcome
+        return worker.outcome
+
+    def runs(self) -> list[tuple[str, int]]:
+        """(owner, pid) of every run of the key, in order, from the handlers' ledger."""
+        lines = [line.split() for line in read_lines(self.ledger)]
+        return [(owner, int(pid)) for key, owner, pid in lines if key == self.key]
+
+    def record(self) -> Record | None:
+        record: Record | None = self.store.get(self.key_hash)
+        return record
+
+    def lease_lapsed(self) -> bool:
+        """No live owner may hold the key: its lock ran out more than the skew margin ago."""
+        record = self.record()
+        return record is not None and time.time() > record.lock_expires_at + SKEW_SECONDS + 0.1
+
+    def check(self, *, runs: int) -> str:
+        """The invariants, with a last caller (no fault) that must get the completed result;
+        that result."""
+        last = self.worker()
+        self.go(last)
+        final = self.outcome(last)
+        assert final["outcome"] == "replayed", final
+        ledger = self.runs()
+        assert len(ledger) == runs, ledger
+        assert len({owner for owner, _ in ledger}) == len(ledger), f"an owner ran twice: {ledger}"
+        results = {f"ran {owner} {pid}" for owner, pid in ledger}
+        assert final["answer"] in results
+        for worker in self.workers:
+            answer = self.outcome(worker)
+            if answer["outcome"] == "ran":
+                assert answer["answer"] in results and answer["answer"].endswith(
+                    f" {worker.pid}"
+                ), (worker.name, answer)
+            elif answer["outcome"] == "replayed":
+                assert answer["answer"] == final["answer"], (worker.name, answer)
+            else:
+                assert answer["outcome"] in REFUSALS, (worker.name, answer)
+        record = self.record()
+        assert record is not None and record.status is COMPLETED, record
+        return str(final["answer"])
+
+    def _stop_all(self) -> None:
+        for worker in self.workers:
+            worker.signals.release.set()
+            worker.signals.go.set()
+        for worker in self.workers:
+            worker.process.join(TIMEOUT)
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join(TIMEOUT)
+
+
+@pytest.fixture(params=["redis", "postgres"])
+def scene(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Scene]:
+    """A scene on the session's Redis or PostgreSQL server, in a namespace of its own."""
+    kind: str = request.param
+    with contextlib.ExitStack() as stack:
+        yield Scene(kind, location(request, kind), tmp_path, stack)
+
+
+def test_answers_lost_after_the_completion_landed_run_nothing_twice(scene: Scene) -> None:
+    first = scene.worker(hold=True)
+    duplicates = [scene.worker(), scene.worker()]
+    scene.go(first)
+    scene.wait_running(first)
+    for duplicate in duplicates:
+        scene.go(duplicate)
+        assert scene.outcome(duplicate)["outcome"] == "in_progress"
+
+    first.proxy.set("swallow")  # the completion lands; its answer never comes back
+    first.signals.release.set()
+    wait_for(lambda: getattr(scene.record(), "status", None) is COMPLETED, "the completion")
+    wait_for(lambda: first.proxy.answers_dropped > 0, "an answer to be dropped")
+    first.proxy.set("pass")  # healed: the connection that lost the answer is reset
+
+    assert scene.outcome(first)["outcome"] == "ran"
+    assert scene.check(runs=1) == scene.outcome(first)["answer"]
+
+
+def test_a_hang_shorter_than_the_lease_runs_nothing_twice(scene: Scene) -> None:
+    first = scene.worker(hold=True)
+    duplicate = scene.worker()
+    scene.go(first)
+    scene.wait_running(first)
+
+    first.proxy.set("hang")
+    scene.go(duplicate)
+    assert scene.outcome(duplicate)["outcome"] == "in_progress"
+    # A renewal went into the black hole: the owner really was cut off, for less than its
+    # lease (renewed every 0.5 s, 1.5 s long, taken over only 1 s after it lapses).
+    wait_for(lambda: first.proxy.requests_dropped > 0, "a renewal to be lost")
+    first.proxy.set("pass")
+    first.signals.release.set()
+
+    assert scene.outcome(first)["outcome"] == "ran"
+    scene.check(runs=1)
+
+
+def test_an_owner_cut_off_past_its_lease_is_taken_over_once(scene: Scene) -> None:
+    first = scene.worker(hold=True)
+    second = scene.worker()
+    scene.go(first)
+    scene.wait_running(first)
+
+    first.proxy.set("hang")
+    # The one legitimate second run: the first owner's lease lapsed (no renewal got
+    # through) and the skew margin passed, by the record the store keeps.
+    wait_for(scene.lease_lapsed, "the first owner's lease to lapse", timeout=LOCK_SECONDS * 4)
+    scene.go(second)
+    assert scene.outcome(second)["outcome"] == "ran"
+
+    dropped = first.proxy.requests_dropped
+    first.signals.release.set()  # its completion goes into the black hole ...
+    wait_for(lambda: first.proxy.requests_dropped > dropped, "the first completion to be lost")
+    first.proxy.set("pass")  # ... and its retries reach the store, fenced out
+    assert scene.outcome(first)["outcome"] == "ran"
+
+    final = scene.check(runs=2)
+    assert final == scene.outcome(second)["answer"], "the fenced-out owner overwrote the result"
+    assert [pid for _, pid in scene.runs()] == [first.pid, second.pid]
+
+
+def test_a_claim_whose_answer_was_lost_runs_once_at_most(scene: Scene) -> None:
+    first = scene.worker()
+    first.proxy.set("swallow")  # the claim lands; its answer never comes back
+    scene.go(first)
+    assert scene.outcome(first)["outcome"] == "unavailable"
+    assert first.proxy.answers_dropped > 0
+    assert scene.runs() == []
+    first.proxy.set("pass")
+
+    # The key is free (the owner's background release landed) or held by a claim nobody
+    # runs, until its lock times out: a later caller is refused, then runs it.
+    later = scene.worker()
+    scene.go(later)
+    if scene.outcome(later)["outcome"] == "in_progress":
+        record = scene.record()
+        assert record is not None and record.status is IN_PROGRESS
+        wait_for(scene.lease_lapsed, "the lost claim's lock to time out", timeout=LOCK_SECONDS * 4)
+        later = scene.worker()
+        scene.go(later)
+    assert scene.outcome(later)["outcome"] == "ran"
+    scene.check(runs=1)
+
+
+def test_a_connection_reset_after_the_claim_landed(scene: Scene) -> None:
+    # A long socket timeout: the reset, not the timeout, ends the wait for the answer.
+    first = scene.worker(timeout=5.0)
+    first.proxy.set("swallow")
+    scene.go(first)
+    wait_for(lambda: first.proxy.answers_dropped > 0, "the claim to land")
+    first.proxy.reset()
+    first.proxy.set("pass")
+
+    outcome = scene.outcome(first)
+    if scene.kind == "redis":
+        # redis-py sends the claim again on a new connection; the script knows it as the
+        # same owner's claim: Claimed, and it runs, once.
+        assert outcome["outcome"] == "ran", outcome
+        scene.check(runs=1)
+    else:
+        # psycopg reports the broken connection: a refusal, and the claim is released in
+        # the background (or times out); nothing ran.
+        assert outcome["outcome"] == "unavailable", outcome
+        assert scene.runs() == []
+
+
+# --- DynamoDB's HTTP through the same proxy (moto: the proxy's mechanics, not a race) ------
+
+
+def test_the_proxy_faults_dynamodb_too(moto_endpoint: str, dynamodb_table: str) -> None:
+    runs: list[str] = []
+    with TcpFaultProxy(moto_endpoint) as proxy:
+        store = DynamoDBStore(
+            dynamodb_table,
+            endpoint_url=proxy.url,
+            region_name=REGION,
+            connect_timeout=0.5,
+            read_timeout=0.5,
+            max_attempts=1,
+            breaker_threshold=0,
+        )
+        direct = DynamoDBStore(dynamodb_table, endpoint_url=moto_endpoint, region_name=REGION)
+        with store, direct:
+
+            @idempotent(store=store, key="key", name=NAME, lock_timeout_seconds=LOCK_SECONDS)
+            def work(key: str) -> str:
+                runs.append(key)
+                return f"done {key}"
+
+            assert work("a") == "done a"
+            proxy.reset()
+            proxy.set("refuse")
+            with pytest.raises(StoreUnavailableError):
+                work("b")
+            proxy.set("hang")
+            with pytest.raises(StoreUnavailableError):
+                work("c")
+            proxy.set("swallow")
+            with pytest.raises(StoreUnavailableError):
+                work("d")
+            assert proxy.answers_dropped > 0  # the claim reached moto; its answer did not
+            proxy.set("pass")
+            assert work("a") == "done a"  # a replay, through a new connection
+            assert work("e") == "done e"
+    assert runs == ["a", "e"]
