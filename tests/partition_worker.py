@@ -11,7 +11,9 @@ not from what the store says. It returns ``ran <owner> <pid>``, so a replay name
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +37,8 @@ class Job:
     ledger: str
     lock_timeout_seconds: float
     hold: bool = False
+    asynchronous: bool = False  # a coroutine function on the store's asyncio half
+    linger: bool = False  # stay after the call until told to leave
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class Signals:
     go: Any  # call now
     running: Any  # the function started (its ledger line is written)
     release: Any  # the function may return
+    leave: Any  # a lingering worker may close its store and exit
 
 
 def open_store(spec: dict[str, Any]) -> Any:
@@ -82,24 +87,46 @@ def open_store(spec: dict[str, Any]) -> Any:
     )
 
 
-def make_work(store: Any, job: Job, signals: Signals) -> Any:
-    @idempotent(store=store, key="key", name=NAME, lock_timeout_seconds=job.lock_timeout_seconds)
-    def work(key: str) -> str:
-        owner = current_attempt("the partition worker").claim.owner
-        append_line(job.ledger, f"{key} {owner} {os.getpid()}")
-        signals.running.set()
-        if job.hold and not signals.release.wait(PATIENCE_SECONDS):
-            raise TimeoutError("never released by the test")
-        return f"ran {owner} {os.getpid()}"
+def run_body(job: Job, signals: Signals) -> str:
+    """What the function does: its ledger line, then hold until released (as told)."""
+    owner = current_attempt("the partition worker").claim.owner
+    append_line(job.ledger, f"{job.key} {owner} {os.getpid()}")
+    signals.running.set()
+    if job.hold and not signals.release.wait(PATIENCE_SECONDS):
+        raise TimeoutError("never released by the test")
+    return f"ran {owner} {os.getpid()}"
 
-    return work
+
+def make_work(store: Any, job: Job, signals: Signals) -> Any:
+    decorate = idempotent(
+        store=store, key="key", name=NAME, lock_timeout_seconds=job.lock_timeout_seconds
+    )
+
+    def work(key: str) -> str:
+        return run_body(job, signals)
+
+    async def awork(key: str) -> str:
+        # Held in a thread, so the event loop stays free to renew the lease meanwhile.
+        # (The attempt's context goes along: to_thread copies it.)
+        return await asyncio.to_thread(run_body, job, signals)
+
+    return decorate(awork if job.asynchronous else work)
 
 
 def call_once(job: Job, signals: Signals, results: Any) -> None:
     """Connect, say so, wait for ``go``, call once; the outcome as a dict on ``results``:
-    ``{"pid", "outcome": "ran"|"replayed"|"in_progress"|"unavailable"|"error", "answer"}``."""
+    ``{"pid", "outcome": "ran"|"replayed"|"in_progress"|"unavailable"|"error", "answer"}``.
+    A lingering worker then stays until ``leave``, its background work (a lost claim's
+    release) going on as in a long-lived process."""
     pid = os.getpid()
-    outcome: dict[str, Any] = {"pid": pid}
+    reported = False
+
+    def report(outcome: dict[str, Any]) -> None:
+        nonlocal reported
+        if not reported:
+            reported = True
+            results.put({"pid": pid, **outcome})
+
     try:
         store = open_store(job.store)
         try:
@@ -112,20 +139,48 @@ def call_once(job: Job, signals: Signals, results: Any) -> None:
             signals.ready.set()
             if not signals.go.wait(PATIENCE_SECONDS):
                 raise TimeoutError("never told to go")
-            outcome.update(call(work, job.key, pid))
+            if job.asynchronous:
+                asyncio.run(acall(store, work, job, signals, report))
+            else:
+                report(call(work, job.key))
+                linger(job, signals)
         finally:
             store.close()
     except BaseException as error:  # reported to the test, which fails with it
-        outcome.update(outcome="error", answer=repr(error))
-    results.put(outcome)
+        report({"outcome": "error", "answer": repr(error)})
 
 
-def call(work: Any, key: str, pid: int) -> dict[str, Any]:
+def linger(job: Job, signals: Signals) -> None:
+    if job.linger:
+        signals.leave.wait(PATIENCE_SECONDS)
+
+
+def call(work: Any, key: str) -> dict[str, Any]:
     try:
-        answer = work(key)
-    except KeyInProgressError as error:
-        return {"outcome": "in_progress", "answer": repr(error)}
-    except StoreUnavailableError as error:
-        return {"outcome": "unavailable", "answer": repr(error)}
-    ran_here = answer.endswith(f" {pid}")
+        return answered(work(key))
+    except (KeyInProgressError, StoreUnavailableError) as error:
+        return refused(error)
+
+
+async def acall(
+    store: Any, work: Any, job: Job, signals: Signals, report: Callable[[dict[str, Any]], None]
+) -> None:
+    try:
+        try:
+            outcome = answered(await work(job.key))
+        except (KeyInProgressError, StoreUnavailableError) as error:
+            outcome = refused(error)
+        report(outcome)
+        await asyncio.to_thread(linger, job, signals)
+    finally:
+        await store.aclose()  # this loop's clients, before asyncio.run closes it
+
+
+def refused(error: Exception) -> dict[str, Any]:
+    kind = "in_progress" if isinstance(error, KeyInProgressError) else "unavailable"
+    return {"outcome": kind, "answer": repr(error)}
+
+
+def answered(answer: str) -> dict[str, Any]:
+    ran_here = answer.endswith(f" {os.getpid()}")
     return {"outcome": "ran" if ran_here else "replayed", "answer": answer}

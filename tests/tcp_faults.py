@@ -215,6 +215,9 @@ class TcpFaultProxy:
             await self._pump_requests(link, reader)
         except (ConnectionError, OSError):
             pass
+        except asyncio.CancelledError:
+            # Stopping: end quietly (asyncio logs a connection task that ends cancelled).
+            return
         finally:
             if link in self._links:
                 self._drop(link)
