@@ -200,6 +200,7 @@ FILE_SECONDS = {
     "test_docs_commands.py": 55,
     "test_function_concurrency.py": 31,
     "test_chaos.py": 49,
+    "test_partitions.py": 40,
     "test_actions_concurrency.py": 54,
     "test_dynamodb_wire.py": 43,
     "test_docs_snippets.py": 79,
