@@ -63,8 +63,12 @@ __all__ = [
 ]
 
 # Finishing (complete, release) after the handler ran is retried: losing it costs a second
-# run after the lock timeout (complete) or a locked key until then (release).
+# run after the lock timeout (complete) or a locked key until then (release). A release is
+# tried FINISH_ATTEMPTS times; a completion for as long as its lease lasts, at most
+# FINISH_SECONDS: longer than the failovers of a replicated store (one to three seconds),
+# short enough for a caller to wait for.
 FINISH_ATTEMPTS = 4
+FINISH_SECONDS = 5.0
 _FINISH_BASE_DELAY = 0.05
 
 # A claim whose answer was lost (or whose request was cancelled in flight) may land later
@@ -348,10 +352,18 @@ def completion_for(
     )
 
 
+# A completion retried for as long as its lease lasts tries again at most this far apart:
+# well inside the skew margin, so a store back before the lease ended sees the completion
+# before a takeover can.
+MAX_FINISH_DELAY = 0.5
+
+
 def finish_delay(attempt_number: int, jitter: float) -> float:
     """Exponential backoff with full jitter (``jitter``, a draw in ``[0, 1)``) before
-    finishing attempt ``attempt_number`` (1+)."""
-    return jitter * _FINISH_BASE_DELAY * (2.0 ** (attempt_number - 1))
+    finishing attempt ``attempt_number`` (1+), at most ``MAX_FINISH_DELAY``."""
+    return min(
+        jitter * _FINISH_BASE_DELAY * (2.0 ** (min(attempt_number, 16) - 1)), MAX_FINISH_DELAY
+    )
 
 
 def gave_up(error: Exception, attempts: int) -> str:

@@ -104,8 +104,10 @@ STORE_FAULTS = (
 # "pause": the handler stops mid-run past the lock timeout, then returns; "paused_first": the
 # process stops between the claim's answer and the handler's start.
 RUN_OUTCOMES = ("returns", "raises", "answers_5xx", "cancelled", "crash", "pause", "paused_first")
-# The faults that take a lease from its owner through no fault of the engine.
-LEASE_FAULTS = {"crash", "pause", "paused_first", "fail_before", "fail_after", "timeout"}
+# The faults that take a lease from its owner through no fault of the engine. (A store
+# failure is not one: the simulated outages are brief, far shorter than the lock timeout,
+# and an owner cut off for less than its lock must not lose its key.)
+LEASE_FAULTS = {"crash", "pause", "paused_first"}
 
 
 class Cancelled(asyncio.CancelledError):
@@ -240,6 +242,8 @@ class World:
         self.actors: list[Actor] = []
         self.log: list[str] = []
         self.faults_used = 0
+        # The store failure an attempt's process saw at its last store call, if any.
+        self.last_store_fault: dict[str, str] = {}
         self.key_hash = "k" * 64
         self._background = itertools.count(1)
         options = Options.build(
@@ -316,6 +320,13 @@ class World:
         if action not in FAULT_FREE:
             self.faults_used += 1
             actor.injected.add(action)
+        if type(effect) in STORE_CALLS:
+            # (Background flows share their attempt's outage.)
+            process = actor.process
+            if action in STORE_FAILURES:
+                self.last_store_fault[process] = action
+            else:
+                self.last_store_fault.pop(process, None)
         if action == "crash":
             self._crash(actor)
         elif (action == "pause" and type(effect) in STORE_CALLS) or action == "paused_first":
@@ -462,12 +473,14 @@ class World:
 
     # -- invariants ----------------------------------------------------------------------
 
-    def lease_lost(self, owner: str) -> bool:
+    def lease_lost(self, owner: str, *, or_cut_off: bool = False) -> bool:
         """Whether ``owner`` lost its lease through no fault of the engine: it crashed,
-        paused past its lock, was cut off from the store, or a clock beyond the skew margin
-        took the key over."""
+        paused past its lock, or a clock beyond the skew margin took the key over; with
+        ``or_cut_off``, also when one of its store calls failed (a release given up leaves
+        the key claimed until its lock times out, as documented)."""
+        faults = LEASE_FAULTS | STORE_FAILURES if or_cut_off else LEASE_FAULTS
         for actor in self.actors:
-            if actor.owner == owner and (actor.injected & LEASE_FAULTS or actor.crashed):
+            if actor.owner == owner and (actor.injected & faults or actor.crashed):
                 return True
         if self.scenario.strict_clocks:
             return False
@@ -538,7 +551,7 @@ class World:
         if (
             record is not None
             and record.status is IN_PROGRESS
-            and not self.lease_lost(record.owner)
+            and not self.lease_lost(record.owner, or_cut_off=True)
         ):
             holder = next(a.name for a in self.actors if a.owner == record.owner)
             raise Violation("stuck", f"the key stays in progress, held by {holder}")
@@ -609,6 +622,9 @@ def _describe(effect: object) -> str:
 # -- exploration ---------------------------------------------------------------------------
 
 
+Picker = Callable[[int, list[Choice], "World"], int]
+
+
 @dataclass
 class Outcome:
     """What one schedule did: its choices (indices into each step's choices), how many
@@ -624,9 +640,10 @@ def run_schedule(
     scenario: Scenario,
     fault_budget: int,
     max_steps: int,
-    pick: Callable[[int, int], int],
+    pick: Picker,
 ) -> Outcome:
-    """Run one schedule; ``pick(step, width)`` chooses among each step's choices."""
+    """Run one schedule; ``pick(step, choices, world)`` chooses among each step's choices
+    (an index)."""
     with _quiet():
         return _run_schedule(scenario, fault_budget, max_steps, pick)
 
@@ -647,7 +664,7 @@ def _run_schedule(
     scenario: Scenario,
     fault_budget: int,
     max_steps: int,
-    pick: Callable[[int, int], int],
+    pick: Picker,
 ) -> Outcome:
     world = World(scenario)
     path: list[int] = []
@@ -658,7 +675,7 @@ def _run_schedule(
             if not choices:
                 world.check_end()
                 break
-            index = pick(step, len(choices))
+            index = pick(step, choices, world)
             path.append(index)
             widths.append(len(choices))
             world.step(choices[index])
@@ -712,14 +729,28 @@ def explore(scenario: Scenario, *, fault_budget: int, max_steps: int) -> Report:
 def sample(
     scenario: Scenario, *, seed: int, schedules: int, fault_budget: int, max_steps: int
 ) -> Report:
-    """``schedules`` random schedules drawn from ``seed``."""
+    """``schedules`` random schedules drawn from ``seed``: at each step an actor at random,
+    then mostly the fault-free action, a fault a quarter of the time, and a store failure
+    again (most of the time) right after one: outages last, which uniform draws would hardly
+    ever show (four failed completions in a row)."""
     report = Report(scenario, seed=seed)
     started = time.perf_counter()
     rng = random.Random(seed)
+
+    def pick(step: int, choices: list[Choice], world: World) -> int:
+        actor = rng.choice(sorted({choice.actor for choice in choices}))
+        mine = [index for index, choice in enumerate(choices) if choice.actor == actor]
+        last = world.last_store_fault.get(world.actor(actor).process)
+        if last is not None and rng.random() < OUTAGE_PERSISTS:
+            again = [index for index in mine if choices[index].action == last]
+            if again:
+                return again[0]
+        if rng.random() < FAULT_RATE:
+            return rng.choice(mine)
+        return mine[0]
+
     for _ in range(schedules):
-        outcome = run_schedule(
-            scenario, fault_budget, max_steps, lambda step, width: rng.randrange(width)
-        )
+        outcome = run_schedule(scenario, fault_budget, max_steps, pick)
         report.schedules += 1
         report.steps += len(outcome.path)
         if outcome.violation is not None:
@@ -729,6 +760,11 @@ def sample(
     return report
 
 
+# Random schedules: how often a step is a fault, and how often a store failure follows one.
+FAULT_RATE = 0.25
+OUTAGE_PERSISTS = 0.7
+
+
 def replay(scenario: Scenario, path: Sequence[int], fault_budget: int, max_steps: int) -> Outcome:
     """The schedule ``path`` chooses (indices past a step's width wrap around), then
     fault-free to the end."""
@@ -736,7 +772,7 @@ def replay(scenario: Scenario, path: Sequence[int], fault_budget: int, max_steps
         scenario,
         fault_budget,
         max_steps,
-        lambda step, width: path[step] % width if step < len(path) else 0,
+        lambda step, choices, world: path[step] % len(choices) if step < len(path) else 0,
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import math
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -60,11 +61,13 @@ class Scripted:
     """Runs one attempt by hand: ``answer(effect)`` returns the effect's result or raises
     what the store would raise; every effect and event is recorded."""
 
-    def __init__(self, *, cache_size: int = 0, on_store_error: str = "fail") -> None:
+    def __init__(
+        self, *, cache_size: int = 0, on_store_error: str = "fail", lock: float = LOCK
+    ) -> None:
         self.clock = FakeClock()
         self.events: list[IdempotencyEvent] = []
         self.options = Options.build(
-            lock_timeout_seconds=LOCK,
+            lock_timeout_seconds=lock,
             replay_cache_size=cache_size,
             on_store_error=on_store_error,
             on_event=self.events.append,
@@ -222,14 +225,56 @@ def test_a_failing_completion_is_retried_with_backoff_until_it_lands() -> None:
     assert script.event_kinds() == ["claimed", "completed"]
 
 
-def test_a_completion_that_never_lands_is_given_up_with_an_error_event() -> None:
+def store_down_for(script: Scripted, seconds: float | None) -> Answerer:
+    """A store that refuses completions until ``seconds`` after the handler ran (``None``:
+    for good); the attempt's sleeps advance its clock, as a driver's do."""
+    answers = store_that(ClaimRequest=CLAIMED, Run=CREATED)
+    back_at: list[float] = []
+
+    def answer(effect: Effect) -> Any:
+        if isinstance(effect, Sleep):
+            script.clock.advance(effect.seconds)
+            return None
+        if isinstance(effect, Completion):
+            if not back_at:
+                back_at.append(math.inf if seconds is None else effect.now + seconds)
+            if script.clock.now() < back_at[0]:
+                raise unavailable()
+            return True
+        return answers(effect)
+
+    return answer
+
+
+def test_a_completion_that_never_lands_is_tried_while_its_lease_lasts_then_given_up() -> None:
     script = Scripted()
-    script.run(store_that(ClaimRequest=CLAIMED, Run=CREATED, Completion=[unavailable()] * 4))
-    assert script.kinds().count("Completion") == core.FINISH_ATTEMPTS
+    started = script.clock.now()
+    script.run(store_down_for(script, None))
+    tries = script.kinds().count("Completion")
+    assert tries > core.FINISH_ATTEMPTS
+    # For FINISH_SECONDS (the lease is longer), its tries at most MAX_FINISH_DELAY apart.
+    waited = script.clock.now() - started
+    assert core.FINISH_SECONDS <= waited < core.FINISH_SECONDS + core.MAX_FINISH_DELAY
+    assert max(e.seconds for e in script.effects if isinstance(e, Sleep)) <= core.MAX_FINISH_DELAY
     assert script.event_kinds() == ["claimed", "store_error"]
     error = script.events[-1]
     assert error.operation == "complete"
-    assert error.error is not None and "gave up after 4 attempts" in error.error
+    assert error.error is not None and f"gave up after {tries} attempts" in error.error
+
+
+def test_a_completion_refused_through_a_failover_of_a_few_seconds_lands() -> None:
+    script = Scripted()
+    outcome = script.run(store_down_for(script, 3.0))
+    assert isinstance(outcome, Ran)
+    assert script.event_kinds() == ["claimed", "completed"]
+    assert script.kinds().count("Completion") > core.FINISH_ATTEMPTS
+
+
+def test_a_completion_is_tried_no_longer_than_a_short_lease() -> None:
+    script = Scripted(lock=1.0)
+    started = script.clock.now()
+    script.run(store_down_for(script, None))
+    assert 1.0 <= script.clock.now() - started < 1.0 + core.MAX_FINISH_DELAY
 
 
 # --- a held key ---

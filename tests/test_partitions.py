@@ -410,12 +410,6 @@ def test_a_lost_claim_is_released_once_the_partition_heals(scene: Scene) -> None
     scene.check(runs=1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine defect: finishing retries stop after FINISH_ATTEMPTS, not when the lease "
-    "ends; a partition shorter than the lock timeout during the completion leaves the key "
-    "claimed, and it runs again after the lock timeout",
-)
 def test_a_partition_shorter_than_the_lease_during_the_completion_runs_nothing_twice(
     redis_scene: Scene,
 ) -> None:

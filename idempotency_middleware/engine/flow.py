@@ -339,8 +339,9 @@ def _finish_interrupted(
 def _finish_in_background(
     context: Context, attempt: core.Attempt, effect: Completion | Release, operation: str
 ) -> Generator[Effect, Any, None]:
-    """The finishing write of a cancelled caller, retried with the usual backoff. A
-    transaction refused with it left nothing behind: the key is released for a retry."""
+    """The finishing write of a cancelled caller, retried as the caller would have (a
+    completion: for as long as its lease). A transaction refused with it left nothing
+    behind: the key is released for a retry."""
     try:
         try:
             done = yield effect
@@ -365,10 +366,22 @@ def _retry_finish(
     error: StoreUnavailable,
 ) -> Generator[Effect, Any, bool | None]:
     """Retry a failed finishing write with backoff; ``None`` (and an ERROR event) if it never
-    lands: losing it costs a second run after the lock timeout (complete) or a key locked
-    until then (release)."""
-    for number in range(1, core.FINISH_ATTEMPTS):
+    lands. A release is tried ``FINISH_ATTEMPTS`` times: giving it up costs a key locked
+    until its lock timeout. A completion is tried for as long as the lease it ran under
+    lasts (``lock_timeout_seconds`` after the handler returned: renewals kept it at least
+    that long), at most ``FINISH_SECONDS`` (its caller waits meanwhile), its tries at most
+    ``MAX_FINISH_DELAY`` apart: its handler finished, and losing it would run the handler
+    again after the lock timeout, when a store failing over for a few seconds would have
+    taken it. Each try is fenced by the owner token: once another attempt took the key
+    over, the completion finds it and changes nothing."""
+    deadline = None
+    if isinstance(effect, Completion):
+        deadline = effect.now + min(attempt.claim.lock_timeout_seconds, core.FINISH_SECONDS)
+    clock = context.clock
+    number = 1
+    while number < core.FINISH_ATTEMPTS or (deadline is not None and clock.now() < deadline):
         yield Sleep(core.finish_delay(number, context.entropy.jitter()))
+        number += 1
         try:
             done: bool = yield effect
         except StoreUnavailable as next_error:
@@ -380,10 +393,11 @@ def _retry_finish(
         attempt,
         "store_error",
         operation=operation,
-        error=core.gave_up(error, core.FINISH_ATTEMPTS),
+        error=core.gave_up(error, number),
         failure=error,
-        note=f"gave up after {core.FINISH_ATTEMPTS} attempts; the key stays claimed until "
-        "its lock timeout",
+        note=f"gave up after {number} attempts"
+        + ("" if deadline is None else f" in {core.FINISH_SECONDS:g} s or its lease")
+        + "; the key stays claimed until its lock timeout",
     )
     return None
 
