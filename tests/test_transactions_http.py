@@ -121,15 +121,19 @@ def serve_dynamodb(
     # The deployment outlives its tests, some of which refuse every commit for the seconds a
     # completion is retried: a circuit breaker opened by one would refuse the next tests'
     # claims (the breaker has tests of its own).
-    breaker = {"breaker_threshold": 1_000}
+    threshold = 1_000
     if adapter == "asgi":
-        store = AsyncDynamoDBStore(table, endpoint_url=endpoint, region_name=REGION, **breaker)
+        store = AsyncDynamoDBStore(
+            table, endpoint_url=endpoint, region_name=REGION, breaker_threshold=threshold
+        )
         app = IdempotencyMiddleware(build_fastapi_app(state), store=store, **options)
         # The store's client belongs to uvicorn's loop: closed there.
         with serve_asgi(app, on_shutdown=store.aclose) as url:
             yield url
         return
-    with DynamoDBStore(table, endpoint_url=endpoint, region_name=REGION, **breaker) as sync_store:
+    with DynamoDBStore(
+        table, endpoint_url=endpoint, region_name=REGION, breaker_threshold=threshold
+    ) as sync_store:
         flask_app = build_flask_app(state)
         middleware = IdempotencyWSGIMiddleware(flask_app.wsgi_app, store=sync_store, **options)
         flask_app.wsgi_app = middleware  # type: ignore[method-assign]
