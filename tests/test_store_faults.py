@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +34,7 @@ import orjson
 import pytest
 
 from idempotency_middleware import AsyncDynamoDBStore, DynamoDBStore
+from idempotency_middleware.core import FINISH_ATTEMPTS
 from idempotency_middleware.keys import storage_key
 from idempotency_middleware.options import DEFAULT_CLOCK_SKEW_SECONDS
 from idempotency_middleware.records import Status
@@ -59,7 +61,9 @@ FAST: dict[str, Any] = {"connect_timeout": TIMEOUT_SECONDS, "read_timeout": TIME
 # For the tests of the middleware's own finishing retries (complete, release): one attempt per
 # store call, so the attempts counted are the middleware's, and giving up takes well under the
 # short lock (botocore's re-sends, each after up to a second of backoff, would outlast it).
-ONE_ATTEMPT: dict[str, Any] = {**FAST, "max_attempts": 1}
+# (A breaker that never opens: a completion refused for the seconds it is retried would
+# open it, and the test's next claim would get its 503, not the held key's 409.)
+ONE_ATTEMPT: dict[str, Any] = {**FAST, "max_attempts": 1, "breaker_threshold": 1_000}
 # A claim against a store that never answers gives up after its attempts' read timeouts (and
 # botocore's backoff, up to 1 s); the bound leaves room for a loaded machine.
 CLAIM_FAILURE_BOUND_SECONDS = 4.0
@@ -305,7 +309,11 @@ def test_a_failing_complete_still_answers_and_holds_the_key_until_its_lock_expir
         # An ERROR event and log name the key at risk.
         [error] = served.events.of("store_error", "complete")
         assert error.key_hash == hashed
-        assert error.error is not None and "gave up after 4 attempts" in error.error
+        # Retried for FINISH_SECONDS (the lock is longer), on the fake clock: more than the
+        # FINISH_ATTEMPTS a release gets.
+        assert error.error is not None
+        given_up = re.search(r"gave up after (\d+) attempts", error.error)
+        assert given_up is not None and int(given_up.group(1)) > FINISH_ATTEMPTS
         assert not served.events.of("completed")
         assert any(
             getattr(record, "idempotency_key_hash", None) == hashed
@@ -319,7 +327,7 @@ def test_a_failing_complete_still_answers_and_holds_the_key_until_its_lock_expir
                 for seen in proxy.seen()
                 if seen.operation == "UpdateItem" and not seen.is_renewal and seen.at >= switched
             ]
-            assert finishing == ["throttle"] * 4
+            assert finishing == ["throttle"] * int(given_up.group(1))
 
         # The claim stays until its lock expires: 409 first, then the handler runs again.
         lock_expires_at = stored_record_lock(moto_endpoint, dynamodb_table, hashed)

@@ -47,6 +47,7 @@ from idempotency_middleware import (
     idempotent,
 )
 from idempotency_middleware.attempt_context import CURRENT, CurrentAttempt
+from idempotency_middleware.core import FINISH_ATTEMPTS
 from idempotency_middleware.keys import storage_key
 from idempotency_middleware.records import Status
 from idempotency_middleware.stores.dynamodb.requests import commit_token
@@ -57,6 +58,7 @@ from tests.faultproxy import FaultProxy, Mode, SeenRequest
 from tests.function_stores import (
     Events,
     FunctionStore,
+    StepClock,
     fresh_key,
     open_function_store,
 )
@@ -138,6 +140,9 @@ def own_store(fstore: FunctionStore, endpoint_url: str, **kwargs: Any) -> Iterat
     say), closed on ``fstore``'s loop for the async flavour."""
     table = fstore.store.layout.table_name
     kind: Any = AsyncDynamoDBStore if fstore.is_async else DynamoDBStore
+    # A breaker that never opens: these tests refuse a store's commits for the seconds a
+    # completion is retried, then use the store again at once (the breaker has its tests).
+    kwargs.setdefault("breaker_threshold", 1_000)
     store: Any = kind(
         table, endpoint_url=endpoint_url, region_name=REGION, clock=fstore.clock, **kwargs
     )
@@ -741,9 +746,16 @@ def test_a_commit_that_never_reaches_the_store_writes_nothing_and_keeps_the_key(
     with FaultProxy(endpoint) as proxy, own_store(fstore, proxy.url, **options) as store:
         place = fstore.decorate(key="key", name=name, store=store)(order_placer(tables, runs))
         proxy.set(mode, operations={"TransactWriteItems"})
+        if mode == "hang":
+            # Each hung commit waits out its read timeout in real time, which the fake clock
+            # does not see: it is moved on by as much at each retry's sleep, so the commit
+            # is retried for FINISH_SECONDS of the clock, as it would be in real time.
+            waits_out(fstore.clock, options["read_timeout"])
         with pytest.raises(StoreUnavailableError, match="whole or not at all"):
             fstore.run(place, key, "o-1")
-        assert len(commits(proxy)) == 4  # the commit and its three finishing retries
+        fstore.clock.at_next_sleep(None, None)
+        # The commit and its finishing retries, for FINISH_SECONDS (on the fake clock).
+        assert len(commits(proxy)) >= FINISH_ATTEMPTS
     assert tables.orders() == []  # none landed
     assert tables.stock(SKU) == 5
     # The store reachable again: the same function and keys, on the store's own client (its
@@ -755,6 +767,19 @@ def test_a_commit_that_never_reaches_the_store_writes_nothing_and_keeps_the_key(
     assert fstore.run(again, key, "o-1") == {"order": "o-1", "run": 2}
     assert runs == ["o-1", "o-1"]
     assert (tables.order_ids(), tables.stock(SKU)) == (["o-1"], 4)
+
+
+def waits_out(clock: StepClock, seconds: float) -> None:
+    """At every sleep of ``clock`` from now on, move it ``seconds`` further first."""
+
+    def hook() -> None:
+        clock.advance(seconds)
+        clock.at_next_sleep(hook, async_hook)
+
+    async def async_hook() -> None:
+        hook()
+
+    clock.at_next_sleep(hook, async_hook)
 
 
 def test_a_commit_whose_every_answer_is_lost_lands_whole_and_is_replayed(
@@ -771,7 +796,7 @@ def test_a_commit_whose_every_answer_is_lost_lands_whole_and_is_replayed(
         proxy.set("cut", operations={"TransactWriteItems"})
         with pytest.raises(StoreUnavailableError):
             fstore.run(place, key, "o-1")
-        assert len(commits(proxy)) == 4
+        assert len(commits(proxy)) > FINISH_ATTEMPTS
         proxy.set("pass")
         assert (tables.order_ids(), tables.stock(SKU)) == (["o-1"], 4)
         assert fstore.run(place, key, "o-1") == {"order": "o-1", "run": 1}  # replayed
