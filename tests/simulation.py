@@ -224,6 +224,18 @@ class Actor:
     outcome: object = None
     raised: BaseException | None = None
     injected: set[str] = field(default_factory=set)
+    events: list[IdempotencyEvent] = field(default_factory=list)  # its attempt's
+
+    @property
+    def gave_up_completing(self) -> bool:
+        """Its completion was refused for as long as it is retried (the documented bound:
+        5 s, or the lease): a second run after its lock timeout is the documented cost."""
+        return any(
+            event.kind == "store_error"
+            and event.operation == "complete"
+            and "gave up" in (event.error or "")
+            for event in self.events
+        )
 
     @property
     def fingerprint(self) -> str:
@@ -238,7 +250,6 @@ class World:
         self.now = START
         self.store = MemoryStore(purge_interval_seconds=1e9)
         self.ledger: list[HandlerRun] = []
-        self.events: list[IdempotencyEvent] = []
         self.actors: list[Actor] = []
         self.log: list[str] = []
         self.faults_used = 0
@@ -251,8 +262,9 @@ class World:
         )
         http = scenario.door == "http"
         for number, spec in enumerate(scenario.attempts):
+            actor = Actor(f"#{number}", f"#{number}", None, f"owner{number}", spec)
             context = engine.Context(
-                Reporter(self.events.append, http=http),
+                Reporter(actor.events.append, http=http),
                 SimClock(self, spec.skew),
                 None,
                 "fail",
@@ -267,9 +279,8 @@ class World:
                 self.key_hash,
                 f"fp-{spec.payload}",
                 0.0,  # set when it starts
-                f"owner{number}",
+                actor.owner,
             )
-            actor = Actor(f"#{number}", f"#{number}", None, attempt.claim.owner, spec)
             actor.pending = Start(context, attempt)
             actor.ready_at = START + (LATE if spec.late else 0.0)
             self.actors.append(actor)
@@ -480,7 +491,9 @@ class World:
         the key claimed until its lock times out, as documented)."""
         faults = LEASE_FAULTS | STORE_FAILURES if or_cut_off else LEASE_FAULTS
         for actor in self.actors:
-            if actor.owner == owner and (actor.injected & faults or actor.crashed):
+            if actor.owner == owner and (
+                actor.injected & faults or actor.crashed or actor.gave_up_completing
+            ):
                 return True
         if self.scenario.strict_clocks:
             return False
