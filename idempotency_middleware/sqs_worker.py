@@ -19,6 +19,7 @@ ends the loop and its thread. boto3 is imported only when the worker makes its o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
 import logging
@@ -414,7 +415,10 @@ async def _finish_tasks(timeout: float) -> None:
         if pending:
             await asyncio.wait(pending, timeout=UNWIND_SECONDS)
     await loop.shutdown_asyncgens()
-    await loop.shutdown_default_executor()  # (threads a handler's to_thread started)
+    # The threads a handler's to_thread started: a hung one cannot be stopped, and close()
+    # must not wait on it for ever (before Python 3.12 this shutdown has no timeout).
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(loop.shutdown_default_executor(), UNWIND_SECONDS)
 
 
 class _Heartbeat:

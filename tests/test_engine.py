@@ -9,6 +9,7 @@ import asyncio
 import contextvars
 import logging
 import math
+import os
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -260,6 +261,26 @@ def test_a_completion_that_never_lands_is_tried_while_its_lease_lasts_then_given
     error = script.events[-1]
     assert error.operation == "complete"
     assert error.error is not None and f"gave up after {tries} attempts" in error.error
+
+
+def test_a_completion_retried_on_a_clock_that_stands_still_still_ends() -> None:
+    """The retries are bounded by the delays slept too, whatever the clock says."""
+    script = Scripted()  # (its sleeps are answered without moving its clock)
+    refused = [unavailable() for _ in range(1000)]
+    script.run(store_that(ClaimRequest=CLAIMED, Run=CREATED, Completion=refused))
+    assert core.FINISH_ATTEMPTS < script.kinds().count("Completion") < 1000
+    assert script.event_kinds() == ["claimed", "store_error"]
+
+
+def test_a_completion_cut_short_by_a_cancellation_is_sent_again_and_reported() -> None:
+    script = Scripted()
+    answers = store_that(
+        ClaimRequest=CLAIMED, Run=CREATED, Completion=[asyncio.CancelledError(), True]
+    )
+    with pytest.raises(asyncio.CancelledError):
+        script.run(answers)
+    assert script.kinds() == ["ClaimRequest", "Run", "Completion", "Completion"]
+    assert script.event_kinds() == ["claimed", "completed"]
 
 
 def test_a_completion_refused_through_a_failover_of_a_few_seconds_lands() -> None:
@@ -515,6 +536,22 @@ def test_the_sync_driver_runs_an_attempt_against_a_store() -> None:
     record = store.get(script.attempt.claim.key_hash)
     assert record is not None and record.status is Status.COMPLETED
     renewals.close()
+
+
+def test_a_forked_child_does_not_renew_the_claims_its_parent_held() -> None:
+    script = Scripted()
+    store = MemoryStore()
+    renewals = ThreadRenewals(store, script.context.reporter, script.clock)
+    renewals.start(Run(script.attempt, script.clock.now()))
+    try:
+        child = os.fork()
+        if child == 0:  # the parent's claim is the parent's: nothing for the child to renew
+            os._exit(0 if not renewals._leases.active else 1)
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert renewals._leases.active  # the parent's door still renews it
+    finally:
+        renewals.close()
 
 
 def test_the_sync_driver_suspends_at_a_live_stream_and_resumes_when_it_ends() -> None:

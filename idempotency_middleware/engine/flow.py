@@ -329,11 +329,13 @@ def _finish_interrupted(
     short or fail too, a background flow keeps at it, so a finished handler's outcome is
     not lost to its caller's deadline."""
     try:
-        yield effect
+        done = yield effect
     except GeneratorExit:
         raise
     except BaseException:
         yield Spawn(_finish_in_background(context, attempt, effect, operation))
+        return
+    yield from _report_finishing(context, attempt, effect, done)
 
 
 def _finish_in_background(
@@ -350,12 +352,20 @@ def _finish_in_background(
     except (TransactionConflictError, TransactionRejectedError):
         yield from _release(context, attempt)
         return
-    if type(effect) is Release:
+    yield from _report_finishing(context, attempt, effect, done)
+
+
+def _report_finishing(
+    context: Context, attempt: core.Attempt, effect: Completion | Release, done: bool | None
+) -> Generator[Effect, Any, None]:
+    """The event of a finishing write sent again for a cancelled caller, as the attempt
+    would have reported it."""
+    if isinstance(effect, Release):
         yield from _report_finished(context, attempt, done)
     elif done is not None:
-        kind: EventKind = "completed" if done else "lost"
+        kind: EventKind = "lost" if not done else "deferred" if effect.deferred else "completed"
         if context.reporter.wants(kind):
-            yield Emit(context.reporter, attempt, kind)
+            yield Emit(context.reporter, attempt, kind, effect.response.status)
 
 
 def _retry_finish(
@@ -374,13 +384,18 @@ def _retry_finish(
     again after the lock timeout, when a store failing over for a few seconds would have
     taken it. Each try is fenced by the owner token: once another attempt took the key
     over, the completion finds it and changes nothing."""
-    deadline = None
+    # A completion's deadline: its lease, at most FINISH_SECONDS, counted on the clock and
+    # in the delays slept (a bound even on a clock that stands still, or is set back).
+    deadline = started = slept = 0.0
     if isinstance(effect, Completion):
-        deadline = effect.now + min(attempt.claim.lock_timeout_seconds, core.FINISH_SECONDS)
+        started = effect.now
+        deadline = started + min(attempt.claim.lock_timeout_seconds, core.FINISH_SECONDS)
     clock = context.clock
     number = 1
-    while number < core.FINISH_ATTEMPTS or (deadline is not None and clock.now() < deadline):
-        yield Sleep(core.finish_delay(number, context.entropy.jitter()))
+    while number < core.FINISH_ATTEMPTS or (clock.now() < deadline and started + slept < deadline):
+        delay = core.finish_delay(number, context.entropy.jitter())
+        slept += delay
+        yield Sleep(delay)
         number += 1
         try:
             done: bool = yield effect
@@ -396,7 +411,7 @@ def _retry_finish(
         error=core.gave_up(error, number),
         failure=error,
         note=f"gave up after {number} attempts"
-        + ("" if deadline is None else f" in {core.FINISH_SECONDS:g} s or its lease")
+        + (f" in {core.FINISH_SECONDS:g} s or its lease" if deadline else "")
         + "; the key stays claimed until its lock timeout",
     )
     return None

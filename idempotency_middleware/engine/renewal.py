@@ -240,8 +240,12 @@ _RENEWER = _Renewer()
 
 
 def _renewer_after_fork() -> None:
-    # The parent's thread did not come along: the child renews its own leases afresh.
+    # The parent's thread did not come along: the child renews its own leases afresh, and
+    # not the parent's claims its doors held at the fork (the parent renews those, or, dead,
+    # lets them lapse to be taken over).
     global _RENEWER
+    for door in _RENEWER.doors:
+        door._leases = Leases()
     _RENEWER = _Renewer()
 
 
