@@ -360,8 +360,9 @@ def test_the_proxy_faults_dynamodb_too(moto_endpoint: str, dynamodb_table: str) 
             dynamodb_table,
             endpoint_url=proxy.url,
             region_name=REGION,
-            connect_timeout=0.5,
-            read_timeout=0.5,
+            # (moto, a Python server beside three test workers, may take a while to answer.)
+            connect_timeout=2.0,
+            read_timeout=2.0,
             max_attempts=1,
             breaker_threshold=0,
         )
