@@ -19,6 +19,27 @@ from tests.simulation import AttemptSpec, Report, Scenario, explore, sample
 SUMMARY = Path(__file__).resolve().parent.parent / ".cache" / "simulation.txt"
 
 
+@pytest.fixture(autouse=True)
+def _untraced() -> Iterator[None]:
+    """make test runs the suite under coverage, whose tracing makes these sweeps about five
+    times slower: they run the same flow code hundreds of thousands of times, code the rest
+    of the suite covers. Tracing is paused while they run."""
+    try:
+        import coverage
+    except ImportError:  # (the other Pythons' runs have no coverage)
+        yield
+        return
+    current = coverage.Coverage.current()
+    if current is None:
+        yield
+        return
+    current.stop()
+    try:
+        yield
+    finally:
+        current.start()
+
+
 @pytest.fixture(scope="module")
 def summary() -> Iterator[list[str]]:
     lines: list[str] = []
