@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from idempotency_middleware.records import DROPPED_HEADERS
+from idempotency_middleware.stores.records import DROPPED_HEADERS
 
 LOCK_SECONDS = 60
 TTL_SECONDS = 86400

@@ -40,15 +40,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from benchmarks import overhead
 from benchmarks._apps import order_app
 from benchmarks._common import heading, machine_summary, median, signed_us, table, timed_batch
-from idempotency_middleware.asgi_messages import replaying_receive as _replaying_receive
-from idempotency_middleware.fingerprint import _DIGITS_TO_ZERO, _LONG_NUMBER
-from idempotency_middleware.keys import _BARE_ALLOWED, MAX_KEY_LENGTH
-from idempotency_middleware.options import (
+from idempotency_middleware.policy.fingerprint import _DIGITS_TO_ZERO, _LONG_NUMBER
+from idempotency_middleware.policy.keys import _BARE_ALLOWED, MAX_KEY_LENGTH
+from idempotency_middleware.policy.options import (
     DEFAULT_LOCK_TIMEOUT_SECONDS,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_TTL_SECONDS,
 )
-from idempotency_middleware.records import DROPPED_HEADERS
+from idempotency_middleware.stores.records import DROPPED_HEADERS
+from idempotency_middleware.web.asgi_messages import replaying_receive as _replaying_receive
 
 LIGHTEST_PEER = "fastapi-idempotency-key"
 _COVERED = frozenset({"POST", "PATCH"})

@@ -36,10 +36,10 @@ from urllib.parse import urlsplit
 
 from benchmarks._common import REGION, heading, machine_summary, median, moto_in_process, table
 from idempotency_middleware import AsyncDynamoDBStore, DynamoDBStore
-from idempotency_middleware.records import StoredResponse
 from idempotency_middleware.stores import ClaimRequest, Completion
 from idempotency_middleware.stores.dynamodb import requests as ddb
 from idempotency_middleware.stores.dynamodb.config import ClientSettings
+from idempotency_middleware.stores.records import StoredResponse
 
 ENDPOINT_VARIABLE = "IDEMPOTENCY_DYNAMODB_LOCAL_URL"
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})

@@ -9,10 +9,10 @@ from collections.abc import Callable
 from typing import Any
 
 from idempotency_middleware.clock import SYSTEM_CLOCK, Clock
-from idempotency_middleware.records import Record, Status, StoredResponse
 from idempotency_middleware.stores import CLAIMED, TAKEN_OVER, ClaimRequest, Completion, Held
 from idempotency_middleware.stores.kit import Flow, KitStore, drive
 from idempotency_middleware.stores.protocol import ClaimResult, DeferredToken
+from idempotency_middleware.stores.records import Record, Status, StoredResponse
 
 IN_PROGRESS, DEFERRED, COMPLETED = Status.IN_PROGRESS, Status.DEFERRED, Status.COMPLETED
 

@@ -25,10 +25,9 @@ from .actions import (
     InvalidPinError,
     OneTimeActions,
 )
-from .asgi import IdempotencyMiddleware
-from .consumers import IdempotentConsumer, Outcome
-from .deferred import defer_completion
-from .encryption import Encryption
+from .consumers.consumer import IdempotentConsumer, Outcome
+from .consumers.lambda_batches import aprocess_lambda_batch, process_lambda_batch
+from .consumers.sqs_worker import SQSWorker
 from .errors import (
     IdempotencyError,
     InvalidKeyError,
@@ -41,20 +40,21 @@ from .errors import (
     TransactionRejectedError,
 )
 from .events import IdempotencyEvent
-from .functions import IdempotentFunction, idempotent
-from .lambda_batches import aprocess_lambda_batch, process_lambda_batch
-from .request_view import HeaderView, RequestView
-from .rules import IdempotencyRule
-from .scopes import scope_by_header, scope_by_tenant_header
-from .sqs_worker import SQSWorker
+from .functions.idempotent import IdempotentFunction, idempotent
+from .handler.deferred import defer_completion
+from .handler.transactions import Transaction, completion_transaction
+from .policy.request_view import HeaderView, RequestView
+from .policy.rules import IdempotencyRule
+from .policy.scopes import scope_by_header, scope_by_tenant_header
 from .stores.dynamodb import AsyncDynamoDBStore, DynamoDBStore
+from .stores.encryption import Encryption
 from .stores.memory import MemoryStore
 from .stores.postgres import PostgresStore
 from .stores.protocol import AsyncStore, StoreUnavailable, SyncStore
 from .stores.redis import RedisStore
 from .stores.sqlite import SQLiteStore
-from .transactions import Transaction, completion_transaction
-from .wsgi import IdempotencyWSGIMiddleware
+from .web.asgi import IdempotencyMiddleware
+from .web.wsgi import IdempotencyWSGIMiddleware
 
 __all__ = [
     "Action",

@@ -58,10 +58,10 @@ for path in sorted(pathlib.Path(idempotency_middleware.__file__).parent.rglob("*
 # module path: the distribution its extra installs (None: no extra needed)
 DOCUMENTED = {
     "idempotency_middleware": None,
-    "idempotency_middleware.fastapi": "fastapi",
-    "idempotency_middleware.django": "django",
-    "idempotency_middleware.faststream": "faststream",
-    "idempotency_middleware.celery": "celery",
+    "idempotency_middleware.web.fastapi": "fastapi",
+    "idempotency_middleware.web.django": "django",
+    "idempotency_middleware.consumers.faststream": "faststream",
+    "idempotency_middleware.consumers.celery": "celery",
     "idempotency_middleware.testing": None,
 }
 for module, needs in DOCUMENTED.items():

@@ -7,18 +7,19 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
-from idempotency_middleware import HeaderView, RequestView, core
+from idempotency_middleware import HeaderView, RequestView
+from idempotency_middleware.engine import decisions
 from idempotency_middleware.engine.effects import Effect, Emit, Recall, Remember, emit
-from idempotency_middleware.entropy import new_owner
-from idempotency_middleware.options import Options
+from idempotency_middleware.engine.entropy import new_owner
+from idempotency_middleware.policy.options import Options
 
 
-def order_attempt(options: Options, now: float, body: bytes) -> core.Attempt:
+def order_attempt(options: Options, now: float, body: bytes) -> decisions.Attempt:
     policy = options.policy_for("POST", "/orders")
     assert policy is not None
-    admitted = core.admit(options, policy, "/orders", [b"key-1"])
-    assert isinstance(admitted, core.Admitted)
-    return core.begin_attempt(
+    admitted = decisions.admit(options, policy, "/orders", [b"key-1"])
+    assert isinstance(admitted, decisions.Admitted)
+    return decisions.begin_attempt(
         admitted,
         method="POST",
         path="/orders",

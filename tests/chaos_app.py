@@ -42,8 +42,8 @@ from idempotency_middleware import (
     IdempotencyWSGIMiddleware,
     SQLiteStore,
 )
-from idempotency_middleware.asgi import ASGIApp, Receive, Scope, Send
-from idempotency_middleware.wsgi import Environ, StartResponse, WSGIApp
+from idempotency_middleware.web.asgi import ASGIApp, Receive, Scope, Send
+from idempotency_middleware.web.wsgi import Environ, StartResponse, WSGIApp
 
 # The events whose lines the test reads; the routine ones (claimed, replayed, conflict,
 # completed) would only slow every request down.

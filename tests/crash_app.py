@@ -23,8 +23,8 @@ import os
 import orjson
 
 from idempotency_middleware import AsyncDynamoDBStore, IdempotencyMiddleware
-from idempotency_middleware.asgi import Receive, Scope, Send
 from idempotency_middleware.clock import SYSTEM_CLOCK
+from idempotency_middleware.web.asgi import Receive, Scope, Send
 from tests.file_clock import FileClock
 
 RUNS_FILE = os.environ.get("CRASH_RUNS_FILE", "")

@@ -49,9 +49,9 @@ from idempotency_middleware import (
     idempotent,
 )
 from idempotency_middleware.errors import StoreUnavailable
-from idempotency_middleware.records import Record
 from idempotency_middleware.stores.dynamodb import MAX_ITEM_RESPONSE_BYTES
 from idempotency_middleware.stores.protocol import ClaimRequest, ClaimResult, Completion
+from idempotency_middleware.stores.records import Record
 from idempotency_middleware.testing import FakeClock
 from tests.conftest import REGION
 from tests.db_stores import location, new_store, raw_record, unreachable_store

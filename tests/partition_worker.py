@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from idempotency_middleware import KeyInProgressError, StoreUnavailableError, idempotent
-from idempotency_middleware.attempt_context import current_attempt
+from idempotency_middleware.handler.context import current_attempt
 from tests.function_worker import append_line
 
 NAME = "tests.partition_worker.work"  # the same in every process

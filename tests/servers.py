@@ -44,7 +44,6 @@ from idempotency_middleware import (
     SQLiteStore,
     StoreUnavailable,
 )
-from idempotency_middleware.asgi import ASGIApp
 from idempotency_middleware.stores.protocol import (
     AsyncStore,
     ClaimRequest,
@@ -52,7 +51,8 @@ from idempotency_middleware.stores.protocol import (
     Completion,
     SyncStore,
 )
-from idempotency_middleware.wsgi import WSGIApp
+from idempotency_middleware.web.asgi import ASGIApp
+from idempotency_middleware.web.wsgi import WSGIApp
 from tests.apps import AppState, build_asgi_app, build_wsgi_app
 from tests.db_stores import count_records, new_store
 from tests.db_stores import unreachable_store as unreachable_db_store

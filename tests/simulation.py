@@ -57,7 +57,7 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from idempotency_middleware import core
+from idempotency_middleware.engine import decisions
 from idempotency_middleware.engine import flow as engine
 from idempotency_middleware.engine.effects import (
     Effect,
@@ -74,12 +74,12 @@ from idempotency_middleware.engine.effects import (
     Wait,
     emit,
 )
+from idempotency_middleware.engine.refusals import Refusal
 from idempotency_middleware.events import IdempotencyEvent, Reporter
-from idempotency_middleware.options import Options
-from idempotency_middleware.records import IN_PROGRESS, Record, StoredResponse
-from idempotency_middleware.refusals import Refusal
+from idempotency_middleware.policy.options import Options
 from idempotency_middleware.stores.memory import MemoryStore
 from idempotency_middleware.stores.protocol import ClaimRequest, Completion, StoreUnavailable
+from idempotency_middleware.stores.records import IN_PROGRESS, Record, StoredResponse
 
 LOCK_TIMEOUT = 10.0
 SKEW_MARGIN = 1.0
@@ -272,9 +272,9 @@ class World:
                 entropy=FixedEntropy(),
                 stored_statuses=options.stored_statuses,
             )
-            attempt = core.new_attempt(
+            attempt = decisions.new_attempt(
                 options.default_policy._replace(wait_seconds=spec.wait_seconds),
-                "POST" if http else core.CALL_METHOD,
+                "POST" if http else decisions.CALL_METHOD,
                 "/orders",
                 self.key_hash,
                 f"fp-{spec.payload}",
@@ -583,7 +583,7 @@ class Start:
     """An attempt not started yet: its flow is made when it starts, with its clock's now."""
 
     context: engine.Context
-    attempt: core.Attempt
+    attempt: decisions.Attempt
 
 
 @dataclass(frozen=True)

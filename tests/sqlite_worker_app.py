@@ -25,8 +25,8 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from idempotency_middleware import IdempotencyMiddleware
-from idempotency_middleware.asgi import ASGIApp, Receive, Scope, Send
 from idempotency_middleware.stores.sqlite import SQLiteStore
+from idempotency_middleware.web.asgi import ASGIApp, Receive, Scope, Send
 
 HANDLER_SECONDS = 0.2
 

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from idempotency_middleware import DynamoDBStore, OneTimeActions, SQLiteStore
-from idempotency_middleware.cli import (
+from idempotency_middleware.cli.main import (
     EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_REFUSED,

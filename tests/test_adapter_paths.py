@@ -36,8 +36,8 @@ from idempotency_middleware import (
     IdempotencyWSGIMiddleware,
     MemoryStore,
 )
-from idempotency_middleware.cache import ENTRY_SECONDS
-from idempotency_middleware.keys import storage_key
+from idempotency_middleware.engine.cache import ENTRY_SECONDS
+from idempotency_middleware.policy.keys import storage_key
 from idempotency_middleware.stores.protocol import ClaimRequest, ClaimResult, Completion
 from idempotency_middleware.testing import FakeClock
 from tests.apps import (

@@ -22,9 +22,9 @@ from idempotency_middleware import (
     IdempotencyRule,
     scope_by_tenant_header,
 )
-from idempotency_middleware.keys import QUOTE_IT
-from idempotency_middleware.records import Record
+from idempotency_middleware.policy.keys import QUOTE_IT
 from idempotency_middleware.stores.protocol import ClaimRequest, ClaimResult, Completion
+from idempotency_middleware.stores.records import Record
 from idempotency_middleware.testing import FakeClock
 from tests.apps import (
     FLASK_ERRORHANDLER_BODY,

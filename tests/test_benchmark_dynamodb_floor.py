@@ -18,8 +18,8 @@ from benchmarks import dynamodb_requests
 from benchmarks._common import BODY
 from benchmarks.dynamodb_floor import FloorASGI, FloorWSGI, Unsupported, create_floor_table
 from benchmarks.dynamodb_requests import Runs, _asgi_caller, _fastapi, _flask, _wsgi_caller
-from idempotency_middleware.fingerprint import fingerprint_request
-from idempotency_middleware.keys import storage_key
+from idempotency_middleware.policy.fingerprint import fingerprint_request
+from idempotency_middleware.policy.keys import storage_key
 from tests.conftest import REGION
 
 

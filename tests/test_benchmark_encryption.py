@@ -8,7 +8,7 @@ import asyncio
 from benchmarks._common import call_once
 from benchmarks.encryption import ENCRYPTION, RESPONSE, _memory, order_app
 from idempotency_middleware import IdempotencyMiddleware, MemoryStore
-from idempotency_middleware.records import SealedResponse, StoredResponse
+from idempotency_middleware.stores.records import SealedResponse, StoredResponse
 
 
 def test_the_encrypted_contender_stores_ciphertext_and_replays_the_same_bytes() -> None:

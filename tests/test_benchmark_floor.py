@@ -16,8 +16,8 @@ from starlette.routing import Route
 from benchmarks._apps import HandlerRuns, order_app
 from benchmarks._common import BODY, call_once
 from benchmarks.floor import FloorMiddleware, Unsupported, run
-from idempotency_middleware.fingerprint import fingerprint_request
-from idempotency_middleware.keys import storage_key
+from idempotency_middleware.policy.fingerprint import fingerprint_request
+from idempotency_middleware.policy.keys import storage_key
 
 
 def test_floor_runs_the_handler_once_and_stores_what_ours_would_hash() -> None:

@@ -32,15 +32,15 @@ from idempotency_middleware import (
     StoreUnavailableError,
     idempotent,
 )
-from idempotency_middleware.breaker import (
+from idempotency_middleware.errors import CAUSES
+from idempotency_middleware.events import IdempotencyEvent, Reporter
+from idempotency_middleware.stores.breaker import (
     DEFAULT_COOLDOWN_SECONDS,
     DEFAULT_THRESHOLD,
     OUTAGE_CAUSES,
     BreakerState,
     CircuitBreaker,
 )
-from idempotency_middleware.errors import CAUSES
-from idempotency_middleware.events import IdempotencyEvent, Reporter
 from idempotency_middleware.testing import FakeClock
 from tests.faultproxy import Events, Workload
 

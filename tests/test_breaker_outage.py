@@ -43,9 +43,9 @@ from idempotency_middleware import (
     StoreUnavailableError,
     idempotent,
 )
-from idempotency_middleware.breaker import BreakerOwner, BreakerState
-from idempotency_middleware.core import LOST_CLAIM_RELEASE_DELAYS
-from idempotency_middleware.keys import storage_key
+from idempotency_middleware.engine.decisions import LOST_CLAIM_RELEASE_DELAYS
+from idempotency_middleware.policy.keys import storage_key
+from idempotency_middleware.stores.breaker import BreakerOwner, BreakerState
 from idempotency_middleware.stores.protocol import ClaimRequest
 from idempotency_middleware.testing import FakeClock
 from tests.conftest import new_table

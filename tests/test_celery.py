@@ -30,7 +30,7 @@ from celery.result import AsyncResult
 
 from idempotency_middleware import Encryption, MemoryStore, SQLiteStore, idempotent
 from idempotency_middleware.celery import TaskCall, idempotent_task
-from idempotency_middleware.function_attempts import function_key_hash
+from idempotency_middleware.functions.attempts import function_key_hash
 from tests.raw_records import RawStore
 
 WAIT_SECONDS = 20.0

@@ -52,7 +52,7 @@ from typing import Literal
 import httpx
 import orjson
 
-from idempotency_middleware.keys import storage_key
+from idempotency_middleware.policy.keys import storage_key
 from tests.servers import HOST, REPO_ROOT, UVICORN_LISTENING, WAITRESS_LISTENING, server_process
 
 Adapter = Literal["asgi", "wsgi"]

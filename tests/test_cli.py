@@ -17,7 +17,7 @@ import pytest
 
 import idempotency_middleware
 from idempotency_middleware import DynamoDBStore
-from idempotency_middleware.cli import (
+from idempotency_middleware.cli.main import (
     EXIT_MISCONFIGURED,
     EXIT_NOT_FOUND,
     EXIT_OK,
@@ -25,9 +25,9 @@ from idempotency_middleware.cli import (
     EXIT_USAGE,
     main,
 )
-from idempotency_middleware.keys import storage_key
-from idempotency_middleware.records import StoredResponse
+from idempotency_middleware.policy.keys import storage_key
 from idempotency_middleware.stores.protocol import ClaimRequest, Completion
+from idempotency_middleware.stores.records import StoredResponse
 from tests.servers import free_port
 
 from .conftest import REGION

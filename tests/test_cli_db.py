@@ -10,16 +10,16 @@ import uuid
 import orjson
 import pytest
 
-from idempotency_middleware.cli import (
+from idempotency_middleware.cli.main import (
     EXIT_MISCONFIGURED,
     EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_STORE,
     main,
 )
-from idempotency_middleware.keys import storage_key
-from idempotency_middleware.records import StoredResponse
+from idempotency_middleware.policy.keys import storage_key
 from idempotency_middleware.stores.protocol import ClaimRequest, Completion
+from idempotency_middleware.stores.records import StoredResponse
 from tests.db_stores import location, new_store
 from tests.servers import free_port
 from tests.store_kinds import DB_SERVERS

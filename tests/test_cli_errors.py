@@ -21,7 +21,7 @@ import orjson
 import pytest
 
 from idempotency_middleware import DynamoDBStore, SQLiteStore
-from idempotency_middleware.cli import (
+from idempotency_middleware.cli.main import (
     EXIT_MISCONFIGURED,
     EXIT_NOT_FOUND,
     EXIT_OK,
@@ -30,9 +30,9 @@ from idempotency_middleware.cli import (
     build_parser,
     main,
 )
-from idempotency_middleware.keys import storage_key
-from idempotency_middleware.records import StoredResponse
+from idempotency_middleware.policy.keys import storage_key
 from idempotency_middleware.stores.protocol import Claimed, ClaimRequest, Completion
+from idempotency_middleware.stores.records import StoredResponse
 from idempotency_middleware.testing import FakeClock
 from tests.diag_aws import RejectingEndpoint, aws_environment
 from tests.faultproxy import FaultProxy

@@ -13,8 +13,8 @@ import orjson
 import pytest
 
 from idempotency_middleware import IdempotentConsumer, SQLiteStore, idempotent
-from idempotency_middleware.cache import ENTRY_SECONDS
-from idempotency_middleware.cli import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, main
+from idempotency_middleware.cli.main import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, main
+from idempotency_middleware.engine.cache import ENTRY_SECONDS
 from idempotency_middleware.testing import FakeClock
 
 

@@ -46,9 +46,7 @@ from idempotency_middleware import (
     SQLiteStore,
     idempotent,
 )
-from idempotency_middleware.asgi_messages import Receive, Scope, Send
-from idempotency_middleware.options import DEFAULT_CLOCK_SKEW_SECONDS
-from idempotency_middleware.records import Record, Status, StoredResponse
+from idempotency_middleware.policy.options import DEFAULT_CLOCK_SKEW_SECONDS
 from idempotency_middleware.stores.protocol import (
     Claimed,
     ClaimRequest,
@@ -56,8 +54,10 @@ from idempotency_middleware.stores.protocol import (
     Completion,
     Held,
 )
+from idempotency_middleware.stores.records import Record, Status, StoredResponse
 from idempotency_middleware.testing import FakeClock
-from idempotency_middleware.wsgi_environ import Environ, StartResponse
+from idempotency_middleware.web.asgi_messages import Receive, Scope, Send
+from idempotency_middleware.web.wsgi_environ import Environ, StartResponse
 from tests.apps import POST_SLOW, AppState
 from tests.conftest import REGION, new_table
 from tests.db_stores import open_db_store

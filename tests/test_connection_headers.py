@@ -9,9 +9,9 @@ import httpx
 import pytest
 
 from idempotency_middleware import IdempotencyMiddleware, IdempotencyWSGIMiddleware, MemoryStore
-from idempotency_middleware.asgi import Receive, Scope, Send
-from idempotency_middleware.keys import storage_key
-from idempotency_middleware.wsgi_environ import Environ, StartResponse
+from idempotency_middleware.policy.keys import storage_key
+from idempotency_middleware.web.asgi import Receive, Scope, Send
+from idempotency_middleware.web.wsgi_environ import Environ, StartResponse
 from tests.servers import serve_asgi, serve_wsgi
 
 HEADERS = [

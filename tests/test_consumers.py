@@ -32,7 +32,7 @@ from idempotency_middleware import (
     completion_transaction,
     defer_completion,
 )
-from idempotency_middleware.consumers import message_payload
+from idempotency_middleware.consumers.consumer import message_payload
 from tests.conftest import REGION, new_table
 from tests.faultproxy import FaultProxy
 from tests.function_stores import (

@@ -11,28 +11,27 @@ from idempotency_middleware import (
     HeaderView,
     IdempotencyRule,
     RequestView,
-    core,
-    refusals,
 )
-from idempotency_middleware.entropy import new_owner
-from idempotency_middleware.options import DEFAULT_STORED_STATUSES, Options
-from idempotency_middleware.problems import Problem
-from idempotency_middleware.records import Record, Status, StoredResponse
+from idempotency_middleware.engine import decisions, refusals
+from idempotency_middleware.engine.entropy import new_owner
+from idempotency_middleware.engine.problems import Problem
+from idempotency_middleware.policy.options import DEFAULT_STORED_STATUSES, Options
+from idempotency_middleware.stores.records import Record, Status, StoredResponse
 
 NOW = 1_700_000_000.5
 
 
 def admit(
     options: Options, method: str, path: str, key_lines: list[bytes]
-) -> core.Admitted | Problem | None:
-    """What an adapter does: uncovered requests pass; covered ones go to ``core.admit``."""
+) -> decisions.Admitted | Problem | None:
+    """What an adapter does: uncovered requests pass; covered ones go to ``decisions.admit``."""
     policy = options.policy_for(method, path)
-    return None if policy is None else core.admit(options, policy, path, key_lines)
+    return None if policy is None else decisions.admit(options, policy, path, key_lines)
 
 
-def admitted(options: Options, path: str = "/orders", key: bytes = b"k-1") -> core.Admitted:
+def admitted(options: Options, path: str = "/orders", key: bytes = b"k-1") -> decisions.Admitted:
     answer = admit(options, "POST", path, [key])
-    assert isinstance(answer, core.Admitted)
+    assert isinstance(answer, decisions.Admitted)
     return answer
 
 
@@ -48,8 +47,8 @@ def attempt_for(
     body: bytes = b'{"a": 1}',
     query: bytes = b"",
     headers: tuple[tuple[str, str], ...] = (),
-) -> core.Attempt:
-    return core.begin_attempt(
+) -> decisions.Attempt:
+    return decisions.begin_attempt(
         admitted(options, path, key),
         method="POST",
         path=path,
@@ -104,7 +103,7 @@ def test_invalid_key_on_a_disabled_route_passes_through() -> None:
 def test_valid_key_is_admitted_with_its_policy() -> None:
     options = Options.build(rules=[IdempotencyRule("/orders/{order_id}", ttl_seconds=5)])
     answer = admit(options, "POST", "/orders/9", [b'"k-\\"1"'])
-    assert isinstance(answer, core.Admitted)
+    assert isinstance(answer, decisions.Admitted)
     assert answer.key == 'k-"1'
     assert answer.policy.route == "/orders/{order_id}"
     assert answer.policy.ttl_seconds == 5
@@ -114,22 +113,22 @@ def test_valid_key_is_admitted_with_its_policy() -> None:
 
 
 def test_no_declared_length_is_fine() -> None:
-    assert core.check_declared_length(Options.build(max_body_bytes=10), None) is None
+    assert decisions.check_declared_length(Options.build(max_body_bytes=10), None) is None
 
 
 def test_declared_length_at_the_limit_is_fine() -> None:
-    assert core.check_declared_length(Options.build(max_body_bytes=10), "10") is None
-    assert core.check_declared_length(Options.build(max_body_bytes=10), "0") is None
+    assert decisions.check_declared_length(Options.build(max_body_bytes=10), "10") is None
+    assert decisions.check_declared_length(Options.build(max_body_bytes=10), "0") is None
 
 
 def test_declared_length_over_the_limit_is_413() -> None:
-    answer = core.check_declared_length(Options.build(max_body_bytes=10), "11")
+    answer = decisions.check_declared_length(Options.build(max_body_bytes=10), "11")
     assert isinstance(answer, Problem)
     assert answer.status == 413
 
 
 def test_malformed_declared_length_is_left_to_the_server() -> None:
-    assert core.check_declared_length(Options.build(max_body_bytes=10), "ten") is None
+    assert decisions.check_declared_length(Options.build(max_body_bytes=10), "ten") is None
 
 
 # --- begin_attempt ---------------------------------------------------------------------
@@ -205,7 +204,7 @@ def test_request_view_is_only_built_when_a_scope_needs_it() -> None:
     def no_view(route: str) -> RequestView:
         raise AssertionError("the request view was built without a scope")
 
-    attempt = core.begin_attempt(
+    attempt = decisions.begin_attempt(
         admitted(Options.build()),
         method="POST",
         path="/orders",
@@ -260,21 +259,21 @@ def held(
     ids=["in-progress", "completed"],
 )
 def test_different_fingerprint_is_422(record: Record) -> None:
-    answer = core.answer_held(record, "another-fp")
-    assert isinstance(answer, core.Refusal)
+    answer = decisions.answer_held(record, "another-fp")
+    assert isinstance(answer, decisions.Refusal)
     assert answer.reason == "reused" and answer.status == 422
 
 
 def test_different_fingerprint_on_a_too_large_response_is_422() -> None:
     record = held(Status.COMPLETED, too_large=True, size=10)
-    answer = core.answer_held(record, "another-fp")
-    assert isinstance(answer, core.Refusal)
+    answer = decisions.answer_held(record, "another-fp")
+    assert isinstance(answer, decisions.Refusal)
     assert answer.reason == "reused" and answer.status == 422
 
 
 def test_same_fingerprint_in_progress_is_409_with_retry_after() -> None:
-    answer = core.answer_held(held(Status.IN_PROGRESS), "fp")
-    assert isinstance(answer, core.Refusal)
+    answer = decisions.answer_held(held(Status.IN_PROGRESS), "fp")
+    assert isinstance(answer, decisions.Refusal)
     assert answer.reason == "in_progress" and answer.status == 409
     assert answer.retry_after is not None and answer.retry_after > 0
     problem = refusals.problem_for(answer)
@@ -283,13 +282,13 @@ def test_same_fingerprint_in_progress_is_409_with_retry_after() -> None:
 
 
 def test_same_fingerprint_completed_is_replayed() -> None:
-    assert core.answer_held(held(Status.COMPLETED, response=RESPONSE), "fp") == RESPONSE
+    assert decisions.answer_held(held(Status.COMPLETED, response=RESPONSE), "fp") == RESPONSE
 
 
 def test_completed_without_a_kept_response_is_410() -> None:
     record = held(Status.COMPLETED, too_large=True, size=600_000)
-    answer = core.answer_held(record, "fp")
-    assert isinstance(answer, core.Refusal)
+    answer = decisions.answer_held(record, "fp")
+    assert isinstance(answer, decisions.Refusal)
     assert answer.reason == "not_stored" and answer.size == 600_000
     problem = refusals.problem_for(answer)
     assert problem.status == 410 and problem.retry_after is None
@@ -311,7 +310,7 @@ def test_5xx_responses_are_not_kept(status: int) -> None:
 
 def test_completion_keeps_end_to_end_headers_only() -> None:
     attempt = attempt_for(Options.build(ttl_seconds=100))
-    completion = core.completion_for(
+    completion = decisions.completion_for(
         attempt,
         201,
         [
@@ -343,7 +342,7 @@ def test_attempt_carries_method_policy_and_key_hash() -> None:
 
 def test_streamed_completion_keeps_only_its_size() -> None:
     attempt = attempt_for(Options.build())
-    completion = core.completion_for(
+    completion = decisions.completion_for(
         attempt, 200, [(b"content-type", b"text/event-stream")], b"", NOW, streamed_size=1234
     )
     assert completion.streamed
@@ -356,9 +355,9 @@ def test_claim_is_renewed_several_times_per_lock_timeout() -> None:
 
 
 def test_finish_backoff_is_full_jitter_under_a_doubling_cap() -> None:
-    for attempt_number in range(1, core.FINISH_ATTEMPTS + 1):
+    for attempt_number in range(1, decisions.FINISH_ATTEMPTS + 1):
         cap = 0.05 * 2 ** (attempt_number - 1)
-        delays = [core.finish_delay(attempt_number, random.random()) for _ in range(200)]
+        delays = [decisions.finish_delay(attempt_number, random.random()) for _ in range(200)]
         assert all(0 <= delay <= cap for delay in delays)
         assert len(set(delays)) > 100  # jittered, not a fixed delay
         assert max(delays) > cap / 2
@@ -366,5 +365,5 @@ def test_finish_backoff_is_full_jitter_under_a_doubling_cap() -> None:
 
 def test_finish_backoff_is_short_enough_to_answer_the_client() -> None:
     # The worst case of every retry's cap: the client waits at most this long for its answer.
-    worst = sum(0.05 * 2 ** (number - 1) for number in range(1, core.FINISH_ATTEMPTS))
+    worst = sum(0.05 * 2 ** (number - 1) for number in range(1, decisions.FINISH_ATTEMPTS))
     assert worst < 2.0

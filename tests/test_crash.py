@@ -25,9 +25,9 @@ import httpx
 import orjson
 
 from idempotency_middleware import DynamoDBStore
-from idempotency_middleware.keys import storage_key
-from idempotency_middleware.options import DEFAULT_CLOCK_SKEW_SECONDS
-from idempotency_middleware.records import Status
+from idempotency_middleware.policy.keys import storage_key
+from idempotency_middleware.policy.options import DEFAULT_CLOCK_SKEW_SECONDS
+from idempotency_middleware.stores.records import Status
 from tests.faultproxy import REGION
 from tests.file_clock import FileClock
 from tests.servers import HOST, UVICORN_LISTENING, server_process

@@ -53,15 +53,15 @@ from idempotency_middleware import (
     idempotent,
     scope_by_tenant_header,
 )
-from idempotency_middleware.deferred import parse_token
-from idempotency_middleware.records import (
-    Status,
-    StoredResponse,
-    decode_response_document,
-)
+from idempotency_middleware.handler.deferred import parse_token
 from idempotency_middleware.stores.dynamodb import MAX_ITEM_RESPONSE_BYTES
 from idempotency_middleware.stores.protocol import (
     Claimed,
+)
+from idempotency_middleware.stores.records import (
+    Status,
+    StoredResponse,
+    decode_response_document,
 )
 from idempotency_middleware.testing import FakeClock
 from tests.conftest import REGION

@@ -41,10 +41,10 @@ from idempotency_middleware import (
     IdempotencyWSGIMiddleware,
     defer_completion,
 )
-from idempotency_middleware.deferred import new_token, parse_token
-from idempotency_middleware.entropy import new_owner
-from idempotency_middleware.records import Status, StoredResponse
+from idempotency_middleware.engine.entropy import new_owner
+from idempotency_middleware.handler.deferred import new_token, parse_token
 from idempotency_middleware.stores.protocol import Claimed, ClaimRequest, Completion, Held
+from idempotency_middleware.stores.records import Status, StoredResponse
 from tests.conftest import REGION
 from tests.servers import CLIENT_TIMEOUT_SECONDS, serve_asgi, serve_wsgi
 from tests.step_functions import (

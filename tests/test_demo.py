@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from idempotency_middleware import demo
-from idempotency_middleware.cli import EXIT_CODES_HELP, EXIT_MISCONFIGURED
+from idempotency_middleware.cli.main import EXIT_CODES_HELP, EXIT_MISCONFIGURED
 from idempotency_middleware.demo.runner import CallLog, Walkthrough, print_table
 from tests.servers import serve_wsgi
 
@@ -50,7 +50,7 @@ def test_without_the_demo_extra_the_demo_names_the_extra_to_install() -> None:
     # moto made unimportable, as in an environment without the [demo] extra.
     program = (
         "import sys; sys.modules['moto'] = None; "
-        "from idempotency_middleware.cli import main; sys.exit(main(['demo']))"
+        "from idempotency_middleware.cli.main import main; sys.exit(main(['demo']))"
     )
     result = subprocess.run(
         [sys.executable, "-c", program],

@@ -29,9 +29,9 @@ from idempotency_middleware import (
     IdempotencyMiddleware,
     MemoryStore,
 )
-from idempotency_middleware.asgi import ASGIApp, Message, Receive, Scope, Send
-from idempotency_middleware.keys import storage_key
-from idempotency_middleware.records import Record, Status
+from idempotency_middleware.policy.keys import storage_key
+from idempotency_middleware.stores.records import Record, Status
+from idempotency_middleware.web.asgi import ASGIApp, Message, Receive, Scope, Send
 from tests.faultproxy import (
     CLIENT_TIMEOUT_SECONDS,
     REGION,

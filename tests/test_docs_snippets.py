@@ -41,7 +41,7 @@ import pytest
 import yaml  # type: ignore[import-untyped]  # PyYAML, MkDocs' dependency
 
 from idempotency_middleware import DynamoDBStore
-from idempotency_middleware.cli import build_parser
+from idempotency_middleware.cli.main import build_parser
 from tests.conftest import REGION
 
 ROOT = Path(__file__).resolve().parent.parent

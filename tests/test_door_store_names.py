@@ -22,7 +22,7 @@ from idempotency_middleware import (
     SQLiteStore,
     idempotent,
 )
-from idempotency_middleware.refusals import (
+from idempotency_middleware.engine.refusals import (
     A_SYNC_STORE,
     AN_ASYNC_STORE,
     ASYNC_STORE_NAMES,

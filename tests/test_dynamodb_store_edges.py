@@ -14,7 +14,6 @@ import orjson
 import pytest
 
 from idempotency_middleware import AsyncDynamoDBStore, DynamoDBStore
-from idempotency_middleware.records import StoredResponse
 from idempotency_middleware.stores.dynamodb.errors import held_item
 from idempotency_middleware.stores.protocol import (
     Claimed,
@@ -24,6 +23,7 @@ from idempotency_middleware.stores.protocol import (
     Held,
     StoreUnavailable,
 )
+from idempotency_middleware.stores.records import StoredResponse
 from idempotency_middleware.testing import FakeClock
 from tests.faultproxy import FaultProxy
 from tests.test_store_kit import AnswerRewritingProxy

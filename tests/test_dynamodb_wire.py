@@ -40,7 +40,6 @@ from botocore.exceptions import (
 )
 
 from idempotency_middleware import AsyncDynamoDBStore, DynamoDBStore
-from idempotency_middleware.records import StoredResponse
 from idempotency_middleware.stores import (
     Claimed,
     ClaimRequest,
@@ -60,6 +59,7 @@ from idempotency_middleware.stores.dynamodb.requests import TableLayout
 from idempotency_middleware.stores.dynamodb.wire_async import AsyncWireClient
 from idempotency_middleware.stores.dynamodb.wire_retry import RetryPolicy
 from idempotency_middleware.stores.dynamodb.wire_sync import SyncWireClient
+from idempotency_middleware.stores.records import StoredResponse
 from tests.conftest import REGION
 from tests.faultproxy import REPLICATED_WRITE_CONFLICT, FaultProxy
 from tests.servers import free_port

@@ -32,7 +32,7 @@ from idempotency_middleware import (
     StoredResultUnreadableError,
     idempotent,
 )
-from idempotency_middleware.records import FORMAT_SEALED, SealedResponse
+from idempotency_middleware.stores.records import FORMAT_SEALED, SealedResponse
 from tests.apps import POST_ORDERS
 from tests.conftest import open_harness
 from tests.raw_records import RAW_KINDS, RawStore, open_raw_store, raw_store_of
@@ -375,8 +375,8 @@ def test_with_encryption_a_pickle_serializer_does_not_warn() -> None:
 
 
 def test_show_says_a_record_is_encrypted_or_unreadable_instead_of_printing_bytes() -> None:
-    from idempotency_middleware.cli import record_as_json
-    from idempotency_middleware.records import UnreadableResponse
+    from idempotency_middleware.cli.main import record_as_json
+    from idempotency_middleware.stores.records import UnreadableResponse
 
     store = MemoryStore()
     value = secret()

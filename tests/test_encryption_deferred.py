@@ -22,8 +22,8 @@ from idempotency_middleware import (
     MemoryStore,
     defer_completion,
 )
-from idempotency_middleware.deferred import parse_token
-from idempotency_middleware.records import SealedResponse
+from idempotency_middleware.handler.deferred import parse_token
+from idempotency_middleware.stores.records import SealedResponse
 from tests.raw_records import RAW_KINDS, RawStore, open_raw_store
 from tests.servers import CLIENT_TIMEOUT_SECONDS, serve_wsgi
 from tests.test_encryption import ONLY_NEW, ROTATED, secret

@@ -15,14 +15,7 @@ from typing import Any
 
 import pytest
 
-from idempotency_middleware import core
-from idempotency_middleware.attempt_context import (
-    CURRENT,
-    announce,
-    current_attempt,
-    finish_announced,
-)
-from idempotency_middleware.engine import flow
+from idempotency_middleware.engine import decisions, flow
 from idempotency_middleware.engine.drivers import AsyncDriver, Suspended, SyncDriver
 from idempotency_middleware.engine.effects import (
     AwaitStreamEnd,
@@ -35,8 +28,13 @@ from idempotency_middleware.engine.effects import (
 )
 from idempotency_middleware.engine.renewal import Leases, LoopRenewals, ThreadRenewals
 from idempotency_middleware.events import IdempotencyEvent
-from idempotency_middleware.options import DEFAULT_CLOCK_SKEW_SECONDS, Options
-from idempotency_middleware.records import Record, Status, StoredResponse
+from idempotency_middleware.handler.context import (
+    CURRENT,
+    announce,
+    current_attempt,
+    finish_announced,
+)
+from idempotency_middleware.policy.options import DEFAULT_CLOCK_SKEW_SECONDS, Options
 from idempotency_middleware.stores.memory import MemoryStore
 from idempotency_middleware.stores.protocol import (
     CLAIMED,
@@ -48,6 +46,7 @@ from idempotency_middleware.stores.protocol import (
     awaits_nothing,
     sync_twin,
 )
+from idempotency_middleware.stores.records import Record, Status, StoredResponse
 from idempotency_middleware.testing import FakeClock
 from tests.attempts import BOOKKEEPING, bookkeeping, order_attempt, without_bookkeeping
 
@@ -78,7 +77,7 @@ class Scripted:
         self.effects: list[Effect] = []
         self.attempt = self.new_attempt()
 
-    def new_attempt(self, body: bytes = b'{"a": 1}') -> core.Attempt:
+    def new_attempt(self, body: bytes = b'{"a": 1}') -> decisions.Attempt:
         return order_attempt(self.options, self.clock.now(), body)
 
     def run(self, answer: Answerer) -> flow.Outcome:
@@ -252,11 +251,12 @@ def test_a_completion_that_never_lands_is_tried_while_its_lease_lasts_then_given
     started = script.clock.now()
     script.run(store_down_for(script, None))
     tries = script.kinds().count("Completion")
-    assert tries > core.FINISH_ATTEMPTS
+    assert tries > decisions.FINISH_ATTEMPTS
     # For FINISH_SECONDS (the lease is longer), its tries at most MAX_FINISH_DELAY apart.
     waited = script.clock.now() - started
-    assert core.FINISH_SECONDS <= waited < core.FINISH_SECONDS + core.MAX_FINISH_DELAY
-    assert max(e.seconds for e in script.effects if isinstance(e, Sleep)) <= core.MAX_FINISH_DELAY
+    finish_seconds, max_delay = decisions.FINISH_SECONDS, decisions.MAX_FINISH_DELAY
+    assert finish_seconds <= waited < finish_seconds + max_delay
+    assert max(e.seconds for e in script.effects if isinstance(e, Sleep)) <= max_delay
     assert script.event_kinds() == ["claimed", "store_error"]
     error = script.events[-1]
     assert error.operation == "complete"
@@ -268,7 +268,7 @@ def test_a_completion_retried_on_a_clock_that_stands_still_still_ends() -> None:
     script = Scripted()  # (its sleeps are answered without moving its clock)
     refused = [unavailable() for _ in range(1000)]
     script.run(store_that(ClaimRequest=CLAIMED, Run=CREATED, Completion=refused))
-    assert core.FINISH_ATTEMPTS < script.kinds().count("Completion") < 1000
+    assert decisions.FINISH_ATTEMPTS < script.kinds().count("Completion") < 1000
     assert script.event_kinds() == ["claimed", "store_error"]
 
 
@@ -288,14 +288,14 @@ def test_a_completion_refused_through_a_failover_of_a_few_seconds_lands() -> Non
     outcome = script.run(store_down_for(script, 3.0))
     assert isinstance(outcome, Ran)
     assert script.event_kinds() == ["claimed", "completed"]
-    assert script.kinds().count("Completion") > core.FINISH_ATTEMPTS
+    assert script.kinds().count("Completion") > decisions.FINISH_ATTEMPTS
 
 
 def test_a_completion_is_tried_no_longer_than_a_short_lease() -> None:
     script = Scripted(lock=1.0)
     started = script.clock.now()
     script.run(store_down_for(script, None))
-    assert 1.0 <= script.clock.now() - started < 1.0 + core.MAX_FINISH_DELAY
+    assert 1.0 <= script.clock.now() - started < 1.0 + decisions.MAX_FINISH_DELAY
 
 
 # --- a held key ---
@@ -313,7 +313,7 @@ def test_a_completed_key_with_the_same_fingerprint_is_replayed_without_running()
 def test_a_key_in_progress_answers_409() -> None:
     script = Scripted()
     outcome = script.run(store_that(ClaimRequest=Held(script.record(Status.IN_PROGRESS))))
-    assert isinstance(outcome, core.Refusal) and outcome.status == 409
+    assert isinstance(outcome, decisions.Refusal) and outcome.status == 409
     assert script.event_kinds() == ["conflict"]
 
 
@@ -321,7 +321,7 @@ def test_a_key_reused_with_another_request_answers_422() -> None:
     script = Scripted()
     record = script.record(Status.COMPLETED, fingerprint="another request")
     outcome = script.run(store_that(ClaimRequest=Held(record)))
-    assert isinstance(outcome, core.Refusal) and outcome.status == 422
+    assert isinstance(outcome, decisions.Refusal) and outcome.status == 422
     assert script.event_kinds() == ["mismatch"]
 
 
@@ -382,7 +382,7 @@ def test_a_cached_record_past_its_ttl_is_not_served() -> None:
 def test_a_failed_claim_answers_503_and_releases_the_lost_claim_in_the_background() -> None:
     script = Scripted()
     outcome = script.run(store_that(ClaimRequest=unavailable()))
-    assert isinstance(outcome, core.Refusal) and outcome.status == 503
+    assert isinstance(outcome, decisions.Refusal) and outcome.status == 503
     assert script.kinds() == ["ClaimRequest", "Spawn"]
     assert script.event_kinds() == ["store_error"]
     assert script.events[0].operation == "claim"
@@ -408,13 +408,13 @@ def test_the_lost_claim_release_retries_on_its_schedule_and_stops_once_it_finds_
     script.step(background, store_that(Release=[unavailable(), False, True]))
     assert script.kinds() == ["Sleep", "Release", "Sleep", "Release", "Sleep", "Release"]
     sleeps = [effect.seconds for effect in script.effects if isinstance(effect, Sleep)]
-    assert sleeps == list(core.LOST_CLAIM_RELEASE_DELAYS[:3])
+    assert sleeps == list(decisions.LOST_CLAIM_RELEASE_DELAYS[:3])
 
 
 def test_the_lost_claim_release_gives_up_after_its_last_delay() -> None:
     script = Scripted()
     script.step(flow.release_lost_claim(script.attempt), store_that(Release=False))
-    assert script.kinds().count("Release") == len(core.LOST_CLAIM_RELEASE_DELAYS)
+    assert script.kinds().count("Release") == len(decisions.LOST_CLAIM_RELEASE_DELAYS)
 
 
 # --- a slow claim: the lease counts from before the claim was sent ---
@@ -451,7 +451,7 @@ def test_a_claim_taken_over_while_it_was_in_flight_does_not_run() -> None:
         return slow_claim(script, LOCK)(effect)
 
     outcome = script.run(answer)
-    assert isinstance(outcome, core.Refusal) and outcome.status == 409
+    assert isinstance(outcome, decisions.Refusal) and outcome.status == 409
     assert "Run" not in script.kinds()
     assert script.event_kinds() == ["claimed", "lost"]
 
@@ -465,7 +465,7 @@ def test_a_nearly_spent_claim_whose_renewal_fails_is_released_and_answers_503() 
         return slow_claim(script, LOCK - 1)(effect)
 
     outcome = script.run(answer)
-    assert isinstance(outcome, core.Refusal) and outcome.status == 503
+    assert isinstance(outcome, decisions.Refusal) and outcome.status == 503
     assert script.kinds() == ["ClaimRequest", "Renew", "Release"]
 
 
@@ -753,7 +753,7 @@ async def test_the_async_driver_releases_a_lost_claim_in_a_background_task() -> 
         store, script.clock, LoopRenewals(store, script.context.reporter, script.clock)
     )
     outcome = await driver.drive(flow.attempt(script.context, script.attempt))
-    assert isinstance(outcome, core.Refusal) and outcome.status == 503
+    assert isinstance(outcome, decisions.Refusal) and outcome.status == 503
     assert store.get(script.attempt.claim.key_hash) is not None  # it landed
     for _ in range(10):  # the background task runs on this loop; the fake clock never waits
         await asyncio.sleep(0)

@@ -26,9 +26,9 @@ import httpx
 import pytest
 
 from idempotency_middleware import AsyncDynamoDBStore, IdempotencyMiddleware
-from idempotency_middleware.records import StoredResponse
 from idempotency_middleware.stores.kit import finish_without_loop as _finish_without_loop
 from idempotency_middleware.stores.protocol import Claimed, ClaimRequest, Completion
+from idempotency_middleware.stores.records import StoredResponse
 from tests.faultproxy import Workload
 from tests.servers import serve_asgi
 

@@ -35,7 +35,7 @@ from idempotency_middleware.fastapi import (
     IdempotencyNotCoveredError,
     route_rules,
 )
-from idempotency_middleware.options import Policy
+from idempotency_middleware.policy.options import Policy
 from idempotency_middleware.testing import FakeClock
 from tests.servers import CLIENT_TIMEOUT_SECONDS, serve_asgi
 

@@ -42,7 +42,7 @@ from idempotency_middleware.faststream import (
     header_or_message_id,
     subscriber_name,
 )
-from idempotency_middleware.function_attempts import function_key_hash
+from idempotency_middleware.functions.attempts import function_key_hash
 from tests.broker_servers import nats_url, rabbitmq_url
 from tests.raw_records import RawStore
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from idempotency_middleware import fingerprint
-from idempotency_middleware.fingerprint import canonical_query, fingerprint_request
+from idempotency_middleware.policy import fingerprint
+from idempotency_middleware.policy.fingerprint import canonical_query, fingerprint_request
 
 PURE = settings(max_examples=200, deadline=None)
 

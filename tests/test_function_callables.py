@@ -20,11 +20,11 @@ from idempotency_middleware import (
     StoreUnavailableError,
     idempotent,
 )
-from idempotency_middleware.core import Attempt
+from idempotency_middleware.engine.decisions import Attempt
 from idempotency_middleware.engine.effects import Run
 from idempotency_middleware.engine.renewal import LoopRenewals
 from idempotency_middleware.events import Reporter
-from idempotency_middleware.options import Options
+from idempotency_middleware.policy.options import Options
 from idempotency_middleware.stores.protocol import ClaimRequest, ClaimResult, Completion
 from idempotency_middleware.testing import FakeClock
 

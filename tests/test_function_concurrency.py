@@ -47,7 +47,7 @@ from idempotency_middleware import (
     idempotent,
 )
 from idempotency_middleware.clock import SYSTEM_CLOCK, Clock
-from idempotency_middleware.records import Record, Status
+from idempotency_middleware.stores.records import Record, Status
 from idempotency_middleware.testing import FakeClock
 from tests.conftest import REGION
 from tests.function_worker import (

@@ -223,7 +223,7 @@ def test_a_duplicate_arriving_while_the_first_still_runs_is_redelivered_later(
         # so it leaves the message for SQS to redeliver, and records nothing.
         duplicate = send(sqs, queue_url, "pay 40 to dave", key="payment-4")
         second = SpySQS(sqs)
-        with caplog.at_level(logging.WARNING, logger="idempotency_middleware.consumers"):
+        with caplog.at_level(logging.WARNING, logger="idempotency_middleware.consumers.consumer"):
             consume(queue_url, second, store, ledger, wait_time_seconds=0, stop_when_empty=True)
         assert list(second.deliveries) == [duplicate]
         assert second.deleted == set()

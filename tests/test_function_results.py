@@ -34,7 +34,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from idempotency_middleware import KeyReusedError, MemoryStore, idempotent
-from idempotency_middleware.payloads import canonical_json
+from idempotency_middleware.functions.payloads import canonical_json
 from idempotency_middleware.testing import FakeClock
 from tests.function_stores import (
     Events,

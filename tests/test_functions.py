@@ -37,12 +37,12 @@ from idempotency_middleware import (
     StoreUnavailableError,
     idempotent,
 )
-from idempotency_middleware.asgi_messages import Receive, Scope, Send
-from idempotency_middleware.core import LOST_CLAIM_RELEASE_DELAYS
-from idempotency_middleware.functions import CALL_METHOD
-from idempotency_middleware.records import Status
+from idempotency_middleware.engine.decisions import LOST_CLAIM_RELEASE_DELAYS
+from idempotency_middleware.functions.idempotent import CALL_METHOD
+from idempotency_middleware.stores.records import Status
 from idempotency_middleware.testing import FakeClock
-from idempotency_middleware.wsgi_environ import Environ, StartResponse
+from idempotency_middleware.web.asgi_messages import Receive, Scope, Send
+from idempotency_middleware.web.wsgi_environ import Environ, StartResponse
 from tests.conftest import REGION
 from tests.faultproxy import FaultProxy
 from tests.function_stores import (

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from idempotency_middleware.keys import (
+from idempotency_middleware.policy.keys import (
     MAX_KEY_LENGTH,
     QUOTE_IT,
     InvalidKey,

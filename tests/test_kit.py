@@ -17,10 +17,10 @@ import pytest
 
 from examples.kv_store import KeyValueOps, KeyValueStore
 from idempotency_middleware.errors import IdempotencyError, TransactionConflictError
-from idempotency_middleware.records import StoredResponse
 from idempotency_middleware.stores import CLAIMED, ClaimRequest
 from idempotency_middleware.stores.kit import Flow, KitStore, LoopLocal, adrive, drive
 from idempotency_middleware.stores.protocol import StoreUnavailable, new_token
+from idempotency_middleware.stores.records import StoredResponse
 from idempotency_middleware.testing import FakeClock
 
 NOW = 1_800_000_000.0

@@ -25,8 +25,8 @@ from idempotency_middleware import (
     IdempotencyMiddleware,
     MemoryStore,
 )
-from idempotency_middleware.keys import storage_key
-from idempotency_middleware.records import Status
+from idempotency_middleware.policy.keys import storage_key
+from idempotency_middleware.stores.records import Status
 from idempotency_middleware.testing import FakeClock
 from tests.faultproxy import (
     CLIENT_TIMEOUT_SECONDS,

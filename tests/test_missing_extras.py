@@ -129,7 +129,7 @@ def test_the_cli_without_boto3_says_what_to_install_and_exits_4(command: str) ->
     result = run_python(
         f"""
         import sys
-        from idempotency_middleware.cli import main
+        from idempotency_middleware.cli.main import main
         sys.exit(main({[command, *arguments]!r}))
         """,
         refused=("boto3", "botocore"),

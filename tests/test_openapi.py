@@ -16,12 +16,12 @@ from hypothesis import strategies as st
 
 from idempotency_middleware import IdempotencyMiddleware, IdempotencyRule, MemoryStore
 from idempotency_middleware.fastapi import (
-    KEY_PATTERN,
     PROBLEM_SCHEMA_NAME,
     IdempotencyKey,
     document_idempotency,
 )
-from idempotency_middleware.keys import InvalidKey, parse_idempotency_key
+from idempotency_middleware.policy.keys import InvalidKey, parse_idempotency_key
+from idempotency_middleware.web.fastapi import KEY_PATTERN
 from tests.servers import CLIENT_TIMEOUT_SECONDS, serve_asgi
 
 PROBLEM_REF = {"$ref": f"#/components/schemas/{PROBLEM_SCHEMA_NAME}"}

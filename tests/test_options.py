@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from idempotency_middleware import IdempotencyRule, RequestView
-from idempotency_middleware.options import (
+from idempotency_middleware.policy.options import (
     DEFAULT_LOCK_TIMEOUT_SECONDS,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_TTL_SECONDS,
@@ -294,7 +294,7 @@ def test_catch_all_last_is_fine() -> None:
 def test_the_middlewares_typed_options_are_exactly_what_options_build_takes() -> None:
     import inspect
 
-    from idempotency_middleware.options import MiddlewareOptions
+    from idempotency_middleware.policy.options import MiddlewareOptions
 
     build = inspect.signature(Options.build).parameters
     assert set(MiddlewareOptions.__annotations__) == set(build)
@@ -492,6 +492,6 @@ def test_policy_for_template() -> None:
     ],
 )
 def test_template_matches(rule: str, template: str, matches: bool) -> None:
-    from idempotency_middleware.options import template_matches
+    from idempotency_middleware.policy.options import template_matches
 
     assert template_matches(IdempotencyRule(rule), template) is matches

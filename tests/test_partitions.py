@@ -33,9 +33,9 @@ from typing import Any
 import pytest
 
 from idempotency_middleware import DynamoDBStore, StoreUnavailableError, idempotent
-from idempotency_middleware.function_attempts import function_key_hash
-from idempotency_middleware.options import DEFAULT_CLOCK_SKEW_SECONDS
-from idempotency_middleware.records import COMPLETED, IN_PROGRESS, Record
+from idempotency_middleware.functions.attempts import function_key_hash
+from idempotency_middleware.policy.options import DEFAULT_CLOCK_SKEW_SECONDS
+from idempotency_middleware.stores.records import COMPLETED, IN_PROGRESS, Record
 from tests.conftest import REGION
 from tests.db_stores import location, new_store
 from tests.function_worker import read_lines

@@ -22,7 +22,6 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from idempotency_middleware.records import Status, StoredResponse
 from idempotency_middleware.stores.postgres import PostgresStore
 from idempotency_middleware.stores.protocol import (
     CLAIMED,
@@ -32,6 +31,7 @@ from idempotency_middleware.stores.protocol import (
     Held,
     StoreUnavailable,
 )
+from idempotency_middleware.stores.records import Status, StoredResponse
 from idempotency_middleware.testing import FakeClock
 from tests.servers import free_port
 

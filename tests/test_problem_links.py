@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from idempotency_middleware.problems import PROBLEM_TYPE_BASE
+from idempotency_middleware.engine.problems import PROBLEM_TYPE_BASE
 from tests.apps import POST_SLOW
 from tests.servers import DYNAMODB_COMBOS, Combo, Harness
 

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from idempotency_middleware import core, problems, refusals
-from idempotency_middleware.keys import InvalidKey, parse_idempotency_key
-from idempotency_middleware.options import Options
-from idempotency_middleware.problems import PROBLEM_TYPE_BASE, Problem
+from idempotency_middleware.engine import decisions, problems, refusals
+from idempotency_middleware.engine.problems import PROBLEM_TYPE_BASE, Problem
+from idempotency_middleware.policy.keys import InvalidKey, parse_idempotency_key
+from idempotency_middleware.policy.options import Options
 
 PURE = settings(max_examples=200, deadline=None)
 
@@ -24,10 +24,14 @@ ALL_PROBLEMS: list[tuple[Problem, int, int | None]] = [
     (problems.fingerprint_mismatch(), 422, None),
     (problems.response_not_stored(600_000), 410, None),
     (problems.store_unavailable(2), 503, 2),
-    (refusals.problem_for(core.STORE_UNAVAILABLE), 503, core.STORE_UNAVAILABLE_RETRY_AFTER),
-    (refusals.problem_for(core.KEY_IN_PROGRESS), 409, core.IN_PROGRESS_RETRY_AFTER),
-    (refusals.problem_for(core.KEY_REUSED), 422, None),
-    (refusals.problem_for(core.Refusal("not_stored", size=5)), 410, None),
+    (
+        refusals.problem_for(decisions.STORE_UNAVAILABLE),
+        503,
+        decisions.STORE_UNAVAILABLE_RETRY_AFTER,
+    ),
+    (refusals.problem_for(decisions.KEY_IN_PROGRESS), 409, decisions.IN_PROGRESS_RETRY_AFTER),
+    (refusals.problem_for(decisions.KEY_REUSED), 422, None),
+    (refusals.problem_for(decisions.Refusal("not_stored", size=5)), 410, None),
 ]
 
 
@@ -101,7 +105,7 @@ def test_invalid_key_problem_does_not_echo_the_key(values: list[bytes]) -> None:
     options = Options.build()
     policy = options.policy_for("POST", "/orders")
     assert policy is not None
-    answer = core.admit(options, policy, "/orders", values)
+    answer = decisions.admit(options, policy, "/orders", values)
     assert isinstance(answer, Problem)
     assert answer.status == 400
     body = answer.body()

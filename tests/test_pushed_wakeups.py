@@ -24,7 +24,8 @@ import pytest
 import redis
 import redis.cluster
 
-from idempotency_middleware import PostgresStore, RedisStore, core, idempotent
+from idempotency_middleware import PostgresStore, RedisStore, idempotent
+from idempotency_middleware.engine import decisions
 from idempotency_middleware.engine.drivers import _pushed_wait
 from idempotency_middleware.engine.effects import Wait
 from idempotency_middleware.stores.protocol import ClaimRequest, ClaimResult
@@ -123,8 +124,8 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
 @pytest.fixture
 def slow_polls(monkeypatch: pytest.MonkeyPatch) -> None:
     """Polls 5 to 10 s apart: only the store's news can answer a waiter sooner."""
-    monkeypatch.setattr(core, "MIN_POLL_INTERVAL", 5.0)
-    monkeypatch.setattr(core, "MAX_POLL_INTERVAL", 10.0)
+    monkeypatch.setattr(decisions, "MIN_POLL_INTERVAL", 5.0)
+    monkeypatch.setattr(decisions, "MAX_POLL_INTERVAL", 10.0)
 
 
 def subscribed(backend: Backend) -> None:
@@ -236,8 +237,8 @@ def test_a_lost_channel_falls_back_to_polling_and_is_listened_to_again(
         assert duplicate.result(5) == "k-1"  # by a poll, or by the channel back up
     until(lambda: store.wakeups.subscribed and backend.listeners() == 1)
     # Listened to again: the next waiter is pushed (its polls now far apart).
-    monkeypatch.setattr(core, "MIN_POLL_INTERVAL", 5.0)
-    monkeypatch.setattr(core, "MAX_POLL_INTERVAL", 10.0)
+    monkeypatch.setattr(decisions, "MIN_POLL_INTERVAL", 5.0)
+    monkeypatch.setattr(decisions, "MAX_POLL_INTERVAL", 10.0)
     gate2 = Gate()
     charge2 = idempotent(store=store, key="key", wait_seconds=30, name="charge")(
         lambda key: gate2.run(key)

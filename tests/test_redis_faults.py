@@ -16,7 +16,6 @@ import pytest
 import redis
 
 from idempotency_middleware import RedisStore
-from idempotency_middleware.records import StoredResponse
 from idempotency_middleware.stores import (
     CLAIMED,
     ClaimRequest,
@@ -24,6 +23,7 @@ from idempotency_middleware.stores import (
     Held,
     StoreUnavailable,
 )
+from idempotency_middleware.stores.records import StoredResponse
 from idempotency_middleware.stores.redis.errors import classify, describe, translate
 from idempotency_middleware.testing import FakeClock
 from tests.redis_helpers import PrivateRedis, private_redis

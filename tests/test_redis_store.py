@@ -26,8 +26,7 @@ import redis.asyncio.cluster
 import redis.cluster
 
 from idempotency_middleware import RedisStore
-from idempotency_middleware.deferred import new_token
-from idempotency_middleware.records import StoredResponse, encode_response
+from idempotency_middleware.handler.deferred import new_token
 from idempotency_middleware.stores import (
     CLAIMED,
     TAKEN_OVER,
@@ -36,6 +35,7 @@ from idempotency_middleware.stores import (
     Held,
     StoreUnavailable,
 )
+from idempotency_middleware.stores.records import StoredResponse, encode_response
 from idempotency_middleware.stores.redis import ops
 from tests.redis_helpers import CommandLog, PrivateRedis, single_node_cluster
 from tests.test_missing_extras import run_python

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from idempotency_middleware.cache import ENTRY_SECONDS, ReplayCache
-from idempotency_middleware.records import Record, Status, StoredResponse
+from idempotency_middleware.engine.cache import ENTRY_SECONDS, ReplayCache
+from idempotency_middleware.stores.records import Record, Status, StoredResponse
 
 NOW = 1_000_000.0
 

@@ -31,8 +31,8 @@ from idempotency_middleware import (
     SQLiteStore,
     SQSWorker,
     idempotent,
-    sqs_worker,
 )
+from idempotency_middleware.consumers import sqs_worker
 from idempotency_middleware.stores.protocol import StoreUnavailable
 from tests.conftest import REGION
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from idempotency_middleware import IdempotencyRule
-from idempotency_middleware.rules import compile_template
+from idempotency_middleware.policy.rules import compile_template
 
 # --- matching ---------------------------------------------------------------------------
 

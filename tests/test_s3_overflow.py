@@ -10,8 +10,8 @@ import uuid
 import boto3
 
 from idempotency_middleware import AsyncDynamoDBStore, DynamoDBStore
-from idempotency_middleware.records import StoredResponse
 from idempotency_middleware.stores.protocol import Claimed, ClaimRequest, Completion, Held
+from idempotency_middleware.stores.records import StoredResponse
 
 from .conftest import REGION
 

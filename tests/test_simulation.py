@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from idempotency_middleware.records import COMPLETED
+from idempotency_middleware.stores.records import COMPLETED
 from tests import simulation
 from tests.simulation import AttemptSpec, Report, Scenario, explore, sample
 

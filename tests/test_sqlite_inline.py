@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from idempotency_middleware.breaker import CircuitBreaker
 from idempotency_middleware.clock import SYSTEM_CLOCK
-from idempotency_middleware.records import Status, StoredResponse
+from idempotency_middleware.stores.breaker import CircuitBreaker
 from idempotency_middleware.stores.kit import Flow
 from idempotency_middleware.stores.protocol import Claimed, Held, StoreUnavailable
+from idempotency_middleware.stores.records import Status, StoredResponse
 from idempotency_middleware.stores.sqlite import SQLiteStore
 from idempotency_middleware.stores.sqlite import transport as transport_module
 from idempotency_middleware.stores.sqlite.ops import INLINE_MAX_BODY_BYTES, PURGE, Statement

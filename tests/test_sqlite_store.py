@@ -20,7 +20,6 @@ import httpx
 import pytest
 
 from idempotency_middleware import IdempotencyWSGIMiddleware
-from idempotency_middleware.records import Status, StoredResponse
 from idempotency_middleware.stores.kit import Flow
 from idempotency_middleware.stores.protocol import (
     Claimed,
@@ -29,9 +28,10 @@ from idempotency_middleware.stores.protocol import (
     Held,
     StoreUnavailable,
 )
+from idempotency_middleware.stores.records import Status, StoredResponse
 from idempotency_middleware.stores.sqlite import SQLiteStore
 from idempotency_middleware.testing import FakeClock
-from idempotency_middleware.wsgi import Environ, StartResponse, WSGIApp
+from idempotency_middleware.web.wsgi import Environ, StartResponse, WSGIApp
 from tests.servers import HOST, free_port, serve_wsgi
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

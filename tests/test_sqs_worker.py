@@ -26,7 +26,7 @@ from idempotency_middleware import (
     SQSWorker,
     StoreUnavailableError,
 )
-from idempotency_middleware.sqs_worker import max_receive_count
+from idempotency_middleware.consumers.sqs_worker import max_receive_count
 from tests.conftest import REGION
 from tests.test_missing_extras import run_python
 
@@ -300,7 +300,7 @@ def test_a_message_sqs_refuses_to_delete_is_logged_and_the_rest_deleted(
             message["ReceiptHandle"] = "not-a-receipt-handle"  # SQS will refuse this entry
         return "done"
 
-    with caplog.at_level(logging.WARNING, logger="idempotency_middleware.sqs_worker"):
+    with caplog.at_level(logging.WARNING, logger="idempotency_middleware.consumers.sqs_worker"):
         outcomes = worker_for(consumer_of(handle), sqs, queue_url).run_once()
 
     assert [outcome.action for outcome in outcomes] == ["ack", "ack"]
@@ -363,7 +363,8 @@ def worker_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         record.getMessage()
         for record in caplog.records
-        if record.name == "idempotency_middleware.sqs_worker" and record.levelno == logging.WARNING
+        if record.name == "idempotency_middleware.consumers.sqs_worker"
+        and record.levelno == logging.WARNING
     ]
 
 
@@ -374,7 +375,7 @@ def test_options_that_do_not_fit_the_queue_are_warned_about_once_at_start(
     consumer = consumer_of(Handler(), ttl_seconds=600, lock_timeout_seconds=60, max_attempts=8)
     worker = worker_for(consumer, sqs, queue_url)
 
-    with caplog.at_level(logging.WARNING, logger="idempotency_middleware.sqs_worker"):
+    with caplog.at_level(logging.WARNING, logger="idempotency_middleware.consumers.sqs_worker"):
         worker.run_once()
         send(sqs, queue_url, "order-1")
         worker.run_once()
@@ -396,7 +397,7 @@ def test_options_that_fit_the_queue_are_not_warned_about(
     queue_url = queue_with_redrive(sqs, visibility_timeout=30, max_receive_count=5)
     consumer = consumer_of(Handler(), ttl_seconds=3750, lock_timeout_seconds=29, max_attempts=5)
 
-    with caplog.at_level(logging.WARNING, logger="idempotency_middleware.sqs_worker"):
+    with caplog.at_level(logging.WARNING, logger="idempotency_middleware.consumers.sqs_worker"):
         send(sqs, queue_url, "order-1")
         [outcome] = worker_for(consumer, sqs, queue_url).run_once()
 
@@ -411,7 +412,7 @@ def test_the_workers_own_visibility_timeout_is_the_one_checked(
     queue_url = queue_with_redrive(sqs, visibility_timeout=30, max_receive_count=5)
     consumer = consumer_of(Handler(), ttl_seconds=600, lock_timeout_seconds=60)
 
-    with caplog.at_level(logging.WARNING, logger="idempotency_middleware.sqs_worker"):
+    with caplog.at_level(logging.WARNING, logger="idempotency_middleware.consumers.sqs_worker"):
         worker_for(consumer, sqs, queue_url, visibility_timeout=120).run_once()
 
     [ttl] = worker_warnings(caplog)
@@ -425,7 +426,7 @@ def test_without_a_redrive_policy_only_the_lock_timeout_is_checked(
     queue_url = new_queue(sqs, visibility_timeout=30)
     consumer = consumer_of(Handler(), ttl_seconds=60, lock_timeout_seconds=45, max_attempts=50)
 
-    with caplog.at_level(logging.WARNING, logger="idempotency_middleware.sqs_worker"):
+    with caplog.at_level(logging.WARNING, logger="idempotency_middleware.consumers.sqs_worker"):
         worker_for(consumer, sqs, queue_url).run_once()
 
     [lock] = worker_warnings(caplog)

@@ -29,9 +29,9 @@ from idempotency_middleware import (
     StoreUnavailableError,
     idempotent,
 )
-from idempotency_middleware.asgi import Message
 from idempotency_middleware.fastapi import IdempotencyKey
 from idempotency_middleware.stores import ThreadedStore
+from idempotency_middleware.web.asgi import Message
 from tests.conftest import REGION, new_table
 from tests.db_stores import location, unreachable_store
 from tests.servers import free_port
@@ -393,7 +393,7 @@ def test_document_idempotency_names_a_misspelled_middleware_option() -> None:
 def test_django_setting_names_a_misspelled_option() -> None:
     from django.test import override_settings
 
-    from idempotency_middleware.django import configuration
+    from idempotency_middleware.web.django import configuration
     from tests import django_project  # noqa: F401  # configures Django's settings once
 
     with (
@@ -407,7 +407,7 @@ def test_django_setting_names_a_misspelled_option() -> None:
 def test_django_check_store_fails_the_middlewares_construction(moto_endpoint: str) -> None:
     from django.test import override_settings
 
-    from idempotency_middleware.django import configuration
+    from idempotency_middleware.web.django import configuration
     from tests import django_project  # noqa: F401
 
     with (

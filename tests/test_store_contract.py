@@ -37,9 +37,8 @@ import pytest
 
 from examples.kv_store import KeyValueStore
 from idempotency_middleware import AsyncDynamoDBStore, DynamoDBStore, MemoryStore, SQLiteStore
-from idempotency_middleware.deferred import new_token, parse_token
-from idempotency_middleware.entropy import new_owner
-from idempotency_middleware.records import Record, Status, StoredResponse
+from idempotency_middleware.engine.entropy import new_owner
+from idempotency_middleware.handler.deferred import new_token, parse_token
 from idempotency_middleware.stores import (
     AsyncOperations,
     AsyncStore,
@@ -57,6 +56,7 @@ from idempotency_middleware.stores.dynamodb.requests import (
     MAX_ITEM_RESPONSE_BYTES,
 )
 from idempotency_middleware.stores.protocol import AsyncDeferrals, SyncDeferrals
+from idempotency_middleware.stores.records import Record, Status, StoredResponse
 from idempotency_middleware.testing import FakeClock
 from tests.conftest import REGION
 from tests.core_only import require_module

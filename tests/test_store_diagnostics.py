@@ -33,12 +33,11 @@ from idempotency_middleware import (
     IdempotencyEvent,
     SQLiteStore,
     StoreUnavailableError,
-    core,
     idempotent,
-    refusals,
 )
+from idempotency_middleware.engine import decisions, refusals
 from idempotency_middleware.errors import CAUSES
-from idempotency_middleware.keys import storage_key
+from idempotency_middleware.policy.keys import storage_key
 from idempotency_middleware.stores.dynamodb import errors as ddb
 from idempotency_middleware.stores.sqlite.errors import unavailable as sqlite_unavailable
 from tests.diag_aws import RejectingEndpoint, aws_environment, use_environment
@@ -48,7 +47,7 @@ from tests.servers import HOST, free_port
 from .conftest import REGION
 
 # The one 503 body every store failure gets, whatever its cause.
-GENERIC_503 = refusals.problem_for(core.STORE_UNAVAILABLE).body()
+GENERIC_503 = refusals.problem_for(decisions.STORE_UNAVAILABLE).body()
 ONE_FAST_ATTEMPT: dict[str, Any] = {"max_attempts": 1, "connect_timeout": 1, "read_timeout": 1}
 
 

@@ -34,11 +34,11 @@ import orjson
 import pytest
 
 from idempotency_middleware import AsyncDynamoDBStore, DynamoDBStore
-from idempotency_middleware.core import FINISH_ATTEMPTS
-from idempotency_middleware.keys import storage_key
-from idempotency_middleware.options import DEFAULT_CLOCK_SKEW_SECONDS
-from idempotency_middleware.records import Status
+from idempotency_middleware.engine.decisions import FINISH_ATTEMPTS
+from idempotency_middleware.policy.keys import storage_key
+from idempotency_middleware.policy.options import DEFAULT_CLOCK_SKEW_SECONDS
 from idempotency_middleware.stores.protocol import ClaimRequest, StoreUnavailable
+from idempotency_middleware.stores.records import Status
 from idempotency_middleware.testing import FakeClock
 from tests.conftest import new_table
 from tests.faultproxy import (

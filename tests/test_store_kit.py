@@ -26,7 +26,6 @@ import orjson
 import pytest
 
 from idempotency_middleware import AsyncDynamoDBStore, DynamoDBStore, MemoryStore, SQLiteStore
-from idempotency_middleware.records import Record, Status, StoredResponse
 from idempotency_middleware.stores import (
     CLAIMED,
     SYSTEM_CLOCK,
@@ -40,6 +39,7 @@ from idempotency_middleware.stores import (
     StoreUnavailable,
     ThreadedStore,
 )
+from idempotency_middleware.stores.records import Record, Status, StoredResponse
 from idempotency_middleware.testing import FakeClock
 from tests.servers import HOST, BackgroundHTTPServer
 

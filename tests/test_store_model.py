@@ -24,17 +24,17 @@ from typing import Any
 import pytest
 
 from idempotency_middleware import AsyncDynamoDBStore, DynamoDBStore, MemoryStore, SQLiteStore
-from idempotency_middleware.records import Status, StoredResponse
-from idempotency_middleware.store_model import (
+from idempotency_middleware.stores import CLAIMED, TAKEN_OVER, ClaimRequest, Completion, Held
+from idempotency_middleware.stores.dynamodb.requests import MAX_ITEM_RESPONSE_BYTES
+from idempotency_middleware.stores.model import (
     Disagreement,
     Flavour,
     StoreModel,
     check_store_against_model,
     claim_differences,
 )
-from idempotency_middleware.stores import CLAIMED, TAKEN_OVER, ClaimRequest, Completion, Held
-from idempotency_middleware.stores.dynamodb.requests import MAX_ITEM_RESPONSE_BYTES
 from idempotency_middleware.stores.protocol import new_token, parse_token
+from idempotency_middleware.stores.records import Status, StoredResponse
 from idempotency_middleware.testing import FakeClock
 from tests.conftest import REGION
 from tests.db_stores import location, new_store

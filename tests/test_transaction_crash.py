@@ -39,7 +39,7 @@ import orjson
 import pytest
 
 from idempotency_middleware import DynamoDBStore
-from idempotency_middleware.records import Record, Status
+from idempotency_middleware.stores.records import Record, Status
 from tests.faultproxy import REGION, FaultProxy
 from tests.file_clock import FileClock
 from tests.servers import HOST, UVICORN_LISTENING, WAITRESS_LISTENING, server_process

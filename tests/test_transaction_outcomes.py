@@ -14,9 +14,8 @@ from idempotency_middleware import (
     StoreUnavailableError,
     TransactionConflictError,
     TransactionRejectedError,
-    core,
-    refusals,
 )
+from idempotency_middleware.engine import decisions, refusals
 from idempotency_middleware.stores.dynamodb.requests import (
     commit_outcome,
     commit_token,
@@ -87,14 +86,14 @@ def test_a_transactions_size_counts_names_and_values_of_every_kind() -> None:
 def test_a_refused_transaction_is_answered_500_with_its_own_slug() -> None:
     too_large = TransactionRejectedError("over 4 MB", reason="too_large")
     invalid = TransactionRejectedError("bad", reason="ValidationException")
-    large = refusals.problem_for(core.Refusal("transaction_rejected", error=too_large))
-    rejected = refusals.problem_for(core.Refusal("transaction_rejected", error=invalid))
+    large = refusals.problem_for(decisions.Refusal("transaction_rejected", error=too_large))
+    rejected = refusals.problem_for(decisions.Refusal("transaction_rejected", error=invalid))
     assert (large.status, large.slug) == (500, "transaction-too-large")
     assert (rejected.status, rejected.slug) == (500, "transaction-rejected")
 
 
 def test_an_unconfirmed_commit_is_a_503_saying_it_landed_whole_or_not_at_all() -> None:
-    problem = refusals.problem_for(core.COMMIT_UNAVAILABLE)
+    problem = refusals.problem_for(decisions.COMMIT_UNAVAILABLE)
     document = orjson.loads(problem.body())
     assert (problem.status, problem.retry_after) == (503, 1)
     assert "whole or not at all" in document["detail"]
@@ -102,7 +101,7 @@ def test_an_unconfirmed_commit_is_a_503_saying_it_landed_whole_or_not_at_all() -
 
 def test_a_conflict_problem_carries_position_and_reason_after_the_standard_members() -> None:
     conflict = TransactionConflictError("x", position=3, reason="ConditionalCheckFailed")
-    problem = refusals.problem_for(core.Refusal("transaction_conflict", error=conflict))
+    problem = refusals.problem_for(decisions.Refusal("transaction_conflict", error=conflict))
     document = orjson.loads(problem.body())
     assert list(document) == ["type", "title", "status", "detail", "position", "reason"]
     assert (document["position"], document["reason"]) == (3, "ConditionalCheckFailed")

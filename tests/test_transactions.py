@@ -46,13 +46,13 @@ from idempotency_middleware import (
     defer_completion,
     idempotent,
 )
-from idempotency_middleware.attempt_context import CURRENT, CurrentAttempt
-from idempotency_middleware.core import FINISH_ATTEMPTS
-from idempotency_middleware.keys import storage_key
-from idempotency_middleware.records import Status
+from idempotency_middleware.engine.decisions import FINISH_ATTEMPTS
+from idempotency_middleware.handler.context import CURRENT, CurrentAttempt
+from idempotency_middleware.handler.transactions import MAX_WRITES
+from idempotency_middleware.policy.keys import storage_key
 from idempotency_middleware.stores.dynamodb.requests import commit_token
 from idempotency_middleware.stores.protocol import ClaimRequest
-from idempotency_middleware.transactions import MAX_WRITES
+from idempotency_middleware.stores.records import Status
 from tests.conftest import REGION
 from tests.faultproxy import FaultProxy, Mode, SeenRequest
 from tests.function_stores import (

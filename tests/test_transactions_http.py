@@ -31,7 +31,7 @@ from idempotency_middleware import (
     IdempotencyWSGIMiddleware,
     MemoryStore,
 )
-from idempotency_middleware.core import FINISH_ATTEMPTS
+from idempotency_middleware.engine.decisions import FINISH_ATTEMPTS
 from idempotency_middleware.testing import FakeClock
 from tests.faultproxy import FaultProxy
 from tests.servers import CLIENT_TIMEOUT_SECONDS, serve_asgi, serve_wsgi

@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from idempotency_middleware import IdempotencyMiddleware, MemoryStore, defer_completion
-from idempotency_middleware.asgi import Receive, Scope, Send
-from idempotency_middleware.keys import storage_key
+from idempotency_middleware.policy.keys import storage_key
+from idempotency_middleware.web.asgi import Receive, Scope, Send
 from tests.servers import released, serve_asgi
 
 KEY = {"Idempotency-Key": '"cut-1"'}

@@ -21,7 +21,7 @@ from django.core.handlers.wsgi import WSGIHandler
 from django.test import override_settings
 
 from idempotency_middleware import MemoryStore
-from idempotency_middleware.keys import storage_key
+from idempotency_middleware.policy.keys import storage_key
 from tests import django_project as project
 from tests.apps import AppState
 from tests.servers import released, serve_asgi, serve_wsgi

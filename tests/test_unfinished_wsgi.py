@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from idempotency_middleware import IdempotencyWSGIMiddleware, MemoryStore
-from idempotency_middleware.keys import storage_key
-from idempotency_middleware.wsgi_environ import Environ, StartResponse
+from idempotency_middleware.policy.keys import storage_key
+from idempotency_middleware.web.wsgi_environ import Environ, StartResponse
 from tests.servers import released, serve_wsgi
 
 KEY = {"Idempotency-Key": '"cut-1"'}

@@ -26,7 +26,8 @@ from idempotency_middleware import (
     StoredResultUnreadableError,
     idempotent,
 )
-from idempotency_middleware.records import (
+from idempotency_middleware.stores.dynamodb.requests import TableLayout, item_to_record
+from idempotency_middleware.stores.records import (
     Record,
     Status,
     StoredResponse,
@@ -36,7 +37,6 @@ from idempotency_middleware.records import (
     read_response,
     record_from_fields,
 )
-from idempotency_middleware.stores.dynamodb.requests import TableLayout, item_to_record
 from tests.apps import POST_ORDERS
 from tests.conftest import open_harness
 from tests.raw_records import RAW_KINDS, RawStore, open_raw_store, raw_store_of

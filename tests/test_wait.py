@@ -43,19 +43,18 @@ from idempotency_middleware import (
     SQLiteStore,
     StoreUnavailable,
     StoreUnavailableError,
-    core,
     idempotent,
 )
-from idempotency_middleware.asgi_messages import Message, disconnect_waiter
 from idempotency_middleware.clock import SYSTEM_CLOCK, Clock
-from idempotency_middleware.engine import flow
+from idempotency_middleware.engine import decisions, flow
 from idempotency_middleware.engine.drivers import SyncDriver
 from idempotency_middleware.engine.effects import Effect, Ran, Run, Wait
 from idempotency_middleware.engine.renewal import ThreadRenewals
-from idempotency_middleware.options import DEFAULT_CLOCK_SKEW_SECONDS, Options
-from idempotency_middleware.records import Status, StoredResponse
+from idempotency_middleware.policy.options import DEFAULT_CLOCK_SKEW_SECONDS, Options
 from idempotency_middleware.stores.protocol import CLAIMED, AsyncStore, ClaimRequest
+from idempotency_middleware.stores.records import Status, StoredResponse
 from idempotency_middleware.testing import FakeClock
+from idempotency_middleware.web.asgi_messages import Message, disconnect_waiter
 from tests.attempts import BOOKKEEPING, order_attempt
 from tests.conftest import REGION
 from tests.servers import serve_asgi, serve_wsgi
@@ -140,14 +139,14 @@ class World:
         self.first = self.new_attempt()
         self.runs = 0
 
-    def new_attempt(self, body: bytes = BODY) -> core.Attempt:
+    def new_attempt(self, body: bytes = BODY) -> decisions.Attempt:
         return order_attempt(self.options, self.clock.now(), body)
 
     def hold_first(self) -> None:
         assert self.memory.claim(self.first.claim._replace(now=self.clock.now())) == CLAIMED
 
     def complete_first(self) -> None:
-        completion = core.completion_for(
+        completion = decisions.completion_for(
             self.first, 201, FIRST_HEADERS, FIRST_BODY, self.clock.now()
         )
         assert self.memory.complete(completion)
@@ -155,7 +154,7 @@ class World:
     def release_first(self) -> None:
         assert self.memory.release(self.first.claim.key_hash, self.first.claim.owner)
 
-    def wait(self, attempt: core.Attempt) -> tuple[flow.Outcome, list[Effect]]:
+    def wait(self, attempt: decisions.Attempt) -> tuple[flow.Outcome, list[Effect]]:
         effects: list[Effect] = []
 
         def run() -> Ran:
@@ -165,7 +164,7 @@ class World:
         running = recording(flow.attempt(self.context, attempt), effects)
         return self.driver.drive(running, run), effects
 
-    def claims_of(self, attempt: core.Attempt) -> list[SeenClaim]:
+    def claims_of(self, attempt: decisions.Attempt) -> list[SeenClaim]:
         return self.store.log.by(attempt.claim.owner)
 
     def event_kinds(self) -> list[str]:
@@ -201,8 +200,8 @@ def test_a_long_wait_polls_at_least_0_1_s_apart_and_at_most_10_times_in_any_seco
     world.hold_first()  # and it never finishes
     waiter = world.new_attempt()
     outcome, effects = world.wait(waiter)
-    assert isinstance(outcome, core.Refusal)
-    assert outcome._replace(held_until=None) == core.KEY_IN_PROGRESS
+    assert isinstance(outcome, decisions.Refusal)
+    assert outcome._replace(held_until=None) == decisions.KEY_IN_PROGRESS
     claims = world.claims_of(waiter)
     assert all(claim.held for claim in claims)
     assert len(claims) == len(waits(effects)) + 1  # one claim, then a poll after every wait
@@ -256,9 +255,9 @@ def test_when_the_time_is_up_the_waiter_is_refused_409_with_retry_after(
     started = world.clock.now()
     waiter = world.new_attempt()
     outcome, effects = world.wait(waiter)
-    assert isinstance(outcome, core.Refusal)
-    assert outcome._replace(held_until=None) == core.KEY_IN_PROGRESS
-    assert isinstance(outcome, core.Refusal) and outcome.status == 409
+    assert isinstance(outcome, decisions.Refusal)
+    assert outcome._replace(held_until=None) == decisions.KEY_IN_PROGRESS
+    assert isinstance(outcome, decisions.Refusal) and outcome.status == 409
     assert outcome.retry_after == 1
     claims = world.claims_of(waiter)
     # It waited its whole time (a last poll less than one interval before the end is
@@ -358,8 +357,8 @@ def test_a_mismatched_fingerprint_is_answered_422_at_once_without_waiting(
     world.hold_first()
     other = world.new_attempt(body=b'{"amount": 6}')
     outcome, effects = world.wait(other)
-    assert outcome == core.KEY_REUSED
-    assert isinstance(outcome, core.Refusal) and outcome.status == 422
+    assert outcome == decisions.KEY_REUSED
+    assert isinstance(outcome, decisions.Refusal) and outcome.status == 422
     assert [type(effect).__name__ for effect in effects] == ["ClaimRequest"]
     assert world.clock.slept == []
     assert world.event_kinds() == ["mismatch"]
@@ -383,8 +382,8 @@ def test_with_wait_seconds_0_a_duplicate_is_refused_409_at_once(
     world = make_world(wait_seconds=0)
     world.hold_first()
     outcome, effects = world.wait(world.new_attempt())
-    assert isinstance(outcome, core.Refusal)
-    assert outcome._replace(held_until=None) == core.KEY_IN_PROGRESS
+    assert isinstance(outcome, decisions.Refusal)
+    assert outcome._replace(held_until=None) == decisions.KEY_IN_PROGRESS
     assert [type(effect).__name__ for effect in effects] == ["ClaimRequest"]
     assert world.clock.slept == []
     assert world.event_kinds() == ["conflict"]
@@ -404,9 +403,9 @@ def test_a_poll_the_store_cannot_answer_ends_the_wait_with_503_never_running_unp
     world.store.before_claim = poll_fails
     waiter = world.new_attempt()
     outcome, effects = world.wait(waiter)
-    assert isinstance(outcome, core.Refusal) and outcome.reason == "unavailable"
+    assert isinstance(outcome, decisions.Refusal) and outcome.reason == "unavailable"
     assert outcome.status == 503 and outcome.error is not None
-    assert isinstance(outcome, core.Refusal) and outcome.status == 503
+    assert isinstance(outcome, decisions.Refusal) and outcome.status == 503
     assert world.runs == 0
     assert not any(isinstance(effect, Run) for effect in effects)
     assert "fail_open" not in world.event_kinds()

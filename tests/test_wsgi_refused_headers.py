@@ -10,7 +10,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 import httpx
 
 from idempotency_middleware import IdempotencyWSGIMiddleware, MemoryStore
-from idempotency_middleware.wsgi_environ import Environ
+from idempotency_middleware.web.wsgi_environ import Environ
 from tests.servers import HOST
 
 

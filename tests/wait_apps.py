@@ -19,7 +19,6 @@ from typing import NamedTuple, Protocol
 
 import orjson
 
-from idempotency_middleware.asgi import ASGIApp, Receive, Scope, Send
 from idempotency_middleware.clock import Clock
 from idempotency_middleware.stores.protocol import (
     AsyncStore,
@@ -29,7 +28,8 @@ from idempotency_middleware.stores.protocol import (
     Held,
     SyncStore,
 )
-from idempotency_middleware.wsgi import Environ, StartResponse, WSGIApp
+from idempotency_middleware.web.asgi import ASGIApp, Receive, Scope, Send
+from idempotency_middleware.web.wsgi import Environ, StartResponse, WSGIApp
 
 GATE_TIMEOUT_SECONDS = 10.0
 

@@ -1,5 +1,5 @@
 from idempotency_middleware import MemoryStore
-from idempotency_middleware.store_model import check_store_against_model
+from idempotency_middleware.stores.model import check_store_against_model
 
 # One store per sequence, on the clock the check moves; no purge of expired records while a
 # sequence runs (the model keeps them until a claim replaces them).

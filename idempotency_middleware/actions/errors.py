@@ -12,8 +12,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, ClassVar
 
+from ..engine.problems import Problem
 from ..errors import IdempotencyError
-from ..problems import Problem
 from .model import Action, iso
 
 

@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from pydantic import BaseModel, Field
 
-from idempotency_middleware import AsyncDynamoDBStore, IdempotencyMiddleware
+from .. import AsyncDynamoDBStore, IdempotencyMiddleware
 
 # How long POST /slow-orders takes, as if it waited on a payment provider.
 SLOW_SECONDS = 0.5

@@ -18,7 +18,7 @@ import uuid
 from flask import Flask, jsonify, request
 from flask.typing import ResponseReturnValue
 
-from idempotency_middleware import DynamoDBStore, IdempotencyWSGIMiddleware
+from .. import DynamoDBStore, IdempotencyWSGIMiddleware
 
 # How long POST /slow-orders takes, as if it waited on a payment provider.
 SLOW_SECONDS = 0.5

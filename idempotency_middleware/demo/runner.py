@@ -32,8 +32,7 @@ import uvicorn
 import waitress
 from moto.server import ThreadedMotoServer
 
-from idempotency_middleware import AsyncDynamoDBStore, DynamoDBStore
-
+from .. import AsyncDynamoDBStore, DynamoDBStore
 from . import fastapi_app, flask_app
 
 REGION = "us-east-1"

@@ -15,7 +15,8 @@ import threading
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, TypeVar
 
-from ..attempt_context import (
+from ..clock import Clock, SystemClock
+from ..handler.context import (
     CURRENT,
     FINISHED,
     MADE,
@@ -24,8 +25,6 @@ from ..attempt_context import (
     announce,
     finish_announced,
 )
-from ..clock import Clock, SystemClock
-from ..records import Record
 from ..stores.protocol import (
     AsyncStore,
     ClaimRequest,
@@ -35,6 +34,7 @@ from ..stores.protocol import (
     pushed_changes,
     sync_twin,
 )
+from ..stores.records import Record
 from .effects import (
     AwaitStreamEnd,
     Effect,

@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any, NamedTuple
 
-from ..cache import ReplayCache
-from ..core import Attempt
 from ..events import EventKind, Reporter
-from ..records import Record
 from ..stores.protocol import ClaimRequest, Completion
+from ..stores.records import Record
+from .cache import ReplayCache
+from .decisions import Attempt
 
 # A ``ClaimRequest`` is itself the claim effect: ``store.claim(request)`` -> ``Claimed | Held``;
 # a ``Completion`` the completion effect: ``store.complete(completion)`` -> ``bool``

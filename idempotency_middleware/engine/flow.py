@@ -23,17 +23,16 @@ from collections.abc import Container, Generator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .. import core
-from ..breaker import CircuitBreaker
-from ..cache import ReplayCache
 from ..clock import Clock
-from ..encryption import Encryption
-from ..entropy import SYSTEM_ENTROPY, Entropy
 from ..errors import TransactionConflictError, TransactionRejectedError
 from ..events import ROUTINE_KINDS, EventKind, Reporter
-from ..options import DEFAULT_STORED_STATUSES, Options
-from ..records import StoredResponse
+from ..policy.options import DEFAULT_STORED_STATUSES, Options
+from ..stores.breaker import CircuitBreaker
+from ..stores.encryption import Encryption
 from ..stores.protocol import Completion, Held, StoreUnavailable
+from ..stores.records import StoredResponse
+from . import decisions
+from .cache import ReplayCache
 from .effects import (
     AWAIT_STREAM_END,
     Effect,
@@ -50,6 +49,7 @@ from .effects import (
     StreamEnd,
     Wait,
 )
+from .entropy import SYSTEM_ENTROPY, Entropy
 
 
 class RunUnprotected(NamedTuple):
@@ -59,7 +59,7 @@ class RunUnprotected(NamedTuple):
 # ``Ran``: the inner thing ran under the claim; the door sends its answer unless it went out
 # live. ``None``: it ran and answered nothing.
 # ``StoredResponse``: replay it. ``Refusal``: the door words it (409, 422, 410, 503).
-Outcome = StoredResponse | core.Refusal | RunUnprotected | Ran | None
+Outcome = StoredResponse | decisions.Refusal | RunUnprotected | Ran | None
 Flow = Generator[Effect, Any, Outcome]
 
 RUN_UNPROTECTED = RunUnprotected()
@@ -101,7 +101,7 @@ class Context:
         )
 
 
-def attempt(context: Context, attempt: core.Attempt) -> Flow:
+def attempt(context: Context, attempt: decisions.Attempt) -> Flow:
     """One attempt of a covered call carrying a valid key."""
     claim = attempt.claim
     # Events are yielded (``Emit``) only when someone listens (``Reporter.wants``): a request
@@ -113,10 +113,10 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
     if cache is not None:
         cached = yield Recall(cache, claim.key_hash, claim.now)
         if cached is not None:
-            answer = core.answer_held(
+            answer = decisions.answer_held(
                 cached, claim.fingerprint, context.encryption, context.sealed_only
             )
-            kind = core.held_event_kind(answer)
+            kind = decisions.held_event_kind(answer)
             if reporter.wants(kind):
                 yield Emit(reporter, attempt, kind, answer.status, error=_why(answer))
             return answer
@@ -136,8 +136,9 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
                 return RUN_UNPROTECTED
             # (A waiter whose poll failed saw the key held by a running attempt: running
             # unprotected beside it would be the duplicate run this exists to prevent.)
-            return core.STORE_UNAVAILABLE._replace(
-                error=error, retry_after=error.retry_after or core.STORE_UNAVAILABLE_RETRY_AFTER
+            return decisions.STORE_UNAVAILABLE._replace(
+                error=error,
+                retry_after=error.retry_after or decisions.STORE_UNAVAILABLE_RETRY_AFTER,
             )
         except GeneratorExit:
             raise  # the flow itself is being closed: no effect can be yielded any more
@@ -152,16 +153,16 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
             taken_over = result.taken_over
             break
         record = result.record
-        if core.is_own_claim(record, claim):
+        if decisions.is_own_claim(record, claim):
             # Our claim landed but its answer was lost, and the client re-sent it: ours.
             taken_over = False
             break
-        if attempt.policy.wait_seconds and core.is_waitable(record, claim):
+        if attempt.policy.wait_seconds and decisions.is_waitable(record, claim):
             # A duplicate of a running attempt: wait for its outcome, polling with the same
             # claim (same owner), so a key the first released is claimed and run here.
             if wait_until is None:
                 wait_until = now + attempt.policy.wait_seconds
-            delay = core.poll_delay(polls, wait_until - now, context.entropy.jitter())
+            delay = decisions.poll_delay(polls, wait_until - now, context.entropy.jitter())
             if delay is not None:
                 polls += 1
                 if (yield Wait(delay, claim.key_hash)):
@@ -170,10 +171,10 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
                     continue
         if cache is not None:
             yield Remember(cache, record, now)
-        answer = core.answer_held(
+        answer = decisions.answer_held(
             record, claim.fingerprint, context.encryption, context.sealed_only
         )
-        kind = core.held_event_kind(answer)
+        kind = decisions.held_event_kind(answer)
         if reporter.wants(kind):
             yield Emit(reporter, attempt, kind, answer.status, latency_ms, error=_why(answer))
         return answer
@@ -194,7 +195,7 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
         except StoreUnavailable as error:
             yield Emit(reporter, attempt, "store_error", operation="renew", failure=error)
             yield from _release(context, attempt)
-            return core.STORE_UNAVAILABLE
+            return decisions.STORE_UNAVAILABLE
         except GeneratorExit:
             raise
         except BaseException:
@@ -204,7 +205,7 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
         if not renewed:
             # Taken over while the claim was in flight: the other request runs, not us.
             yield Emit(reporter, attempt, "lost", 409)
-            return core.KEY_IN_PROGRESS
+            return decisions.KEY_IN_PROGRESS
         granted_at = now
     try:
         # (Built with tuple.__new__: calling a NamedTuple class costs twice as much.)
@@ -232,7 +233,7 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
         return ran
     streamed_size = None if not live else (size if end is None else end.size)
     # (Positional: a call by keyword costs more, on every request.)
-    completion = core.completion_for(
+    completion = decisions.completion_for(
         attempt, status, headers, body, clock.now(), streamed_size, writes, deferred
     )
     if context.encryption is not None and streamed_size is None:
@@ -248,7 +249,7 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
         raise
     except (TransactionConflictError, TransactionRejectedError) as failed:
         # Nothing was written: the handler's response is discarded with its writes.
-        refusal = core.Refusal(
+        refusal = decisions.Refusal(
             "transaction_conflict"
             if isinstance(failed, TransactionConflictError)
             else "transaction_rejected",
@@ -277,22 +278,22 @@ def attempt(context: Context, attempt: core.Attempt) -> Flow:
         if stored is None:
             # The commit never got an answer: it landed whole or not at all, and the key
             # stays claimed until its lock timeout; a retry then replays or runs again.
-            return core.COMMIT_UNAVAILABLE
+            return decisions.COMMIT_UNAVAILABLE
         # Taken over before the commit: nothing landed. The retry sees the new owner's
         # outcome; the discarded response must not reach the client as if it had.
-        return core.KEY_IN_PROGRESS
+        return decisions.KEY_IN_PROGRESS
     return ran
 
 
 def _why(answer: Outcome) -> str | None:
     """What an event about a held key says beside its kind: why a stored response could
     not be read (never part of a client's answer)."""
-    if type(answer) is core.Refusal and answer.reason == "unreadable":
+    if type(answer) is decisions.Refusal and answer.reason == "unreadable":
         return str(answer.error)
     return None
 
 
-def _release(context: Context, attempt: core.Attempt) -> Generator[Effect, Any, None]:
+def _release(context: Context, attempt: decisions.Attempt) -> Generator[Effect, Any, None]:
     claim = attempt.claim
     release = Release(claim.key_hash, claim.owner)
     try:
@@ -310,7 +311,7 @@ def _release(context: Context, attempt: core.Attempt) -> Generator[Effect, Any, 
 
 
 def _report_finished(
-    context: Context, attempt: core.Attempt, released: bool | None
+    context: Context, attempt: decisions.Attempt, released: bool | None
 ) -> Generator[Effect, Any, None]:
     if released is not None:
         # Fenced out: another request took the key over while we ran; nothing was deleted.
@@ -320,7 +321,7 @@ def _report_finished(
 
 
 def _finish_interrupted(
-    context: Context, attempt: core.Attempt, effect: Completion | Release, operation: str
+    context: Context, attempt: decisions.Attempt, effect: Completion | Release, operation: str
 ) -> Generator[Effect, Any, None]:
     """A finishing write (``effect``) cut short by a cancellation of its caller (a
     deadline, a shutdown, ``KeyboardInterrupt``), landed or not: it is sent once more
@@ -339,7 +340,7 @@ def _finish_interrupted(
 
 
 def _finish_in_background(
-    context: Context, attempt: core.Attempt, effect: Completion | Release, operation: str
+    context: Context, attempt: decisions.Attempt, effect: Completion | Release, operation: str
 ) -> Generator[Effect, Any, None]:
     """The finishing write of a cancelled caller, retried as the caller would have (a
     completion: for as long as its lease). A transaction refused with it left nothing
@@ -356,7 +357,7 @@ def _finish_in_background(
 
 
 def _report_finishing(
-    context: Context, attempt: core.Attempt, effect: Completion | Release, done: bool | None
+    context: Context, attempt: decisions.Attempt, effect: Completion | Release, done: bool | None
 ) -> Generator[Effect, Any, None]:
     """The event of a finishing write sent again for a cancelled caller, as the attempt
     would have reported it."""
@@ -370,7 +371,7 @@ def _report_finishing(
 
 def _retry_finish(
     context: Context,
-    attempt: core.Attempt,
+    attempt: decisions.Attempt,
     effect: Completion | Release,
     operation: str,
     error: StoreUnavailable,
@@ -389,11 +390,13 @@ def _retry_finish(
     deadline = started = slept = 0.0
     if isinstance(effect, Completion):
         started = effect.now
-        deadline = started + min(attempt.claim.lock_timeout_seconds, core.FINISH_SECONDS)
+        deadline = started + min(attempt.claim.lock_timeout_seconds, decisions.FINISH_SECONDS)
     clock = context.clock
     number = 1
-    while number < core.FINISH_ATTEMPTS or (clock.now() < deadline and started + slept < deadline):
-        delay = core.finish_delay(number, context.entropy.jitter())
+    while number < decisions.FINISH_ATTEMPTS or (
+        clock.now() < deadline and started + slept < deadline
+    ):
+        delay = decisions.finish_delay(number, context.entropy.jitter())
         slept += delay
         yield Sleep(delay)
         number += 1
@@ -408,21 +411,21 @@ def _retry_finish(
         attempt,
         "store_error",
         operation=operation,
-        error=core.gave_up(error, number),
+        error=decisions.gave_up(error, number),
         failure=error,
         note=f"gave up after {number} attempts"
-        + (f" in {core.FINISH_SECONDS:g} s or its lease" if deadline else "")
+        + (f" in {decisions.FINISH_SECONDS:g} s or its lease" if deadline else "")
         + "; the key stays claimed until its lock timeout",
     )
     return None
 
 
-def release_lost_claim(attempt: core.Attempt) -> Generator[Effect, Any, None]:
+def release_lost_claim(attempt: decisions.Attempt) -> Generator[Effect, Any, None]:
     """A claim whose answer was lost (or whose call was cancelled in flight) may land later
     than the error: release it, fenced by our owner token, so a retry is not held off for a
     whole lock timeout. Stops at the first release that finds it."""
     claim = attempt.claim
-    for delay in core.LOST_CLAIM_RELEASE_DELAYS:
+    for delay in decisions.LOST_CLAIM_RELEASE_DELAYS:
         yield Sleep(delay)
         try:
             if (yield Release(claim.key_hash, claim.owner)):

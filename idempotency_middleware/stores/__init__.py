@@ -6,7 +6,6 @@ definition of a store."""
 from __future__ import annotations
 
 from ..clock import SYSTEM_CLOCK, Clock
-from ..records import Record, Status, StoredResponse
 from .protocol import (
     CLAIMED,
     TAKEN_OVER,
@@ -22,6 +21,7 @@ from .protocol import (
     SyncOperations,
     SyncStore,
 )
+from .records import Record, Status, StoredResponse
 from .threaded import ThreadedStore
 
 __all__ = [

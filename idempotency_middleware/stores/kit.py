@@ -15,11 +15,10 @@ import threading
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Generator
 from typing import Any, Generic, Protocol, TypeVar
 
-from ..breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD, BreakerOwner, CircuitBreaker
 from ..clock import SYSTEM_CLOCK, Clock
-from ..encryption import Encryption, seal_final
 from ..errors import FIXES, IdempotencyError
-from ..records import Record, StoredResponse, encode_response
+from .breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD, BreakerOwner, CircuitBreaker
+from .encryption import Encryption, seal_final
 from .protocol import (
     ClaimRequest,
     ClaimResult,
@@ -30,6 +29,7 @@ from .protocol import (
     parse_token,
     prepare_final,
 )
+from .records import Record, StoredResponse, encode_response
 from .wakeups import Wakeups
 
 T = TypeVar("T")

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import threading
 
-from ..breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD, BreakerOwner, CircuitBreaker
 from ..clock import SYSTEM_CLOCK, Clock
-from ..encryption import Encryption, seal_final
-from ..records import COMPLETED, DEFERRED, IN_PROGRESS, Record, deferred_by
+from .breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD, BreakerOwner, CircuitBreaker
+from .encryption import Encryption, seal_final
 from .protocol import (
     CLAIMED,
     TAKEN_OVER,
@@ -20,6 +19,7 @@ from .protocol import (
     parse_token,
     prepare_final,
 )
+from .records import COMPLETED, DEFERRED, IN_PROGRESS, Record, deferred_by
 
 # Records are built with tuple.__new__ (every field given): calling the NamedTuple class runs
 # its Python-level __new__, about twice the instructions.

@@ -14,12 +14,11 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
-from ..encryption import Encryption, check_encryption
-
 # Re-exported for store authors (``StoreUnavailable`` is ``StoreUnavailableError``).
 from ..errors import StoreUnavailable as StoreUnavailable
 from ..errors import StoreUnavailableError as StoreUnavailableError
-from ..records import Headers, Record, StoredResponse, is_status, storable_headers
+from .encryption import Encryption, check_encryption
+from .records import Headers, Record, StoredResponse, is_status, storable_headers
 
 HeaderPairs = Iterable[tuple[bytes, bytes]]
 """A response's headers as ASGI carries them: ``(name, value)`` byte pairs."""

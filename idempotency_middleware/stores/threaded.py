@@ -14,10 +14,10 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..encryption import Encryption
-from ..records import Record
+from .encryption import Encryption
 from .kit import UNUSED_KEY, ClosingStore, unusable
 from .protocol import ClaimRequest, ClaimResult, Completion, HeaderPairs, StoreUnavailable
+from .records import Record
 
 T = TypeVar("T")
 

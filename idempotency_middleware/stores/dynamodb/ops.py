@@ -13,7 +13,6 @@ from typing import Any, NamedTuple
 
 from ...clock import Clock
 from ...errors import TransactionConflictError, TransactionRejectedError
-from ...records import Record, Status, StoredResponse
 from ..kit import Flow
 from ..protocol import (
     CLAIMED,
@@ -25,6 +24,7 @@ from ..protocol import (
     Held,
     StoreUnavailable,
 )
+from ..records import Record, Status, StoredResponse
 from . import requests as ddb
 from .config import OverflowSettings
 from .errors import ConditionFailed, Item, TransactionCancelled, refused_outright, rejected

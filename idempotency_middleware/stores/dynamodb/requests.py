@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import TransactionConflictError, TransactionRejectedError
-from ...records import (
+from ..protocol import ClaimRequest, Completion, DeferredToken, StoreUnavailable
+from ..records import (
     Record,
     Status,
     StoredResponse,
@@ -37,7 +38,6 @@ from ...records import (
     encode_response,
     record_from_fields,
 )
-from ..protocol import ClaimRequest, Completion, DeferredToken, StoreUnavailable
 from .config import OverflowSettings
 from .errors import Item
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD
 from ...clock import SYSTEM_CLOCK, Clock
+from ..breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD
 from ..kit import KitStore, require_modules
 from .config import ClientSettings, DynamoDBConfig, OverflowSettings, Transport, lean_transport
 from .ops import DynamoDBOps

@@ -13,7 +13,6 @@ from operator import attrgetter
 from typing import Any, NamedTuple, TypeVar
 
 from ...clock import Clock
-from ...records import Record, Status, StoredResponse, record_from_fields
 from ..kit import Flow as AnyFlow
 from ..kit import PurgeSchedule, kept_blob, purge_all
 from ..protocol import (
@@ -26,6 +25,7 @@ from ..protocol import (
     Held,
 )
 from ..protocol import StoreUnavailable as StoreUnavailable
+from ..records import Record, Status, StoredResponse, record_from_fields
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)

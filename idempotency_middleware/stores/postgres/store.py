@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ...breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD
 from ...clock import DEFAULT_CLOCK_SKEW_SECONDS, SYSTEM_CLOCK, Clock
+from ..breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD
 from ..kit import KitStore, require_modules
 from ..wakeups import Wakeups
 from .ops import PostgresOps, Statements

@@ -15,7 +15,6 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ...records import Record, Status, StoredResponse, record_from_fields
 from ..kit import Flow, kept_blob
 from ..protocol import (
     CLAIMED,
@@ -27,6 +26,7 @@ from ..protocol import (
     Held,
     StoreUnavailable,
 )
+from ..records import Record, Status, StoredResponse, record_from_fields
 
 
 class Script:

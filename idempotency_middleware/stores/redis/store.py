@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD
 from ...clock import SYSTEM_CLOCK, Clock
+from ..breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD
 from ..kit import KitStore, require_modules
 from ..wakeups import Wakeups
 from .ops import RedisOps, load_scripts

@@ -16,9 +16,9 @@ from operator import attrgetter
 from typing import Any, NamedTuple, TypeVar
 
 from ...errors import StoreUnavailable
-from ...records import Record, Status, StoredResponse, record_from_fields
 from ..kit import PurgeSchedule, kept_blob, purge_all
 from ..protocol import Claimed, ClaimRequest, ClaimResult, Completion, DeferredToken, Held
+from ..records import Record, Status, StoredResponse, record_from_fields
 
 T = TypeVar("T")
 logger = logging.getLogger(__package__)

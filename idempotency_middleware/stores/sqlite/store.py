@@ -6,8 +6,8 @@ import os
 import re
 import sqlite3
 
-from ...breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD
 from ...clock import DEFAULT_CLOCK_SKEW_SECONDS, SYSTEM_CLOCK, Clock
+from ..breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD
 from ..kit import KitStore, PurgeSchedule
 from .ops import SQLiteOps, Statements
 from .transport import Settings, SQLiteTransport

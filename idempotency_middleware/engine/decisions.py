@@ -20,15 +20,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from . import problems
-from .encryption import Encryption, open_response
-from .errors import StoredResultUnreadableError
-from .events import EventKind
-from .fingerprint import fingerprint_request
-from .keys import InvalidKey, parse_idempotency_key, storage_key
-from .options import Options, Policy
-from .problems import Problem
-from .records import (
+from ..errors import StoredResultUnreadableError
+from ..events import EventKind
+from ..policy.fingerprint import fingerprint_request
+from ..policy.keys import InvalidKey, parse_idempotency_key, storage_key
+from ..policy.options import Options, Policy
+from ..policy.request_view import RequestView
+from ..stores.encryption import Encryption, open_response
+from ..stores.protocol import ClaimRequest, Completion
+from ..stores.records import (
     IN_PROGRESS,
     UNKNOWN_FINGERPRINT,
     Headers,
@@ -37,6 +37,8 @@ from .records import (
     UnreadableResponse,
     storable_headers,
 )
+from . import problems
+from .problems import Problem
 from .refusals import (
     COMMIT_UNAVAILABLE,
     IN_PROGRESS_RETRY_AFTER,
@@ -47,8 +49,6 @@ from .refusals import (
     Refusal,
     RefusalReason,
 )
-from .request_view import RequestView
-from .stores.protocol import ClaimRequest, Completion
 
 # The refusals (``refusals.py``) are part of core's vocabulary: the engine decides them here.
 __all__ = [

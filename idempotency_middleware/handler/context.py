@@ -14,7 +14,7 @@ from collections.abc import Sized
 from contextvars import ContextVar
 from typing import Any, Protocol
 
-from .stores.protocol import ClaimRequest
+from ..stores.protocol import ClaimRequest
 
 
 class Writes(Sized, Protocol):

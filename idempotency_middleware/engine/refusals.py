@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
-from . import problems
-from .errors import (
+from ..errors import (
     KeyInProgressError,
     KeyReusedError,
     ResultNotStoredError,
     StoredResultUnreadableError,
     StoreUnavailableError,
 )
-from .events import EventKind
+from ..events import EventKind
+from . import problems
 from .problems import Problem
 
 # A handler holding a key usually finishes within a second; a dead owner's claim is taken

@@ -24,11 +24,12 @@ from typing import Protocol
 
 import orjson
 
-from . import __version__, cli_functions
-from .keys import InvalidKey, parse_idempotency_key, storage_key
-from .records import Record, SealedResponse, UnreadableResponse
-from .stores.dynamodb import DynamoDBStore
-from .stores.protocol import StoreUnavailable, SyncOperations
+from .. import __version__
+from ..policy.keys import InvalidKey, parse_idempotency_key, storage_key
+from ..stores.dynamodb import DynamoDBStore
+from ..stores.protocol import StoreUnavailable, SyncOperations
+from ..stores.records import Record, SealedResponse, UnreadableResponse
+from . import functions
 
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1
@@ -94,7 +95,7 @@ def _key_arguments(parser: argparse.ArgumentParser, *, deletes: bool = False) ->
         help="the scope value your scope callable returned (e.g. 'h:<sha256>' for "
         "scope_by_header), if any",
     )
-    cli_functions.add_arguments(parser, deletes=deletes)
+    functions.add_arguments(parser, deletes=deletes)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -132,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     _key_arguments(delete, deletes=True)
     _store_arguments(delete)
 
-    from .actions import cli as action_cli
+    from ..actions import cli as action_cli
 
     action_cli.add_commands(
         command("action", "show or cancel a one-time action"), _store_arguments, EXIT_CODES_HELP
@@ -144,15 +145,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _open_store(arguments: argparse.Namespace) -> OperatorStore:
     if arguments.sqlite:
-        from .stores.sqlite import SQLiteStore
+        from ..stores.sqlite import SQLiteStore
 
         return SQLiteStore(arguments.sqlite)
     if arguments.redis:
-        from .stores.redis import RedisStore
+        from ..stores.redis import RedisStore
 
         return RedisStore(arguments.redis, prefix=arguments.prefix)
     if arguments.postgres:
-        from .stores.postgres import PostgresStore
+        from ..stores.postgres import PostgresStore
 
         return PostgresStore(arguments.postgres, table=arguments.table or "idempotency")
     if not arguments.table:
@@ -306,15 +307,15 @@ def _missing_sqlite_file(arguments: argparse.Namespace) -> str | None:
 def _run(arguments: argparse.Namespace) -> int:
     if arguments.command == "demo":
         # The demo package names the missing extra itself (demo.main).
-        from .demo import main as demo_main
+        from ..demo import main as demo_main
 
         return demo_main(missing_extra=EXIT_MISCONFIGURED)
     # A bad key is a usage error whatever the store: said before the store is opened.
     key = None
-    if cli_functions.applies(arguments):
+    if functions.applies(arguments):
         try:
-            cli_functions.check(arguments)
-        except cli_functions.FunctionUsageError as error:
+            functions.check(arguments)
+        except functions.FunctionUsageError as error:
             raise _UsageError(str(error)) from None
     elif arguments.command in ("show", "delete"):
         key = _storage_key(arguments)
@@ -352,13 +353,13 @@ def _operate(store: OperatorStore, arguments: argparse.Namespace, key: str | Non
             )
         return EXIT_OK
     if arguments.command == "action":
-        from .actions import cli as action_cli
+        from ..actions import cli as action_cli
 
         return action_cli.run(store, arguments, not_found=EXIT_NOT_FOUND, refused=EXIT_REFUSED)
-    if cli_functions.applies(arguments):
+    if functions.applies(arguments):
         try:
-            return cli_functions.operate(store, arguments, _print_record, EXIT_NOT_FOUND)
-        except cli_functions.FunctionUsageError as error:
+            return functions.operate(store, arguments, _print_record, EXIT_NOT_FOUND)
+        except functions.FunctionUsageError as error:
             raise _UsageError(str(error)) from None
     assert key is not None  # (show and delete: _run parsed it)
     record = store.get(key)

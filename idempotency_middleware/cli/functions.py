@@ -16,8 +16,8 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import TextIO
 
-from .function_attempts import function_key_hash
-from .stores.protocol import SyncOperations
+from ..functions.attempts import function_key_hash
+from ..stores.protocol import SyncOperations
 
 
 class FunctionUsageError(Exception):

@@ -10,16 +10,15 @@ import io
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from . import core, refusals
+from ..engine import decisions, flow, refusals
+from ..engine.drivers import Suspended, SyncDriver
+from ..engine.effects import Ran, StreamEnd
+from ..engine.refusals import A_SYNC_STORE
+from ..engine.renewal import ThreadRenewals
+from ..policy.options import DOOR_OPTIONS, MiddlewareOptions, Options, check_option_names
+from ..stores.protocol import SyncStore
+from ..stores.records import StoredResponse, UnfinishedResponse
 from . import wsgi_environ as wsgi_io
-from .engine import flow
-from .engine.drivers import Suspended, SyncDriver
-from .engine.effects import Ran, StreamEnd
-from .engine.renewal import ThreadRenewals
-from .options import DOOR_OPTIONS, MiddlewareOptions, Options, check_option_names
-from .records import StoredResponse, UnfinishedResponse
-from .refusals import A_SYNC_STORE
-from .stores.protocol import SyncStore
 from .wsgi_environ import Environ, StartResponse, WSGIApp
 
 if TYPE_CHECKING:
@@ -50,7 +49,7 @@ class IdempotencyWSGIMiddleware:
         self.store = store
         self.options = Options.build(**options)
         if self.options.check_store:
-            core.store_check(store, "check")()  # StoreUnavailableError: the app does not start
+            decisions.store_check(store, "check")()  # StoreUnavailableError: the app does not start
         self._context = flow.Context.for_options(self.options, store)
         self._renewals = ThreadRenewals(store, self._context.reporter, self.options.clock)
         self._driver = SyncDriver(store, self.options.clock, self._renewals)
@@ -66,7 +65,7 @@ class IdempotencyWSGIMiddleware:
         policy = self.options.policy_for(method, path)
         if policy is None:
             return self.app(environ, start_response)
-        admitted = core.admit_request(
+        admitted = decisions.admit_request(
             self.options,
             policy,
             path,
@@ -75,13 +74,13 @@ class IdempotencyWSGIMiddleware:
         )
         if admitted is None:
             return self.app(environ, start_response)
-        if isinstance(admitted, core.Admitted):
+        if isinstance(admitted, decisions.Admitted):
             return self._handle(admitted, method, path, environ, start_response)
         return wsgi_io.send_problem(start_response, admitted, self.options.problem_base_url)
 
     def _handle(
         self,
-        admitted: core.Admitted,
+        admitted: decisions.Admitted,
         method: str,
         path: str,
         environ: Environ,
@@ -91,12 +90,14 @@ class IdempotencyWSGIMiddleware:
             body = wsgi_io.read_body(environ, self.options.max_body_bytes)
         except wsgi_io.BodyTooLarge:
             return wsgi_io.send_problem(
-                start_response, core.body_too_large(self.options), self.options.problem_base_url
+                start_response,
+                decisions.body_too_large(self.options),
+                self.options.problem_base_url,
             )
         environ["wsgi.input"] = io.BytesIO(body)
         environ["CONTENT_LENGTH"] = str(len(body))
 
-        attempt = core.begin_attempt(
+        attempt = decisions.begin_attempt(
             admitted,
             method=method,
             path=path,
@@ -143,7 +144,7 @@ class IdempotencyWSGIMiddleware:
             return [outcome.body]
         if type(outcome) is StoredResponse:
             return wsgi_io.send_replay(start_response, outcome)
-        if type(outcome) is core.Refusal:
+        if type(outcome) is decisions.Refusal:
             return wsgi_io.send_problem(
                 start_response, refusals.problem_for(outcome), self.options.problem_base_url
             )

@@ -9,11 +9,12 @@ from http import HTTPStatus
 from types import TracebackType
 from typing import Any
 
-from .attempt_context import streams_now
-from .engine.effects import Ran
-from .options import Options
-from .problems import Problem
-from .records import (
+from ..engine.effects import Ran
+from ..engine.problems import Problem
+from ..handler.context import streams_now
+from ..policy.options import Options
+from ..policy.request_view import HeaderView, RequestView
+from ..stores.records import (
     BodyBuffer,
     Headers,
     StoredResponse,
@@ -21,7 +22,6 @@ from .records import (
     is_complete,
     scan_response_headers,
 )
-from .request_view import HeaderView, RequestView
 
 Environ = dict[str, Any]
 ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]

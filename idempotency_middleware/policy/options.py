@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, TypedDict, TypeVar
 from urllib.parse import urlsplit
 
-from .clock import DEFAULT_CLOCK_SKEW_SECONDS as DEFAULT_CLOCK_SKEW_SECONDS
-from .clock import SYSTEM_CLOCK, Clock
-from .encryption import Encryption, check_encryption
-from .events import EventHook
+from ..clock import DEFAULT_CLOCK_SKEW_SECONDS as DEFAULT_CLOCK_SKEW_SECONDS
+from ..clock import SYSTEM_CLOCK, Clock
+from ..events import EventHook
+from ..stores.encryption import Encryption, check_encryption
 from .rules import (
     IdempotencyRule,
     ScopeFunction,

@@ -11,14 +11,14 @@ The token's codec, which every store reads, lives with the store protocol
 
 from __future__ import annotations
 
-from .attempt_context import current_attempt
-from .stores.protocol import (
+from ..stores.protocol import (
     DeferredToken,
     final_response,
     new_token,
     parse_token,
     prepare_final,
 )
+from .context import current_attempt
 
 __all__ = [
     "DeferredToken",

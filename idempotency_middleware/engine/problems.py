@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from .records import Headers
+from ..stores.records import Headers
 
 PROBLEM_TYPE_BASE = "urn:idempotency-middleware:problem:"
 

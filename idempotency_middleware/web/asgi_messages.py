@@ -7,12 +7,13 @@ import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from .attempt_context import streams_now
-from .clock import Clock
-from .engine.effects import Ran
-from .events import logger
-from .problems import Problem
-from .records import (
+from ..clock import Clock
+from ..engine.effects import Ran
+from ..engine.problems import Problem
+from ..events import logger
+from ..handler.context import streams_now
+from ..policy.request_view import HeaderView, RequestView
+from ..stores.records import (
     BodyBuffer,
     StoredResponse,
     UnfinishedResponse,
@@ -20,7 +21,6 @@ from .records import (
     scan_response_headers,
     with_content_length,
 )
-from .request_view import HeaderView, RequestView
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from .attempt_context import current_attempt
+from .context import current_attempt
 
 __all__ = ["MAX_WRITES", "Transaction", "completion_transaction"]
 
@@ -34,7 +34,7 @@ def completion_transaction() -> Transaction:
     attempt = current_attempt("completion_transaction()")
     transaction = attempt.transaction
     if transaction is None:
-        from .stores.dynamodb import DynamoDBStoreBase
+        from ..stores.dynamodb import DynamoDBStoreBase
 
         store = attempt.store
         if not isinstance(store, DynamoDBStoreBase):

@@ -20,21 +20,20 @@ import warnings
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
-from . import core
-from .attempt_context import CURRENT
-from .clock import Clock
-from .core import CALL_METHOD, FUNCTION_NAMESPACE
-from .engine import flow
-from .engine.drivers import AsyncDriver, SyncDriver
-from .engine.effects import Ran
-from .engine.renewal import LoopRenewals, ThreadRenewals
-from .errors import StoredResultUnreadableError
-from .keys import storage_key
-from .options import Options
-from .records import StoredResponse
-from .refusals import A_SYNC_STORE, AN_ASYNC_STORE
+from ..clock import Clock
+from ..engine import decisions, flow
+from ..engine.decisions import CALL_METHOD, FUNCTION_NAMESPACE
+from ..engine.drivers import AsyncDriver, SyncDriver
+from ..engine.effects import Ran
+from ..engine.refusals import A_SYNC_STORE, AN_ASYNC_STORE
+from ..engine.renewal import LoopRenewals, ThreadRenewals
+from ..errors import StoredResultUnreadableError
+from ..handler.context import CURRENT
+from ..policy.keys import storage_key
+from ..policy.options import Options
+from ..stores.protocol import AsyncStore, SyncStore
+from ..stores.records import StoredResponse
 from .results import ResultCodec, Serializer
-from .stores.protocol import AsyncStore, SyncStore
 
 # A stored result is a response to the engine: this status, no headers, the result's bytes.
 RESULT_STATUS = 200
@@ -158,9 +157,9 @@ class FunctionAttempts:
                 ThreadRenewals(sync_store, self.context.reporter, options.clock),
             )
 
-    def attempt(self, key: str, fingerprint: str) -> core.Attempt:
+    def attempt(self, key: str, fingerprint: str) -> decisions.Attempt:
         """The attempt of one call (or delivery) with ``key`` and ``fingerprint``."""
-        return core.call_attempt(
+        return decisions.call_attempt(
             self.policy,
             self.name,
             key,
@@ -169,7 +168,9 @@ class FunctionAttempts:
             self.context.entropy.owner(),
         )
 
-    def drive(self, attempt: core.Attempt, call: Callable[[], Any]) -> tuple[flow.Outcome, Any]:
+    def drive(
+        self, attempt: decisions.Attempt, call: Callable[[], Any]
+    ) -> tuple[flow.Outcome, Any]:
         """Run ``attempt``, calling ``call()`` if it is claimed: the flow's outcome, and what
         ``call`` returned (``None`` unless the outcome is ``Ran``). What ``call`` raised
         propagates, with the key released."""
@@ -194,7 +195,7 @@ class FunctionAttempts:
         return outcome, results[0] if results else None
 
     async def adrive(
-        self, attempt: core.Attempt, call: Callable[[], Awaitable[Any]]
+        self, attempt: decisions.Attempt, call: Callable[[], Awaitable[Any]]
     ) -> tuple[flow.Outcome, Any]:
         """``drive`` for a coroutine function."""
         results: list[Any] = []
@@ -209,7 +210,7 @@ class FunctionAttempts:
         outcome = await self.async_driver.drive(flow.attempt(self.context, attempt), run)
         return outcome, results[0] if results else None
 
-    def replayed(self, attempt: core.Attempt, stored: StoredResponse) -> Any:
+    def replayed(self, attempt: decisions.Attempt, stored: StoredResponse) -> Any:
         """The result a stored response gives back; ``StoredResultUnreadableError`` (with an
         ``unreadable`` event) when its bytes do not decode: never run again."""
         try:

@@ -23,11 +23,11 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Literal
 
-from .clock import SYSTEM_CLOCK, Clock
-from .errors import StoreUnavailableError
+from ..clock import SYSTEM_CLOCK, Clock
+from ..errors import StoreUnavailableError
 
 if TYPE_CHECKING:
-    from .events import EventKind, Reporter
+    from ..events import EventKind, Reporter
 
 logger = logging.getLogger("idempotency_middleware")
 

@@ -13,32 +13,31 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, cast, overload
 
-from . import core, refusals
-from .clock import SYSTEM_CLOCK, Clock
-from .core import CALL_METHOD
-from .encryption import Encryption
-from .engine import flow
-from .engine.effects import Ran
-from .errors import InvalidKeyError
-from .events import EventHook
-from .function_attempts import (
-    FunctionAttempts,
-    check_store,
-    derived_name,
-    is_coroutine_callable,
-    warn_if_pickle,
-)
-from .options import (
+from ..clock import SYSTEM_CLOCK, Clock
+from ..engine import decisions, flow, refusals
+from ..engine.decisions import CALL_METHOD
+from ..engine.effects import Ran
+from ..errors import InvalidKeyError
+from ..events import EventHook
+from ..policy.options import (
     DEFAULT_CLOCK_SKEW_SECONDS,
     DEFAULT_LOCK_TIMEOUT_SECONDS,
     DEFAULT_TTL_SECONDS,
     Options,
     named_options,
 )
+from ..stores.encryption import Encryption
+from ..stores.protocol import AsyncStore, SyncStore
+from ..stores.records import StoredResponse
+from .attempts import (
+    FunctionAttempts,
+    check_store,
+    derived_name,
+    is_coroutine_callable,
+    warn_if_pickle,
+)
 from .payloads import fingerprint_arguments, fingerprint_payload
-from .records import StoredResponse
 from .results import Serializer
-from .stores.protocol import AsyncStore, SyncStore
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -252,7 +251,7 @@ class _FunctionDoor:
             return await self.attempts.aunprotected(lambda: function(*args, **kwargs))
         return self._result(attempt, outcome, result)
 
-    def _attempt(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> core.Attempt | None:
+    def _attempt(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> decisions.Attempt | None:
         """The call's attempt; ``None`` when it runs unprotected (no key, not required)."""
         bound = self.signature.bind(*args, **kwargs)  # a wrong call fails as it would anyway
         bound.apply_defaults()
@@ -280,12 +279,12 @@ class _FunctionDoor:
             fingerprint = fingerprint_payload(self.name, self.payload(*args, **kwargs))
         return self.attempts.attempt(key, fingerprint)
 
-    def _result(self, attempt: core.Attempt, outcome: flow.Outcome, result: Any) -> Any:
+    def _result(self, attempt: decisions.Attempt, outcome: flow.Outcome, result: Any) -> Any:
         if type(outcome) is Ran:
             return result
         if type(outcome) is StoredResponse:
             return self.attempts.replayed(attempt, outcome)
-        assert type(outcome) is core.Refusal, outcome
+        assert type(outcome) is decisions.Refusal, outcome
         raise refusals.error_for(outcome, self.name)
 
 

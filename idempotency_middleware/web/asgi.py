@@ -10,18 +10,17 @@ from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, NamedTuple
 
+from ..engine import decisions, flow, refusals
+from ..engine.drivers import AsyncDriver
+from ..engine.effects import Ran
+from ..engine.refusals import AN_ASYNC_STORE
+from ..engine.renewal import LoopRenewals
+from ..policy.options import DOOR_OPTIONS, MiddlewareOptions, Options, check_option_names
+from ..policy.rules import IdempotencyRule
+from ..stores.protocol import AsyncStore
+from ..stores.records import StoredResponse, UnfinishedResponse
 from . import asgi_messages as messages
-from . import core, refusals
 from .asgi_messages import ASGIApp, Message, Receive, Scope, Send
-from .engine import flow
-from .engine.drivers import AsyncDriver
-from .engine.effects import Ran
-from .engine.renewal import LoopRenewals
-from .options import DOOR_OPTIONS, MiddlewareOptions, Options, check_option_names
-from .records import StoredResponse, UnfinishedResponse
-from .refusals import AN_ASYNC_STORE
-from .rules import IdempotencyRule
-from .stores.protocol import AsyncStore
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -87,7 +86,7 @@ class IdempotencyMiddleware:
         self.store = store
         self.options = Options.build(**options)
         self._check: Callable[[], Awaitable[None]] | None = (
-            core.store_check(store, "acheck") if self.options.check_store else None
+            decisions.store_check(store, "acheck") if self.options.check_store else None
         )
         # A store with a client to create (AsyncDynamoDBStore) creates it at start-up.
         self._warm_up: Callable[[], Awaitable[None]] | None = getattr(store, "awarm_up", None)
@@ -220,15 +219,15 @@ class IdempotencyMiddleware:
             key_lines = []
         if content_length is not None and len(content_length) < self._length_digits:
             content_length = None  # within the limit: nothing to check
-        admitted = core.admit_request(
+        admitted = decisions.admit_request(
             self.options, policy, scope["path"], key_lines, content_length
         )
         if policy.route_opt_in:
-            self._mark_opt_in(scope, admitted.key if type(admitted) is core.Admitted else None)
+            self._mark_opt_in(scope, admitted.key if type(admitted) is decisions.Admitted else None)
         if admitted is None:
             await self.app(scope, receive, send)
             return
-        if not isinstance(admitted, core.Admitted):
+        if not isinstance(admitted, decisions.Admitted):
             await messages.send_problem(send, admitted, self.options.problem_base_url)
             return
         # A covered request with a key: read its body, then run the attempt. (In this
@@ -243,14 +242,14 @@ class IdempotencyMiddleware:
             else:
                 body = await messages.read_body(receive, self._max_body_bytes, message)
         except messages.BodyTooLarge:
-            too_large = core.body_too_large(self.options)
+            too_large = decisions.body_too_large(self.options)
             await messages.send_problem(send, too_large, self.options.problem_base_url)
             return
         except messages.ClientGone:
             return  # nobody to answer and nothing claimed
 
         # (Positional: a call by keyword costs more, on every request.)
-        attempt = core.begin_attempt(
+        attempt = decisions.begin_attempt(
             admitted,
             scope["method"],  # method
             scope["path"],  # path
@@ -292,7 +291,7 @@ class IdempotencyMiddleware:
                 await send({"type": "http.response.body", "body": outcome.body, "more_body": False})
         elif type(outcome) is StoredResponse:
             await messages.send_replay(send, outcome)
-        elif type(outcome) is core.Refusal:
+        elif type(outcome) is decisions.Refusal:
             problem = refusals.problem_for(outcome)
             await messages.send_problem(send, problem, self.options.problem_base_url)
         elif outcome is flow.RUN_UNPROTECTED:  # the store failed and on_store_error="run"

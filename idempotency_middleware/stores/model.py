@@ -25,8 +25,8 @@ import uuid
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, Literal, NamedTuple, TypeVar
 
-from .records import COMPLETED, DEFERRED, IN_PROGRESS, Record, StoredResponse, deferred_by
-from .stores.protocol import (
+from ..testing import FakeClock
+from .protocol import (
     CLAIMED,
     TAKEN_OVER,
     ClaimRequest,
@@ -37,7 +37,7 @@ from .stores.protocol import (
     new_token,
     parse_token,
 )
-from .testing import FakeClock
+from .records import COMPLETED, DEFERRED, IN_PROGRESS, Record, StoredResponse, deferred_by
 
 T = TypeVar("T")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from .records import COMPLETED, Record
+from ..stores.records import COMPLETED, Record
 
 # How long a cached record replays before the store is asked again: how long a key deleted
 # from outside this process may still be replayed here. One store read per minute per hot

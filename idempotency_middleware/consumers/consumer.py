@@ -17,31 +17,30 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from . import core, refusals
-from .clock import SYSTEM_CLOCK, Clock
-from .encryption import Encryption
-from .engine import flow
-from .engine.effects import Ran
-from .errors import InvalidKeyError, StoredResultUnreadableError
-from .events import EventHook
-from .function_attempts import (
+from ..clock import SYSTEM_CLOCK, Clock
+from ..engine import decisions, flow, refusals
+from ..engine.effects import Ran
+from ..errors import InvalidKeyError, StoredResultUnreadableError
+from ..events import EventHook
+from ..functions.attempts import (
     FunctionAttempts,
     check_store,
     derived_name,
     is_coroutine_callable,
     warn_if_pickle,
 )
-from .options import (
+from ..functions.payloads import fingerprint_payload
+from ..functions.results import Serializer
+from ..policy.options import (
     DEFAULT_CLOCK_SKEW_SECONDS,
     DEFAULT_LOCK_TIMEOUT_SECONDS,
     DEFAULT_TTL_SECONDS,
     Options,
     named_options,
 )
-from .payloads import fingerprint_payload
-from .records import StoredResponse
-from .results import Serializer
-from .stores.protocol import AsyncStore, SyncStore
+from ..stores.encryption import Encryption
+from ..stores.protocol import AsyncStore, SyncStore
+from ..stores.records import StoredResponse
 
 logger = logging.getLogger(__name__)
 
@@ -291,7 +290,7 @@ class IdempotentConsumer:
 
     # -- the verdicts --------------------------------------------------------------------
 
-    def _attempt(self, message: Any) -> core.Attempt | None:
+    def _attempt(self, message: Any) -> decisions.Attempt | None:
         """The delivery's attempt; what the message cannot give (a key, a payload) raises.
         ``None``: no key, and ``required=False``: the handler runs unprotected."""
         key = self._key(message)
@@ -312,7 +311,7 @@ class IdempotentConsumer:
         return self._attempts.attempt(key, fingerprint)
 
     def _verdict(
-        self, attempt: core.Attempt, outcome: flow.Outcome, result: Any
+        self, attempt: decisions.Attempt, outcome: flow.Outcome, result: Any
     ) -> Outcome | tuple[Literal["dead", "failed"], Exception]:
         """The attempt's outcome as a verdict; ``("dead", error)`` when the message can
         never be processed, ``("failed", error)`` when the handler's work did not land."""
@@ -323,7 +322,7 @@ class IdempotentConsumer:
                 return Outcome("ack", self._attempts.replayed(attempt, outcome), replayed=True)
             except StoredResultUnreadableError as unreadable:
                 return ("dead", unreadable)  # a stored result that cannot be read: never re-run
-        assert type(outcome) is core.Refusal, outcome
+        assert type(outcome) is decisions.Refusal, outcome
         reason = outcome.reason
         if reason == "not_stored":
             # Done, but its result was too large to keep: nothing to give back, nothing to run.
@@ -338,7 +337,7 @@ class IdempotentConsumer:
         retry_after = outcome.retry_after or getattr(error, "retry_after", None) or 1
         return Outcome("retry", error=error, retry_after=retry_after)
 
-    def _until_free(self, refusal: core.Refusal) -> float:
+    def _until_free(self, refusal: decisions.Refusal) -> float:
         """Seconds until the running delivery's claim could be taken over (its lock's expiry
         plus the clock skew margin), when the store told its lock's expiry; else the short
         hint. Each redelivery counts against the broker's receive limit (SQS's

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Generator, Mapping
 from typing import Any, NamedTuple
 
-from .consumers import IdempotentConsumer, Outcome
+from .consumer import IdempotentConsumer, Outcome
 
 # eventSource of each kind of record (DynamoDB Streams records say "aws:dynamodb").
 _SQS = "aws:sqs"

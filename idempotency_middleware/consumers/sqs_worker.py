@@ -28,7 +28,7 @@ import threading
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
-from .consumers import IdempotentConsumer, Outcome
+from .consumer import IdempotentConsumer, Outcome
 
 logger = logging.getLogger(__name__)
 
