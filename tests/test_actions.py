@@ -443,7 +443,7 @@ def test_a_pin_hashed_at_other_costs_still_consumes(
 # -- a write sent again after its answer was lost ------------------------------------------------
 
 
-def run_with_retried_writes(kind: ActionsUnderTest, flow: flows.Flow[T]) -> T:
+def run_with_retried_writes(kind: ActionsUnderTest, flow: flows.StepFlow[T]) -> T:
     """Run ``flow`` on the kind's backend as a store client that lost the answer of each
     write and sent the same write again (redis-py on a dropped connection, botocore on a 5xx
     or a connection error): every create or consume step reaches the store twice, with the
@@ -468,14 +468,14 @@ def run_with_retried_writes(kind: ActionsUnderTest, flow: flows.Flow[T]) -> T:
         sent = write(step)
 
 
-def create_flow(kind: ActionsUnderTest, **options: Any) -> flows.Flow[Action]:
+def create_flow(kind: ActionsUnderTest, **options: Any) -> flows.StepFlow[Action]:
     options = {"active_at": None, "pin": None, "max_pin_attempts": 5, "data": None, **options}
     return flows.create(
         round(kind.clock.now(), 6), DEFAULT_RETENTION_SECONDS, expires_in=TTL, **options
     )
 
 
-def consume_flow(kind: ActionsUnderTest, action_id: str, **options: Any) -> flows.Flow[Action]:
+def consume_flow(kind: ActionsUnderTest, action_id: str, **options: Any) -> flows.StepFlow[Action]:
     options = {"pin": None, "reason": None, **options}
     return flows.consume(action_id, round(kind.clock.now(), 6), **options)
 

@@ -38,7 +38,7 @@ class Backend:
 
     def actions(self, clock: FakeClock | None = None) -> OneTimeActions:
         if clock is not None:
-            self.store._clock = clock  # an action made in the past, to be expired by now
+            self.store.clock = clock  # an action made in the past, to be expired by now
         return OneTimeActions(self.store)
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from idempotency_middleware.stores.records import Headers, scan_response_headers
+from idempotency_middleware.stores.records import Headers
+from idempotency_middleware.web.capture import scan_response_headers
 
 
 def declared_length(headers: Headers) -> int | None:

@@ -1,6 +1,7 @@
 """A door given a store of the wrong kind names the stores it takes: every one of the
 package's stores that satisfies its protocol (RedisStore and PostgresStore are both kinds),
-from the one list in ``refusals.py``, which this checks against the classes."""
+read from the classes listed in ``stores/catalog.py``, which this checks against the package's
+stores."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from idempotency_middleware import (
     SQLiteStore,
     idempotent,
 )
-from idempotency_middleware.engine.refusals import (
+from idempotency_middleware.stores.catalog import (
     A_SYNC_STORE,
     AN_ASYNC_STORE,
     ASYNC_STORE_NAMES,

@@ -279,11 +279,11 @@ def test_each_dynamodb_store_runs_its_flows_in_its_own_flavour_only() -> None:
     sync_store = DynamoDBStore("t", region_name=REGION)
     assert sync_store.aclaim is None and sync_store.aget is None
     with pytest.raises(TypeError, match="DynamoDBStore is sync: call its get"):
-        asyncio.run(sync_store._arun("get", sync_store._ops.get("k")))
+        asyncio.run(sync_store.arun_flow("get", sync_store._ops.get("k")))
     async_store = AsyncDynamoDBStore("t", region_name=REGION)
     assert async_store.claim is None and async_store.get is None
     with pytest.raises(TypeError, match="AsyncDynamoDBStore is async: await its aget"):
-        async_store._run("get", async_store._ops.get("k"))
+        async_store.run_flow("get", async_store._ops.get("k"))
     # Closing either way is safe (the async store's sync close releases closed loops' clients).
     asyncio.run(sync_store.aclose())
     async_store.close()

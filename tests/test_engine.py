@@ -80,9 +80,9 @@ class Scripted:
     def new_attempt(self, body: bytes = b'{"a": 1}') -> decisions.Attempt:
         return order_attempt(self.options, self.clock.now(), body)
 
-    def run(self, answer: Answerer) -> flow.Outcome:
+    def run(self, answer: Answerer) -> flow.Ending:
         running = flow.attempt(self.context, self.attempt)
-        outcome: flow.Outcome = self.step(running, answer)
+        outcome: flow.Ending = self.step(running, answer)
         return outcome
 
     def step(self, running: Generator[Effect, Any, Any], answer: Answerer) -> Any:

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from idempotency_middleware.stores.records import (
     COMPRESS_THRESHOLD,
-    BodyBuffer,
     Record,
     Status,
     StoredResponse,
@@ -20,6 +19,7 @@ from idempotency_middleware.stores.records import (
     encode_response,
     storable_headers,
 )
+from idempotency_middleware.web.capture import BodyBuffer
 
 PURE = settings(max_examples=200, deadline=None)
 
@@ -282,7 +282,7 @@ def test_body_buffer_peaks_near_one_copy_of_a_chunked_body() -> None:
 
 
 def test_one_scan_of_response_headers_finds_streaming_and_the_declared_length() -> None:
-    from idempotency_middleware.stores.records import scan_response_headers
+    from idempotency_middleware.web.capture import scan_response_headers
 
     assert scan_response_headers(
         [(b"Content-Type", b"text/event-stream; charset=utf-8"), (b"Content-Length", b"12")]
@@ -292,7 +292,7 @@ def test_one_scan_of_response_headers_finds_streaming_and_the_declared_length() 
 
 
 def test_the_first_content_type_and_content_length_of_a_response_count() -> None:
-    from idempotency_middleware.stores.records import scan_response_headers
+    from idempotency_middleware.web.capture import scan_response_headers
 
     assert scan_response_headers(
         [

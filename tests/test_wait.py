@@ -93,7 +93,7 @@ WAITER_RAN = Ran(201, [(b"content-type", b"application/json")], b'{"id": "waiter
 # --- 1. the engine, on a fake clock ---------------------------------------------------------
 
 
-def recording(running: flow.Flow, effects: list[Effect]) -> flow.Flow:
+def recording(running: flow.AttemptFlow, effects: list[Effect]) -> flow.AttemptFlow:
     """``running``, passed through effect by effect, each one appended to ``effects``."""
     value: Any = None
     error: BaseException | None = None
@@ -101,7 +101,7 @@ def recording(running: flow.Flow, effects: list[Effect]) -> flow.Flow:
         try:
             effect = running.send(value) if error is None else running.throw(error)
         except StopIteration as stop:
-            outcome: flow.Outcome = stop.value
+            outcome: flow.Ending = stop.value
             return outcome
         if not isinstance(effect, BOOKKEEPING):  # events: the World's on_event records them
             effects.append(effect)
@@ -154,7 +154,7 @@ class World:
     def release_first(self) -> None:
         assert self.memory.release(self.first.claim.key_hash, self.first.claim.owner)
 
-    def wait(self, attempt: decisions.Attempt) -> tuple[flow.Outcome, list[Effect]]:
+    def wait(self, attempt: decisions.Attempt) -> tuple[flow.Ending, list[Effect]]:
         effects: list[Effect] = []
 
         def run() -> Ran:

@@ -206,7 +206,7 @@ class DynamoDBActions:
         self._layout = store.layout
 
     def write(self, step: Step) -> Written:
-        return self._store._run("action", step_flow(self._layout, step))
+        return self._store.run_flow("action", step_flow(self._layout, step))
 
 
 class AsyncDynamoDBActions:
@@ -217,4 +217,4 @@ class AsyncDynamoDBActions:
         self._layout = store.layout
 
     async def awrite(self, step: Step) -> Written:
-        return await self._store._arun("action", step_flow(self._layout, step))
+        return await self._store.arun_flow("action", step_flow(self._layout, step))

@@ -45,7 +45,7 @@ from .steps import Cancel, Consume, Insert, Read, SpendAttempt, Step, Written
 
 T = TypeVar("T")
 
-Flow = Generator[Step, Written, T]
+StepFlow = Generator[Step, Written, T]
 """A flow yields steps, receives what each answered, and returns its result."""
 
 
@@ -62,7 +62,7 @@ def create(
     max_pin_attempts: object,
     data: object,
     action_id: object,
-) -> Flow[Action]:
+) -> StepFlow[Action]:
     """Create an action: one conditional put. Every argument is checked before it."""
     chosen = new_action_id() if action_id is None else check_action_id(action_id)
     seconds = check_expires_in(expires_in)
@@ -95,7 +95,7 @@ def create(
     return record.to_action(now)
 
 
-def consume(action_id: str, now: float, *, pin: object, reason: object) -> Flow[Action]:
+def consume(action_id: str, now: float, *, pin: object, reason: object) -> StepFlow[Action]:
     """Consume an action: one conditional write; a wrong PIN, one more to spend an attempt."""
     checked_pin, checked_reason = check_pin(pin), check_reason(reason)
     if not is_action_id(action_id):
@@ -137,7 +137,7 @@ def consume(action_id: str, now: float, *, pin: object, reason: object) -> Flow[
     raise _locked(action_id, record, now)
 
 
-def cancel(action_id: str, now: float) -> Flow[Action]:
+def cancel(action_id: str, now: float) -> StepFlow[Action]:
     """Cancel a pending or active action; canceling a canceled one returns it as it is."""
     if not is_action_id(action_id):
         raise _not_found(action_id)
@@ -151,7 +151,7 @@ def cancel(action_id: str, now: float) -> Flow[Action]:
     raise AssertionError("a cancel refused on an open action")  # pragma: no cover
 
 
-def get(action_id: str, now: float) -> Flow[Action | None]:
+def get(action_id: str, now: float) -> StepFlow[Action | None]:
     """The action, or ``None`` (never created, malformed id, or past its retention)."""
     if not is_action_id(action_id):
         return None

@@ -32,7 +32,7 @@ class MemoryActions:
     async flavour calls the sync one directly)."""
 
     def __init__(self, store: MemoryStore) -> None:
-        self._lock = store._lock
+        self._lock = store.lock
         with _TABLES_LOCK:
             actions = _TABLES.get(store)
             if actions is None:

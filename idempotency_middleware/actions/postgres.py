@@ -46,7 +46,13 @@ from collections.abc import Generator, Sequence
 from typing import Any
 
 from ..stores.postgres import PostgresStore
-from ..stores.postgres.ops import Flow, Statement, StoreUnavailable, Transaction, piggybacked
+from ..stores.postgres.ops import (
+    InTransaction,
+    Statement,
+    StatementFlow,
+    StoreUnavailable,
+    piggybacked,
+)
 from .model import ADDED_FIELDS, RECORD_FIELDS, ActionRecord
 from .steps import Cancel, Consume, Insert, Read, SpendAttempt, Step, Written, apply
 
@@ -161,7 +167,7 @@ def _record(row: Sequence[Any]) -> ActionRecord:
     return ActionRecord(**dict(zip(COLUMNS, row, strict=True)))
 
 
-def step_flow(sql: ActionStatements, step: Step) -> Flow[Written]:
+def step_flow(sql: ActionStatements, step: Step) -> StatementFlow[Written]:
     """Carry out ``step``: one statement (again when it raced a concurrent write)."""
     if isinstance(step, Read):
         rows = (yield Statement(sql.select, (step.action_id,))).rows
@@ -196,7 +202,7 @@ def step_flow(sql: ActionStatements, step: Step) -> Flow[Written]:
     )
 
 
-def create_flow(sql: ActionStatements) -> Flow[None]:
+def create_flow(sql: ActionStatements) -> StatementFlow[None]:
     """Create the table and its index unless both exist (and add the columns a table of an
     earlier version lacks), under the creators' advisory lock
     (in a transaction: the lock is the transaction's)."""
@@ -208,8 +214,8 @@ def create_flow(sql: ActionStatements) -> Flow[None]:
     yield Statement(sql.create_index, ())
 
 
-def _in_transaction(flow: Flow[None]) -> Generator[Transaction, None, None]:
-    yield Transaction(flow)
+def _in_transaction(flow: StatementFlow[None]) -> Generator[InTransaction, None, None]:
+    yield InTransaction(flow)
 
 
 class _Purges:
@@ -221,7 +227,7 @@ class _Purges:
         self.next = 0.0
         self.lock = threading.Lock()
 
-    def after(self, sql: ActionStatements, step: Step) -> Flow[None]:
+    def after(self, sql: ActionStatements, step: Step) -> StatementFlow[None]:
         """One purge batch after ``step``, when one is due (on a create)."""
         if self.interval is None or not isinstance(step, Insert):
             return
@@ -249,31 +255,31 @@ class PostgresActions:
 
     def create_table(self) -> None:
         """Create the actions table and its index; safe to call again, and concurrently."""
-        self._store._run("action create_table", _in_transaction(create_flow(self._sql)))
+        self._store.run_flow("action create_table", _in_transaction(create_flow(self._sql)))
 
     async def acreate_table(self) -> None:
         """:meth:`create_table` on the running loop's pool."""
-        await self._store._arun("action create_table", _in_transaction(create_flow(self._sql)))
+        await self._store.arun_flow("action create_table", _in_transaction(create_flow(self._sql)))
 
-    def _flow(self, step: Step) -> Flow[Written]:
+    def _flow(self, step: Step) -> StatementFlow[Written]:
         written = yield from step_flow(self._sql, step)
         yield from self._purges.after(self._sql, step)
         return written
 
     def write(self, step: Step) -> Written:
         try:
-            return self._store._run(_operation(step), self._flow(step))
+            return self._store.run_flow(_operation(step), self._flow(step))
         except StoreUnavailable as error:
             if error.code not in (UNDEFINED_TABLE, UNDEFINED_COLUMN):
                 raise
         self.create_table()  # its first use: the step found no table (or an older one)
-        return self._store._run(_operation(step), self._flow(step))
+        return self._store.run_flow(_operation(step), self._flow(step))
 
     async def awrite(self, step: Step) -> Written:
         try:
-            return await self._store._arun(_operation(step), self._flow(step))
+            return await self._store.arun_flow(_operation(step), self._flow(step))
         except StoreUnavailable as error:
             if error.code not in (UNDEFINED_TABLE, UNDEFINED_COLUMN):
                 raise
         await self.acreate_table()
-        return await self._store._arun(_operation(step), self._flow(step))
+        return await self._store.arun_flow(_operation(step), self._flow(step))

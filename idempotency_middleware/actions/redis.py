@@ -207,7 +207,7 @@ class RedisActions:
         return f"action {name}", flow()
 
     def write(self, step: Step) -> Written:
-        return self._store._run(*self._flow(step))
+        return self._store.run_flow(*self._flow(step))
 
     async def awrite(self, step: Step) -> Written:
-        return await self._store._arun(*self._flow(step))
+        return await self._store.arun_flow(*self._flow(step))

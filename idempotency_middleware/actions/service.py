@@ -15,7 +15,7 @@ from typing import Any, TypeVar, cast
 from ..clock import SYSTEM_CLOCK, Clock
 from . import flows
 from .backends import AsyncBackend, SyncBackend, backend_for
-from .flows import Flow
+from .flows import StepFlow
 from .model import DEFAULT_RETENTION_SECONDS, Action
 from .steps import Step, Written
 
@@ -48,7 +48,7 @@ class OneTimeActions:
             )
         self._sync, self._async = backend_for(store)
         self._store_name = type(store).__name__
-        clock: Clock = getattr(store, "_clock", SYSTEM_CLOCK)
+        clock: Clock = getattr(store, "clock", SYSTEM_CLOCK)
         self._clock = clock
         self.retention_seconds = float(retention_seconds)
 
@@ -142,7 +142,7 @@ class OneTimeActions:
         max_pin_attempts: object,
         data: object,
         action_id: object,
-    ) -> Flow[Action]:
+    ) -> StepFlow[Action]:
         return flows.create(
             self._now(),
             self.retention_seconds,
@@ -154,7 +154,7 @@ class OneTimeActions:
             action_id=action_id,
         )
 
-    def _run(self, flow: Flow[T]) -> T:
+    def _run(self, flow: StepFlow[T]) -> T:
         backend: SyncBackend | None = self._sync
         if backend is None:
             flow.close()
@@ -169,7 +169,7 @@ class OneTimeActions:
                 return cast(T, value)
             sent = backend.write(cast(Step, value))
 
-    async def _arun(self, flow: Flow[T], *, hashes: bool = False) -> T:
+    async def _arun(self, flow: StepFlow[T], *, hashes: bool = False) -> T:
         backend: AsyncBackend | None = self._async
         if backend is None:
             flow.close()
@@ -190,7 +190,7 @@ class OneTimeActions:
             sent = await backend.awrite(cast(Step, value))
 
 
-def _advance(flow: Flow[T], sent: Written | None) -> tuple[bool, object]:
+def _advance(flow: StepFlow[T], sent: Written | None) -> tuple[bool, object]:
     """The flow's next step (``(False, step)``) or its result (``(True, result)``).
     (A flow's end is returned, not raised: a StopIteration cannot cross a Future.)"""
     try:

@@ -127,7 +127,9 @@ class SQLiteActions:
         return written
 
     def write(self, step: Step) -> Written:
-        return self._store._run("action " + type(step).__name__.lower(), self._steps(step))
+        return self._store.run_flow("action " + type(step).__name__.lower(), self._steps(step))
 
     async def awrite(self, step: Step) -> Written:
-        return await self._store._arun("action " + type(step).__name__.lower(), self._steps(step))
+        return await self._store.arun_flow(
+            "action " + type(step).__name__.lower(), self._steps(step)
+        )

@@ -4,6 +4,6 @@ Celery."""
 
 from __future__ import annotations
 
-from .consumer import Action, IdempotentConsumer, Outcome, message_payload
+from .consumer import IdempotentConsumer, Outcome, Verdict, message_payload
 
-__all__ = ["Action", "IdempotentConsumer", "Outcome", "message_payload"]
+__all__ = ["IdempotentConsumer", "Outcome", "Verdict", "message_payload"]

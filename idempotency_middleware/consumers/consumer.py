@@ -44,7 +44,7 @@ from ..stores.records import StoredResponse
 
 logger = logging.getLogger(__name__)
 
-Action = Literal["ack", "retry", "dead"]
+Verdict = Literal["ack", "retry", "dead"]
 MessageFunction = Callable[[Any], Any]
 ExhaustedHook = Callable[[Any, Exception], Any]
 
@@ -60,7 +60,7 @@ class Outcome:
     behind a ``retry`` or ``dead`` (``None`` on ``ack``).
     """
 
-    action: Action
+    action: Verdict
     result: Any = None
     replayed: bool = False
     error: Exception | None = None
@@ -311,7 +311,7 @@ class IdempotentConsumer:
         return self._attempts.attempt(key, fingerprint)
 
     def _verdict(
-        self, attempt: decisions.Attempt, outcome: flow.Outcome, result: Any
+        self, attempt: decisions.Attempt, outcome: flow.Ending, result: Any
     ) -> Outcome | tuple[Literal["dead", "failed"], Exception]:
         """The attempt's outcome as a verdict; ``("dead", error)`` when the message can
         never be processed, ``("failed", error)`` when the handler's work did not land."""
@@ -403,4 +403,4 @@ class IdempotentConsumer:
         return Outcome("retry", error=error)
 
 
-__all__ = ["Action", "IdempotentConsumer", "Outcome", "message_payload"]
+__all__ = ["IdempotentConsumer", "Outcome", "Verdict", "message_payload"]

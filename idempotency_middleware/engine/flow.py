@@ -59,8 +59,8 @@ class RunUnprotected(NamedTuple):
 # ``Ran``: the inner thing ran under the claim; the door sends its answer unless it went out
 # live. ``None``: it ran and answered nothing.
 # ``StoredResponse``: replay it. ``Refusal``: the door words it (409, 422, 410, 503).
-Outcome = StoredResponse | decisions.Refusal | RunUnprotected | Ran | None
-Flow = Generator[Effect, Any, Outcome]
+Ending = StoredResponse | decisions.Refusal | RunUnprotected | Ran | None
+AttemptFlow = Generator[Effect, Any, Ending]
 
 RUN_UNPROTECTED = RunUnprotected()
 
@@ -101,7 +101,7 @@ class Context:
         )
 
 
-def attempt(context: Context, attempt: decisions.Attempt) -> Flow:
+def attempt(context: Context, attempt: decisions.Attempt) -> AttemptFlow:
     """One attempt of a covered call carrying a valid key."""
     claim = attempt.claim
     # Events are yielded (``Emit``) only when someone listens (``Reporter.wants``): a request
@@ -285,7 +285,7 @@ def attempt(context: Context, attempt: decisions.Attempt) -> Flow:
     return ran
 
 
-def _why(answer: Outcome) -> str | None:
+def _why(answer: Ending) -> str | None:
     """What an event about a held key says beside its kind: why a stored response could
     not be read (never part of a client's answer)."""
     if type(answer) is decisions.Refusal and answer.reason == "unreadable":
@@ -436,9 +436,9 @@ def release_lost_claim(attempt: decisions.Attempt) -> Generator[Effect, Any, Non
 
 __all__ = [
     "RUN_UNPROTECTED",
+    "AttemptFlow",
     "Context",
-    "Flow",
-    "Outcome",
+    "Ending",
     "RunUnprotected",
     "StreamEnd",
     "attempt",

@@ -170,18 +170,3 @@ def error_for(refusal: Refusal, name: str) -> Exception:
     )
     unavailable.__cause__ = error
     return unavailable
-
-
-# The package's stores each door takes, named by a door's TypeError when given the other
-# kind. Written once, here: the package cannot import every store to find them (their
-# extras are optional); tests/test_door_store_names.py checks them against the classes.
-SYNC_STORE_NAMES = ("DynamoDBStore", "RedisStore", "PostgresStore", "SQLiteStore", "MemoryStore")
-ASYNC_STORE_NAMES = (
-    "AsyncDynamoDBStore",
-    "RedisStore",
-    "PostgresStore",
-    "SQLiteStore",
-    "MemoryStore",
-)
-A_SYNC_STORE = f"a sync store ({', '.join(SYNC_STORE_NAMES)})"
-AN_ASYNC_STORE = f"an async store ({', '.join(ASYNC_STORE_NAMES)})"

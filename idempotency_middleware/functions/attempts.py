@@ -25,12 +25,12 @@ from ..engine import decisions, flow
 from ..engine.decisions import CALL_METHOD, FUNCTION_NAMESPACE
 from ..engine.drivers import AsyncDriver, SyncDriver
 from ..engine.effects import Ran
-from ..engine.refusals import A_SYNC_STORE, AN_ASYNC_STORE
 from ..engine.renewal import LoopRenewals, ThreadRenewals
 from ..errors import StoredResultUnreadableError
 from ..handler.context import CURRENT
 from ..policy.keys import storage_key
 from ..policy.options import Options
+from ..stores.catalog import A_SYNC_STORE, AN_ASYNC_STORE
 from ..stores.protocol import AsyncStore, SyncStore
 from ..stores.records import StoredResponse
 from .results import ResultCodec, Serializer
@@ -168,9 +168,7 @@ class FunctionAttempts:
             self.context.entropy.owner(),
         )
 
-    def drive(
-        self, attempt: decisions.Attempt, call: Callable[[], Any]
-    ) -> tuple[flow.Outcome, Any]:
+    def drive(self, attempt: decisions.Attempt, call: Callable[[], Any]) -> tuple[flow.Ending, Any]:
         """Run ``attempt``, calling ``call()`` if it is claimed: the flow's outcome, and what
         ``call`` returned (``None`` unless the outcome is ``Ran``). What ``call`` raised
         propagates, with the key released."""
@@ -196,7 +194,7 @@ class FunctionAttempts:
 
     async def adrive(
         self, attempt: decisions.Attempt, call: Callable[[], Awaitable[Any]]
-    ) -> tuple[flow.Outcome, Any]:
+    ) -> tuple[flow.Ending, Any]:
         """``drive`` for a coroutine function."""
         results: list[Any] = []
 

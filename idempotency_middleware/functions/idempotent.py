@@ -279,7 +279,7 @@ class _FunctionDoor:
             fingerprint = fingerprint_payload(self.name, self.payload(*args, **kwargs))
         return self.attempts.attempt(key, fingerprint)
 
-    def _result(self, attempt: decisions.Attempt, outcome: flow.Outcome, result: Any) -> Any:
+    def _result(self, attempt: decisions.Attempt, outcome: flow.Ending, result: Any) -> Any:
         if type(outcome) is Ran:
             return result
         if type(outcome) is StoredResponse:

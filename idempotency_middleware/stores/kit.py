@@ -256,7 +256,7 @@ class KitStore(ClosingStore, BreakerOwner):
         self.breaker = CircuitBreaker(breaker_threshold, breaker_cooldown_seconds, clock)
         self._ops = ops
         self._transport = transport
-        self._clock = clock
+        self.clock = clock
         # Set by a backend that publishes its completions and releases (wakeups.py).
         self.wakeups: Wakeups | None = None
 
@@ -266,7 +266,10 @@ class KitStore(ClosingStore, BreakerOwner):
         elif isinstance(error, IdempotencyError):
             self.breaker.succeeded()  # refused as written: an answer
 
-    def _run(self, operation: str, flow: Flow[T]) -> T:
+    def run_flow(self, operation: str, flow: Flow[T]) -> T:
+        """Run ``flow`` on this store's transport, its failure counted by the breaker. For
+        code written over the same backend (the one-time actions' backends, a backend's own
+        operations such as ``create_table``): ``operation`` names it in errors and events."""
         try:
             result = self._transport.run(operation, flow)
         except Exception as error:
@@ -275,7 +278,8 @@ class KitStore(ClosingStore, BreakerOwner):
         self.breaker.succeeded()
         return result
 
-    async def _arun(self, operation: str, flow: Flow[T]) -> T:
+    async def arun_flow(self, operation: str, flow: Flow[T]) -> T:
+        """``run_flow`` on the async transport."""
         try:
             result = await self._transport.arun(operation, flow)
         except Exception as error:
@@ -287,36 +291,36 @@ class KitStore(ClosingStore, BreakerOwner):
     def claim(self, request: ClaimRequest) -> ClaimResult:
         if self.breaker.admit():  # the half-open breaker's probe
             try:
-                return self._run("claim", self._ops.claim(request))
+                return self.run_flow("claim", self._ops.claim(request))
             finally:
                 self.breaker.end_probe()
-        return self._run("claim", self._ops.claim(request))
+        return self.run_flow("claim", self._ops.claim(request))
 
     async def aclaim(self, request: ClaimRequest) -> ClaimResult:
         if self.breaker.admit():
             try:
-                return await self._arun("claim", self._ops.claim(request))
+                return await self.arun_flow("claim", self._ops.claim(request))
             finally:
                 self.breaker.end_probe()
-        return await self._arun("claim", self._ops.claim(request))
+        return await self.arun_flow("claim", self._ops.claim(request))
 
     def complete(self, completion: Completion) -> bool:
-        return self._run("complete", self._ops.complete(completion))
+        return self.run_flow("complete", self._ops.complete(completion))
 
     async def acomplete(self, completion: Completion) -> bool:
-        return await self._arun("complete", self._ops.complete(completion))
+        return await self.arun_flow("complete", self._ops.complete(completion))
 
     def release(self, key_hash: str, owner: str) -> bool:
-        return self._run("release", self._ops.release(key_hash, owner))
+        return self.run_flow("release", self._ops.release(key_hash, owner))
 
     async def arelease(self, key_hash: str, owner: str) -> bool:
-        return await self._arun("release", self._ops.release(key_hash, owner))
+        return await self.arun_flow("release", self._ops.release(key_hash, owner))
 
     def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
-        return self._run("renew", self._ops.renew(key_hash, owner, lock_expires_at))
+        return self.run_flow("renew", self._ops.renew(key_hash, owner, lock_expires_at))
 
     async def arenew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
-        return await self._arun("renew", self._ops.renew(key_hash, owner, lock_expires_at))
+        return await self.arun_flow("renew", self._ops.renew(key_hash, owner, lock_expires_at))
 
     def _deferrals(self) -> Operations:
         if not self._ops.supports_deferral:
@@ -326,7 +330,7 @@ class KitStore(ClosingStore, BreakerOwner):
     def _final(
         self, token: str, status: int, headers: HeaderPairs, body: bytes, encryption: Any
     ) -> Flow[bool] | None:
-        ops, now = self._deferrals(), self._clock.now()
+        ops, now = self._deferrals(), self.clock.now()
         prepared = prepare_final(token, status, headers, body, now, encryption)
         if prepared is None:
             return None  # expired: nothing to write
@@ -347,7 +351,7 @@ class KitStore(ClosingStore, BreakerOwner):
         encryption: Encryption | None = None,
     ) -> bool:
         flow = self._final(token, status, headers, body, encryption)
-        return False if flow is None else self._run("complete_deferred", flow)
+        return False if flow is None else self.run_flow("complete_deferred", flow)
 
     async def acomplete_deferred(
         self,
@@ -359,31 +363,31 @@ class KitStore(ClosingStore, BreakerOwner):
         encryption: Encryption | None = None,
     ) -> bool:
         flow = self._final(token, status, headers, body, encryption)
-        return False if flow is None else await self._arun("complete_deferred", flow)
+        return False if flow is None else await self.arun_flow("complete_deferred", flow)
 
     def release_deferred(self, token: str) -> bool:
-        return self._run("release_deferred", self._unfinished(token))
+        return self.run_flow("release_deferred", self._unfinished(token))
 
     async def arelease_deferred(self, token: str) -> bool:
-        return await self._arun("release_deferred", self._unfinished(token))
+        return await self.arun_flow("release_deferred", self._unfinished(token))
 
     def get(self, key_hash: str) -> Record | None:
-        return self._run("get", self._ops.get(key_hash))
+        return self.run_flow("get", self._ops.get(key_hash))
 
     async def aget(self, key_hash: str) -> Record | None:
-        return await self._arun("get", self._ops.get(key_hash))
+        return await self.arun_flow("get", self._ops.get(key_hash))
 
     def delete(self, key_hash: str) -> bool:
-        return self._run("delete", self._ops.delete(key_hash))
+        return self.run_flow("delete", self._ops.delete(key_hash))
 
     async def adelete(self, key_hash: str) -> bool:
-        return await self._arun("delete", self._ops.delete(key_hash))
+        return await self.arun_flow("delete", self._ops.delete(key_hash))
 
     def create_table(self) -> None:
-        self._run("create_table", self._ops.create_table())
+        self.run_flow("create_table", self._ops.create_table())
 
     async def acreate_table(self) -> None:
-        await self._arun("create_table", self._ops.create_table())
+        await self.arun_flow("create_table", self._ops.create_table())
 
     def _check_flow(self) -> Flow[object]:
         check = getattr(self._ops, "check", None)

@@ -50,18 +50,18 @@ class MemoryStore(BreakerOwner):
     ) -> None:
         self.breaker = CircuitBreaker(breaker_threshold, breaker_cooldown_seconds, clock)
         self._records: dict[str, Record] = {}
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self._max_response_bytes = max_response_bytes
         # Purged on a claim at most once per interval, by the claims' own clock (the hot path
         # reads none): memory stays bounded by what the TTL keeps.
         self._purge_interval = purge_interval_seconds
         self._next_purge = clock.now() + purge_interval_seconds
-        self._clock = clock
+        self.clock = clock
 
     def claim(self, request: ClaimRequest) -> ClaimResult:
         # (Unpacked at once: cheaper than six NamedTuple attribute reads.)
         key_hash, fingerprint, owner, now, lock_timeout_seconds, skew = request
-        with self._lock:
+        with self.lock:
             # Read before purging: a stale claim the purge drops is still taken over here,
             # and reported so.
             existing = self._records.get(key_hash)
@@ -88,7 +88,7 @@ class MemoryStore(BreakerOwner):
         too_large = streamed or (
             self._max_response_bytes is not None and size > self._max_response_bytes
         )
-        with self._lock:
+        with self.lock:
             existing = self._records.get(key_hash)
             if existing is None or existing.owner != owner:
                 return False
@@ -124,14 +124,14 @@ class MemoryStore(BreakerOwner):
         return existing
 
     def release(self, key_hash: str, owner: str) -> bool:
-        with self._lock:
+        with self.lock:
             if self._claim_of(key_hash, owner) is None:
                 return False
             del self._records[key_hash]
             return True
 
     def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
-        with self._lock:
+        with self.lock:
             existing = self._claim_of(key_hash, owner)
             if existing is None:
                 return False
@@ -149,11 +149,11 @@ class MemoryStore(BreakerOwner):
         *,
         encryption: Encryption | None = None,
     ) -> bool:
-        prepared = prepare_final(token, status, headers, body, self._clock.now(), encryption)
+        prepared = prepare_final(token, status, headers, body, self.clock.now(), encryption)
         if prepared is None:
             return False
         parsed = prepared[0]
-        with self._lock:
+        with self.lock:
             existing = self._records.get(parsed.key_hash)
             response = seal_final(existing, *prepared, encryption)
             if response is None or existing is None:
@@ -171,7 +171,7 @@ class MemoryStore(BreakerOwner):
 
     def release_deferred(self, token: str) -> bool:
         parsed = parse_token(token)
-        with self._lock:
+        with self.lock:
             if not deferred_by(self._records.get(parsed.key_hash), parsed.owner):
                 return False
             del self._records[parsed.key_hash]
@@ -199,11 +199,11 @@ class MemoryStore(BreakerOwner):
             del self._records[key_hash]
 
     def get(self, key_hash: str) -> Record | None:
-        with self._lock:
+        with self.lock:
             return self._records.get(key_hash)
 
     def delete(self, key_hash: str) -> bool:
-        with self._lock:
+        with self.lock:
             return self._records.pop(key_hash, None) is not None
 
     def create_table(self) -> None:
@@ -213,7 +213,7 @@ class MemoryStore(BreakerOwner):
         """Nothing to check: a dict is always usable."""
 
     def __len__(self) -> int:
-        with self._lock:
+        with self.lock:
             return len(self._records)
 
     # (Marked: the async driver calls the sync methods directly, one coroutine less each.)

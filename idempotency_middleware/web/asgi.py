@@ -13,14 +13,15 @@ from typing import TYPE_CHECKING, NamedTuple
 from ..engine import decisions, flow, refusals
 from ..engine.drivers import AsyncDriver
 from ..engine.effects import Ran
-from ..engine.refusals import AN_ASYNC_STORE
 from ..engine.renewal import LoopRenewals
 from ..policy.options import DOOR_OPTIONS, MiddlewareOptions, Options, check_option_names
 from ..policy.rules import IdempotencyRule
+from ..stores.catalog import AN_ASYNC_STORE
 from ..stores.protocol import AsyncStore
-from ..stores.records import StoredResponse, UnfinishedResponse
+from ..stores.records import StoredResponse
 from . import asgi_messages as messages
 from .asgi_messages import ASGIApp, Message, Receive, Scope, Send
+from .capture import UnfinishedResponse
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

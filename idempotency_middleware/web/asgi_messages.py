@@ -13,14 +13,8 @@ from ..engine.problems import Problem
 from ..events import logger
 from ..handler.context import streams_now
 from ..policy.request_view import HeaderView, RequestView
-from ..stores.records import (
-    BodyBuffer,
-    StoredResponse,
-    UnfinishedResponse,
-    is_complete,
-    scan_response_headers,
-    with_content_length,
-)
+from ..stores.records import StoredResponse, with_content_length
+from .capture import BodyBuffer, UnfinishedResponse, is_complete, scan_response_headers
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

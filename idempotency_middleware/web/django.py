@@ -24,19 +24,14 @@ from ..engine import decisions, flow, problems, refusals
 from ..engine.drivers import Suspended, SyncDriver
 from ..engine.effects import Ran, StreamEnd
 from ..engine.problems import Problem
-from ..engine.refusals import A_SYNC_STORE
 from ..engine.renewal import ThreadRenewals
 from ..handler.context import streams_now
 from ..policy.options import DOOR_OPTIONS, Options, check_option_names
+from ..stores.catalog import A_SYNC_STORE
 from ..stores.protocol import SyncStore
-from ..stores.records import (
-    Headers,
-    StoredResponse,
-    UnfinishedResponse,
-    is_complete,
-    scan_response_headers,
-)
+from ..stores.records import Headers, StoredResponse
 from . import wsgi_environ as wsgi_io
+from .capture import UnfinishedResponse, is_complete, scan_response_headers
 
 __all__ = ["SETTING", "IdempotencyDjangoMiddleware", "problem_response", "replay_response"]
 
@@ -148,7 +143,7 @@ class IdempotencyDjangoMiddleware:
             return problem_response(refusals.problem_for(outcome), self.options.problem_base_url)
         return self.get_response(request)  # the store failed; on_store_error="run"
 
-    def _resume(self, running: flow.Flow, size: int, failed: bool) -> None:
+    def _resume(self, running: flow.AttemptFlow, size: int, failed: bool) -> None:
         self._driver.resume(running, StreamEnd(size, failed))
 
 

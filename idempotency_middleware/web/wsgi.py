@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING
 from ..engine import decisions, flow, refusals
 from ..engine.drivers import Suspended, SyncDriver
 from ..engine.effects import Ran, StreamEnd
-from ..engine.refusals import A_SYNC_STORE
 from ..engine.renewal import ThreadRenewals
 from ..policy.options import DOOR_OPTIONS, MiddlewareOptions, Options, check_option_names
+from ..stores.catalog import A_SYNC_STORE
 from ..stores.protocol import SyncStore
-from ..stores.records import StoredResponse, UnfinishedResponse
+from ..stores.records import StoredResponse
 from . import wsgi_environ as wsgi_io
+from .capture import UnfinishedResponse
 from .wsgi_environ import Environ, StartResponse, WSGIApp
 
 if TYPE_CHECKING:

@@ -14,14 +14,8 @@ from ..engine.problems import Problem
 from ..handler.context import streams_now
 from ..policy.options import Options
 from ..policy.request_view import HeaderView, RequestView
-from ..stores.records import (
-    BodyBuffer,
-    Headers,
-    StoredResponse,
-    UnfinishedResponse,
-    is_complete,
-    scan_response_headers,
-)
+from ..stores.records import Headers, StoredResponse
+from .capture import BodyBuffer, UnfinishedResponse, is_complete, scan_response_headers
 
 Environ = dict[str, Any]
 ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]

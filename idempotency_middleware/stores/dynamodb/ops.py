@@ -1,5 +1,5 @@
 """The DynamoDB store's operations, written once as flows (see ``kit.Flow``): each yields a
-``Call`` or :class:`Sleep` and receives the answer, or has the failure thrown in at its
+``Call`` or :class:`Backoff` and receives the answer, or has the failure thrown in at its
 ``yield`` (``ConditionFailed``, ``TransactionCancelled``, ``StoreUnavailable``, from
 ``errors.translate_error``). The claim's PutItem is the one exception: sent as
 ``CLAIMING``, its failed condition may come back as the value, the ``ConditionFailed``
@@ -43,7 +43,7 @@ DONE = (Status.DEFERRED, Status.COMPLETED)
 Call = tuple[str, str, dict[str, Any]]
 
 
-class Sleep(NamedTuple):
+class Backoff(NamedTuple):
     """Wait ``seconds`` by the store's clock (``sleep`` or ``asleep``)."""
 
     seconds: float
@@ -221,7 +221,7 @@ class DynamoDBOps:
         while (yield (DYNAMODB, "describe_table", table))["Table"]["TableStatus"] != "ACTIVE":
             if self._clock.now() > deadline:
                 raise StoreUnavailable(f"table {layout.table_name} did not become ACTIVE")
-            yield Sleep(ddb.TABLE_POLL_SECONDS)
+            yield Backoff(ddb.TABLE_POLL_SECONDS)
         described = yield (DYNAMODB, "describe_time_to_live", table)
         if not ddb.ttl_enabled(described, layout):
             try:

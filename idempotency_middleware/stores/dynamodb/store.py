@@ -96,7 +96,7 @@ class DynamoDBStore(DynamoDBStoreBase):
     def create_table(self, *, wait_seconds: float = 60.0) -> None:
         """Create the table (on-demand) with TTL on its expiry attribute; safe to repeat.
         Waits up to ``wait_seconds`` (by the store's clock) for a new table to become ACTIVE."""
-        self._run("create_table", self._ops.create_table(wait_seconds))
+        self.run_flow("create_table", self._ops.create_table(wait_seconds))
 
 
 class AsyncDynamoDBStore(DynamoDBStoreBase):
@@ -132,7 +132,7 @@ class AsyncDynamoDBStore(DynamoDBStoreBase):
 
     async def acreate_table(self, *, wait_seconds: float = 60.0) -> None:
         """:meth:`DynamoDBStore.create_table`, awaited."""
-        await self._arun("create_table", self._ops.create_table(wait_seconds))
+        await self.arun_flow("create_table", self._ops.create_table(wait_seconds))
 
     async def create_table(self, *, wait_seconds: float = 60.0) -> None:  # type: ignore[override]
         """:meth:`acreate_table`, under the name ``await store.create_table()`` has always had."""

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from ..kit import Flow, LoopLocal, adrive, drive, finish_without_loop
 from .config import DynamoDBConfig, WireConfig, resolve
 from .errors import ConditionFailed, store_errors, translate_error
-from .ops import CLAIMING, S3, Call, Sleep
+from .ops import CLAIMING, S3, Backoff, Call
 from .wire import OPERATIONS, Declined
 from .wire_client import WireClient, events_of, forward_sdk_events
 
@@ -81,8 +81,8 @@ class SyncTransport(_Transport):
         flow.close()
         raise TypeError(f"DynamoDBStore is sync: call its {operation}()")
 
-    def send(self, request: Call | Sleep) -> Any:
-        if isinstance(request, Sleep):
+    def send(self, request: Call | Backoff) -> Any:
+        if isinstance(request, Backoff):
             return self._config.clock.sleep(request.seconds)
         service, operation, params = request
         try:
@@ -179,8 +179,8 @@ class AsyncTransport(_Transport):
     async def arun(self, operation: str, flow: Flow[T]) -> T:
         return await adrive(flow, self.send)
 
-    async def send(self, request: Call | Sleep) -> Any:
-        if isinstance(request, Sleep):
+    async def send(self, request: Call | Backoff) -> Any:
+        if isinstance(request, Backoff):
             return await self._config.clock.asleep(request.seconds)
         service, operation, params = request
         try:

@@ -80,13 +80,13 @@ class Answer(NamedTuple):
     rowcount: int
 
 
-Flow = Generator[Statement, Answer, T]
+StatementFlow = Generator[Statement, Answer, T]
 
 
-class Transaction(NamedTuple):
+class InTransaction(NamedTuple):
     """``flow`` in one transaction: answered with its result, or its failure (rolled back)."""
 
-    flow: Flow[Any]
+    flow: StatementFlow[Any]
 
 
 class Statements:
@@ -182,7 +182,7 @@ class Statements:
         )
 
 
-def piggybacked(purge: str, cutoff: float, limit: int) -> Flow[int]:
+def piggybacked(purge: str, cutoff: float, limit: int) -> StatementFlow[int]:
     """A purge batch riding on a (done) write: its row count, 0 if it failed (left to the next)."""
     try:
         return (yield Statement(purge, {"cutoff": cutoff, "limit": limit})).rowcount
@@ -208,7 +208,7 @@ class PostgresOps:
         self._max_response_bytes = max_response_bytes
         self._purges = PurgeSchedule(purge_interval, purge_batch, clock)
 
-    def claim(self, request: ClaimRequest) -> Flow[ClaimResult]:
+    def claim(self, request: ClaimRequest) -> StatementFlow[ClaimResult]:
         """Claim in one statement. Under READ COMMITTED its second branch (the holding row) reads
         the statement's snapshot: after a concurrent commit it returns nothing or an older,
         claimable version, and the claim runs again (each rerun needs another such commit)."""
@@ -238,7 +238,7 @@ class PostgresOps:
             reason=f"the row of {request.key_hash!r} changed under each of {CLAIM_ATTEMPTS} claims",
         )
 
-    def complete(self, completion: Completion) -> Flow[bool]:
+    def complete(self, completion: Completion) -> StatementFlow[bool]:
         """Store the response, fenced by the owner (a deferral's interim one: see SQL)."""
         status = Status.DEFERRED if completion.deferred else Status.COMPLETED
         params = self._finish(completion, completion.response, status)
@@ -252,7 +252,7 @@ class PostgresOps:
 
     def complete_final(
         self, token: DeferredToken, response: StoredResponse, now: float
-    ) -> Flow[bool]:
+    ) -> StatementFlow[bool]:
         params = self._finish(token, response, Status.COMPLETED)
         params["expires_at"] = float(token.expires_at)
         return (yield Statement(self.sql.complete_final, params)).rowcount == 1
@@ -272,26 +272,26 @@ class PostgresOps:
             "too_large": blob is None,
         }
 
-    def release(self, key_hash: str, owner: str) -> Flow[bool]:
+    def release(self, key_hash: str, owner: str) -> StatementFlow[bool]:
         return (yield Statement(self.sql.release, (key_hash, owner))).rowcount == 1
 
-    def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> Flow[bool]:
+    def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> StatementFlow[bool]:
         params = {"key": key_hash, "owner": owner, "lock_expires_at": lock_expires_at}
         return (yield Statement(self.sql.renew, params)).rowcount == 1
 
-    def release_unfinished(self, token: DeferredToken) -> Flow[bool]:
+    def release_unfinished(self, token: DeferredToken) -> StatementFlow[bool]:
         return (
             yield Statement(self.sql.release_deferred, (token.key_hash, token.owner))
         ).rowcount == 1
 
-    def get(self, key_hash: str) -> Flow[Record | None]:
+    def get(self, key_hash: str) -> StatementFlow[Record | None]:
         rows = (yield Statement(self.sql.select, (key_hash,))).rows
         return record_from_fields(*rows[0]) if rows else None
 
-    def delete(self, key_hash: str) -> Flow[bool]:
+    def delete(self, key_hash: str) -> StatementFlow[bool]:
         return (yield Statement(self.sql.delete, (key_hash,))).rowcount > 0
 
-    def check(self) -> Flow[None]:
+    def check(self) -> StatementFlow[None]:
         """The table exists with the store's columns, and the role may read it."""
         try:
             yield Statement(self.sql.check, ())
@@ -308,25 +308,25 @@ class PostgresOps:
         an advisory lock (the transaction's); in a new one when it raced another session."""
         for attempt in range(CREATE_ATTEMPTS):
             try:
-                yield Transaction(self._create())
+                yield InTransaction(self._create())
                 return
             except StoreUnavailable as error:
                 if error.code not in CREATE_RACES or attempt == CREATE_ATTEMPTS - 1:
                     raise
 
-    def _create(self) -> Flow[None]:
+    def _create(self) -> StatementFlow[None]:
         sql = self.sql
         if not (yield Statement(sql.schema_exists, sql.schema_names)).rows[0][0]:
             yield Statement(sql.create_lock, (sql.table,))
             yield Statement(sql.create_table, ())
             yield Statement(sql.create_index, ())
 
-    def purge_expired(self, cutoff: float) -> Flow[int]:
+    def purge_expired(self, cutoff: float) -> StatementFlow[int]:
         size = self._purges.batch_size
         batch = Statement(self.sql.purge, {"cutoff": cutoff, "limit": size})
         return (yield from purge_all(batch, size, attrgetter("rowcount")))
 
-    def _purge_due(self, cutoff: float, statement: str) -> Flow[None]:
+    def _purge_due(self, cutoff: float, statement: str) -> StatementFlow[None]:
         if self._purges.due():
             deleted = yield from piggybacked(statement, cutoff, self._purges.batch_size)
             self._purges.purged(deleted, logger)

@@ -121,12 +121,12 @@ class PostgresStore(KitStore):
     ) -> int:
         """Delete every record expired at least ``clock_skew_seconds`` before ``now`` (default:
         the clock's), in short statements of ``purge_batch_size`` rows; the count."""
-        cutoff = (self._clock.now() if now is None else now) - clock_skew_seconds
-        return self._run("purge", self._ops.purge_expired(cutoff))
+        cutoff = (self.clock.now() if now is None else now) - clock_skew_seconds
+        return self.run_flow("purge", self._ops.purge_expired(cutoff))
 
     async def apurge_expired(
         self, now: float | None = None, *, clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS
     ) -> int:
         """:meth:`purge_expired`, awaited."""
-        cutoff = (self._clock.now() if now is None else now) - clock_skew_seconds
-        return await self._arun("purge", self._ops.purge_expired(cutoff))
+        cutoff = (self.clock.now() if now is None else now) - clock_skew_seconds
+        return await self.arun_flow("purge", self._ops.purge_expired(cutoff))

@@ -28,10 +28,10 @@ from ..kit import Flow, LoopLocal, adrive, drive
 from ..protocol import StoreUnavailable
 from ..wakeups import Listen
 from .errors import unavailable
-from .ops import Answer, Statement, Transaction
+from .ops import Answer, InTransaction, Statement
 
 T = TypeVar("T")
-Request = Statement | Transaction
+Request = Statement | InTransaction
 
 # A connection idle longer than this is closed rather than reused: firewalls and servers
 # (idle_session_timeout) drop idle connections silently.
@@ -291,7 +291,7 @@ class PostgresTransport:
         return result
 
     def _send(self, operation: str, connection: psycopg.Connection[Any], request: Request) -> Any:
-        if isinstance(request, Transaction):
+        if isinstance(request, InTransaction):
             with self._answering(operation), connection.transaction():
                 return drive(request.flow, partial(self._send, operation, connection))
         with self._answering(operation), WATCHDOG.watching(connection, self.config.answer_within):
@@ -348,7 +348,7 @@ class PostgresTransport:
     async def _asend(
         self, operation: str, connection: psycopg.AsyncConnection[Any], request: Request
     ) -> Any:
-        if isinstance(request, Transaction):
+        if isinstance(request, InTransaction):
             with self._answering(operation):
                 async with connection.transaction():
                     return await adrive(request.flow, partial(self._asend, operation, connection))

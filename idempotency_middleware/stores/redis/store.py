@@ -71,9 +71,9 @@ class RedisStore(KitStore):
 
     def warm_up(self) -> None:
         """Load the scripts now, so the first claim does not pay for it."""
-        self._run("warm_up", load_scripts())
+        self.run_flow("warm_up", load_scripts())
 
     async def awarm_up(self) -> None:
         """Make the running loop's client and load the scripts, so the first claim pays for
         neither. ``IdempotencyMiddleware`` calls this at ASGI lifespan start-up."""
-        await self._arun("warm_up", load_scripts())
+        await self.arun_flow("warm_up", load_scripts())

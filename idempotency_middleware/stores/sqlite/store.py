@@ -107,5 +107,5 @@ class SQLiteStore(KitStore):
         (default: the clock's time), in batches of ``purge_batch_size``; the count. (The
         margin keeps an in-progress claim that a host whose clock is behind still holds, as
         the claims' own margin does.)"""
-        cutoff = (self._clock.now() if now is None else now) - clock_skew_seconds
-        return self._run("purge", self._ops.purge(cutoff, self.purge_batch_size))
+        cutoff = (self.clock.now() if now is None else now) - clock_skew_seconds
+        return self.run_flow("purge", self._ops.purge(cutoff, self.purge_batch_size))
