@@ -31,6 +31,7 @@ except ModuleNotFoundError as missing:  # tests/test_missing_extras.py
 from ..clock import SYSTEM_CLOCK, Clock
 from ..events import EventHook
 from ..functions.attempts import is_coroutine_callable
+from ..functions.options import CallableOptions
 from ..functions.results import Serializer
 from ..policy.options import (
     DEFAULT_CLOCK_SKEW_SECONDS,
@@ -119,6 +120,21 @@ def idempotent_task(
             "idempotent_task binds the task itself: the function takes the task's arguments; "
             "what the request holds is in key's and payload's TaskCall"
         )
+    options = CallableOptions(
+        store=store,
+        name=task_options.pop("name", None),  # a task option too: the task's name
+        required=required,
+        ttl_seconds=ttl_seconds,
+        lock_timeout_seconds=lock_timeout_seconds,
+        wait_seconds=wait_seconds,
+        serializer=serializer,
+        on_store_error=on_store_error,
+        replay_cache_size=replay_cache_size,
+        on_event=on_event,
+        clock=clock,
+        clock_skew_seconds=clock_skew_seconds,
+        encryption=encryption,
+    )
     task_options.setdefault("acks_late", True)
     task_options.setdefault("max_retries", None)
     message_key = key or header_or_task_id
@@ -132,29 +148,15 @@ def idempotent_task(
                 f"{function.__qualname__} is a coroutine function: Celery runs plain "
                 "functions; make it one (def, not async def)"
             )
-        options = dict(task_options)
-        name = options.pop("name", None) or app.gen_task_name(
-            function.__name__, function.__module__
-        )
-        consumer = IdempotentConsumer(
+        name = options.name or app.gen_task_name(function.__name__, function.__module__)
+        consumer = IdempotentConsumer._of(
             lambda call: function(*call.args, **call.kwargs),
-            store=store,
+            options,
             key=message_key,
             payload=message_payload,
-            name=name,
             max_attempts=max_attempts,
             on_exhausted=on_exhausted,
-            required=required,
-            ttl_seconds=ttl_seconds,
-            lock_timeout_seconds=lock_timeout_seconds,
-            wait_seconds=wait_seconds,
-            serializer=serializer,
-            on_store_error=on_store_error,
-            replay_cache_size=replay_cache_size,
-            on_event=on_event,
-            clock_skew_seconds=clock_skew_seconds,
-            clock=clock,
-            encryption=encryption,
+            name=name,
         )
 
         def run(task: Task, *args: Any, **kwargs: Any) -> Any:
@@ -171,7 +173,7 @@ def idempotent_task(
         # Celery names the task class and reads the docstring from the function it gets.
         run.__name__, run.__qualname__ = function.__name__, function.__qualname__
         run.__module__, run.__doc__ = function.__module__, function.__doc__
-        task: Task = app.task(bind=True, name=name, **options)(run)
+        task: Task = app.task(bind=True, name=name, **task_options)(run)
         task.consumer = consumer  # for forget(key) in a redrive
         return task
 

@@ -18,29 +18,27 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..clock import SYSTEM_CLOCK, Clock
-from ..engine import decisions, flow, refusals
-from ..engine.effects import Ran
-from ..errors import InvalidKeyError, StoredResultUnreadableError
+from ..engine import decisions, refusals
+from ..errors import InvalidKeyError
 from ..events import EventHook
+from ..functions.answers import Answer, Returned, aanswer, answer
 from ..functions.attempts import (
     FunctionAttempts,
     check_store,
     derived_name,
     is_coroutine_callable,
-    warn_if_pickle,
 )
+from ..functions.options import CallableOptions
 from ..functions.payloads import fingerprint_payload
 from ..functions.results import Serializer
 from ..policy.options import (
     DEFAULT_CLOCK_SKEW_SECONDS,
     DEFAULT_LOCK_TIMEOUT_SECONDS,
     DEFAULT_TTL_SECONDS,
-    Options,
     named_options,
 )
 from ..stores.encryption import Encryption
 from ..stores.protocol import AsyncStore, SyncStore
-from ..stores.records import StoredResponse
 
 logger = logging.getLogger(__name__)
 
@@ -123,11 +121,14 @@ class IdempotentConsumer:
         clock: Clock = SYSTEM_CLOCK,
         encryption: Encryption | None = None,
     ) -> None:
-        options = Options.build(
+        options = CallableOptions(
+            store=store,
+            name=name,
             required=required,
             ttl_seconds=ttl_seconds,
             lock_timeout_seconds=lock_timeout_seconds,
             wait_seconds=wait_seconds,
+            serializer=serializer,
             on_store_error=on_store_error,
             replay_cache_size=replay_cache_size,
             on_event=on_event,
@@ -135,6 +136,38 @@ class IdempotentConsumer:
             clock_skew_seconds=clock_skew_seconds,
             encryption=encryption,
         )
+        self._setup(handler, options, key, payload, max_attempts, on_exhausted)
+
+    @classmethod
+    def _of(
+        cls,
+        handler: Callable[[Any], Any],
+        options: CallableOptions,
+        *,
+        key: MessageFunction,
+        payload: MessageFunction | None = None,
+        max_attempts: int | None = None,
+        on_exhausted: ExhaustedHook | None = None,
+        name: str | None = None,
+    ) -> IdempotentConsumer:
+        """A consumer from options a broker's door built and checked (and warned about)
+        once; ``name``, when given, in place of theirs (a door naming keys its own way)."""
+        consumer = cls.__new__(cls)
+        consumer._setup(handler, options, key, payload, max_attempts, on_exhausted, name)
+        return consumer
+
+    def _setup(
+        self,
+        handler: Callable[[Any], Any],
+        options: CallableOptions,
+        key: MessageFunction,
+        payload: MessageFunction | None,
+        max_attempts: int | None,
+        on_exhausted: ExhaustedHook | None,
+        name: str | None = None,
+    ) -> None:
+        """What is the consumer's own: its handler, how it reads a message, when it gives
+        one up."""
         if not callable(handler):
             raise TypeError(f"IdempotentConsumer takes a handler (a callable), got {handler!r}")
         qualname = getattr(handler, "__qualname__", type(handler).__qualname__)
@@ -147,16 +180,7 @@ class IdempotentConsumer:
             raise TypeError(f"key must be a callable taking the message, got {key!r}")
         if payload is not None and not callable(payload):
             raise TypeError(f"payload must be a callable taking the message, got {payload!r}")
-        if name is not None and not (isinstance(name, str) and name):
-            raise TypeError(f"name must be a non-empty string, got {name!r}")
-        name = derived_name(handler, name, "consumer handler")
-        if serializer is not None and not (
-            isinstance(serializer, tuple)
-            and len(serializer) == 2
-            and all(map(callable, serializer))
-        ):
-            raise TypeError("serializer must be a (dumps, loads) pair of callables")
-        warn_if_pickle(serializer, encryption, stacklevel=3)  # (past named_options)
+        name = derived_name(handler, name or options.name, "consumer handler")
         _check_count(max_attempts, "max_attempts", 1)
         if on_exhausted is not None and not callable(on_exhausted):
             raise TypeError(f"on_exhausted must be a callable or None, got {on_exhausted!r}")
@@ -166,16 +190,26 @@ class IdempotentConsumer:
                 "on_exhausted is a coroutine function, but the handler is not: process() "
                 "cannot await it; make it a plain function"
             )
-        check_store(store, self._is_async, f"consumer {name}'s handler")
+        check_store(options.store, self._is_async, f"consumer {name}'s handler")
         self.name = name
         self._handler = handler
         self._key = key
         self._payload = payload or message_payload
         self._max_attempts = max_attempts
         self._on_exhausted = on_exhausted
-        self._parts = (store, serializer, options)
-        self._attempts = FunctionAttempts(
-            handler, name, store, serializer, options, self._is_async, f"consumer {name}"
+        self._options = options
+        self._attempts = self._attempts_named(name)
+
+    def _attempts_named(self, name: str) -> FunctionAttempts:
+        options = self._options
+        return FunctionAttempts(
+            self._handler,
+            name,
+            options.store,
+            options.serializer,
+            options.attempt_options,
+            self._is_async,
+            f"consumer {name}",
         )
 
     def _renamed(self, name: str) -> IdempotentConsumer:
@@ -184,9 +218,7 @@ class IdempotentConsumer:
         options it checked, and warned about, once."""
         twin = copy.copy(self)
         twin.name = name
-        twin._attempts = FunctionAttempts(
-            self._handler, name, *self._parts, self._is_async, f"consumer {name}"
-        )
+        twin._attempts = self._attempts_named(name)
         return twin
 
     def __repr__(self) -> str:
@@ -234,14 +266,10 @@ class IdempotentConsumer:
             return self._exhaust(message, error)
         handler = self._handler
         try:
-            if attempt is None:
-                return Outcome("ack", self._attempts.unprotected(lambda: handler(message)))
-            outcome, result = self._attempts.drive(attempt, lambda: handler(message))
-            if outcome is flow.RUN_UNPROTECTED:
-                return Outcome("ack", self._attempts.unprotected(lambda: handler(message)))
+            answered = answer(self._attempts, attempt, lambda: handler(message))
         except Exception as error:
             return self._failed(message, error, delivery_count)
-        verdict = self._verdict(attempt, outcome, result)
+        verdict = self._verdict(answered)
         if isinstance(verdict, Outcome):
             return verdict
         if verdict[0] == "dead":
@@ -261,16 +289,10 @@ class IdempotentConsumer:
             return await self._aexhaust(message, error)
         handler = self._handler
         try:
-            if attempt is None:
-                ran = await self._attempts.aunprotected(lambda: handler(message))
-                return Outcome("ack", ran)
-            outcome, result = await self._attempts.adrive(attempt, lambda: handler(message))
-            if outcome is flow.RUN_UNPROTECTED:
-                ran = await self._attempts.aunprotected(lambda: handler(message))
-                return Outcome("ack", ran)
+            answered = await aanswer(self._attempts, attempt, lambda: handler(message))
         except Exception as error:
             return await self._afailed(message, error, delivery_count)
-        verdict = self._verdict(attempt, outcome, result)
+        verdict = self._verdict(answered)
         if isinstance(verdict, Outcome):
             return verdict
         if verdict[0] == "dead":
@@ -310,31 +332,25 @@ class IdempotentConsumer:
         fingerprint = fingerprint_payload(self.name, self._payload(message))
         return self._attempts.attempt(key, fingerprint)
 
-    def _verdict(
-        self, attempt: decisions.Attempt, outcome: flow.Ending, result: Any
-    ) -> Outcome | tuple[Literal["dead", "failed"], Exception]:
-        """The attempt's outcome as a verdict; ``("dead", error)`` when the message can
-        never be processed, ``("failed", error)`` when the handler's work did not land."""
-        if type(outcome) is Ran:
-            return Outcome("ack", result)
-        if type(outcome) is StoredResponse:
-            try:
-                return Outcome("ack", self._attempts.replayed(attempt, outcome), replayed=True)
-            except StoredResultUnreadableError as unreadable:
-                return ("dead", unreadable)  # a stored result that cannot be read: never re-run
-        assert type(outcome) is decisions.Refusal, outcome
-        reason = outcome.reason
+    def _verdict(self, answered: Answer) -> Outcome | tuple[Literal["dead", "failed"], Exception]:
+        """The consumer door's wording of an answer: a verdict; ``("dead", error)`` when the
+        message can never be processed, ``("failed", error)`` when the handler's work did not
+        land."""
+        if isinstance(answered, Returned):
+            return Outcome("ack", answered.value, replayed=answered.replayed)
+        reason, error = answered.reason, answered.error
         if reason == "not_stored":
             # Done, but its result was too large to keep: nothing to give back, nothing to run.
             return Outcome("ack", None, replayed=True)
-        error = refusals.error_for(outcome, self.name)
         if reason in ("reused", "unreadable"):
-            return ("dead", error)
+            return ("dead", error)  # (a stored result that cannot be read: never re-run)
         if reason in ("transaction_conflict", "transaction_rejected"):
             return ("failed", error)  # it ran, but nothing landed: the key was released
+        refusal = answered.refusal
+        assert refusal is not None, answered
         if reason == "in_progress":
-            return Outcome("retry", error=error, retry_after=self._until_free(outcome))
-        retry_after = outcome.retry_after or getattr(error, "retry_after", None) or 1
+            return Outcome("retry", error=error, retry_after=self._until_free(refusal))
+        retry_after = refusal.retry_after or getattr(error, "retry_after", None) or 1
         return Outcome("retry", error=error, retry_after=retry_after)
 
     def _until_free(self, refusal: decisions.Refusal) -> float:

@@ -34,6 +34,7 @@ except ModuleNotFoundError as missing:  # tests/test_missing_extras.py
 from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import InvalidKeyError
 from ..events import EventHook
+from ..functions.options import CallableOptions
 from ..functions.results import Serializer
 from ..policy.options import (
     DEFAULT_CLOCK_SKEW_SECONDS,
@@ -212,32 +213,37 @@ class IdempotencyFastStreamMiddleware:
                 raise TypeError(f"{option} must be a callable taking the message, got {value!r}")
         if delivery_count is not None and not callable(delivery_count):
             raise TypeError(f"delivery_count must be a callable, got {delivery_count!r}")
+        options = CallableOptions(
+            store=store,
+            name=name,
+            required=required,
+            ttl_seconds=ttl_seconds,
+            lock_timeout_seconds=lock_timeout_seconds,
+            wait_seconds=wait_seconds,
+            serializer=serializer,
+            on_store_error=on_store_error,
+            replay_cache_size=replay_cache_size,
+            on_event=on_event,
+            clock=clock,
+            clock_skew_seconds=clock_skew_seconds,
+            encryption=encryption,
+        )
         message_key = key or (header_or_message_id if required else _header_or_message_id_if_any)
         message_payload = payload or message_body
         hook = on_exhausted
-        options: dict[str, Any] = {
-            "store": store,
-            "key": lambda delivery: message_key(delivery.message),
-            "payload": lambda delivery: message_payload(delivery.message),
-            "max_attempts": max_attempts,
-            "on_exhausted": None
+        # Built now, so bad options fail at start-up, once: each subscriber's consumer is a
+        # copy of it under the subscriber's name.
+        self._prototype = IdempotentConsumer._of(
+            _run,
+            options,
+            key=lambda delivery: message_key(delivery.message),
+            payload=lambda delivery: message_payload(delivery.message),
+            max_attempts=max_attempts,
+            on_exhausted=None
             if hook is None
             else (lambda delivery, error: hook(delivery.message, error)),
-            "required": required,
-            "ttl_seconds": ttl_seconds,
-            "lock_timeout_seconds": lock_timeout_seconds,
-            "wait_seconds": wait_seconds,
-            "serializer": serializer,
-            "on_store_error": on_store_error,
-            "replay_cache_size": replay_cache_size,
-            "on_event": on_event,
-            "clock_skew_seconds": clock_skew_seconds,
-            "clock": clock,
-            "encryption": encryption,
-        }
-        # Built now, so bad options fail (and a pickle serializer warns) at start-up, once:
-        # each subscriber's consumer is a copy of it under the subscriber's name.
-        self._prototype = IdempotentConsumer(_run, name=name or "faststream", **options)
+            name=name or "faststream",
+        )
         self._name = name
         self._count: CountFunction = delivery_count or broker_delivery_count
         self._consumers: dict[str, IdempotentConsumer] = {}

@@ -28,6 +28,7 @@ import threading
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
+from ..policy.options import named_options
 from .consumer import IdempotentConsumer, Outcome
 
 logger = logging.getLogger(__name__)
@@ -95,6 +96,7 @@ class SQSWorker:
     warning for each consumer option that does not fit them (``fit_warnings``).
     """
 
+    @named_options("SQSWorker")
     def __init__(
         self,
         consumer: IdempotentConsumer,

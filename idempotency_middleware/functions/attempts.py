@@ -6,7 +6,8 @@ HTTP route, a codec for its results, a policy and a driver. Both doors build the
 here and run it through ``engine.flow.attempt``: there is one attempt sequence, and this is
 only the part of its translation that the two doors word alike. They differ in how they read
 the key and the payload (a call's arguments, a message) and in how they word the outcome
-(a result or an exception; an ack, retry or dead verdict).
+(a result or an exception; an ack, retry or dead verdict), which ``answers.py`` gives them
+in one form. Their options are ``options.py``'s.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import dataclasses
 import functools
 import inspect
 import pickle
-import warnings
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
@@ -58,20 +58,6 @@ def check_store(store: object, is_async: bool, what: str) -> None:
             f"{what} is a plain function and needs {A_SYNC_STORE}; "
             f"{type(store).__name__} has no claim/complete/release/renew. For a coroutine "
             "function, use async def"
-        )
-
-
-def warn_if_pickle(serializer: Serializer | None, encryption: object, *, stacklevel: int) -> None:
-    """Warn once, at decoration, about a ``serializer`` whose ``loads`` is ``pickle.loads``:
-    whoever can write the store could run code at a replay. Not with ``encryption``: such a
-    door reads back only the records it encrypted (authenticated), never a plain one."""
-    if encryption is None and unpickles(serializer):
-        warnings.warn(
-            "serializer loads with pickle: whoever can write to the idempotency store could "
-            "run code when a result is replayed. Prefer JSON results (the default), or pass "
-            "encryption=Encryption(...) so stored results are authenticated",
-            UserWarning,
-            stacklevel=stacklevel + 1,
         )
 
 
@@ -296,5 +282,4 @@ __all__ = [
     "function_key_hash",
     "is_coroutine_callable",
     "unpickles",
-    "warn_if_pickle",
 ]

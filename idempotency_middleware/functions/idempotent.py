@@ -14,28 +14,21 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, cast, overload
 
 from ..clock import SYSTEM_CLOCK, Clock
-from ..engine import decisions, flow, refusals
+from ..engine import decisions
 from ..engine.decisions import CALL_METHOD
-from ..engine.effects import Ran
 from ..errors import InvalidKeyError
 from ..events import EventHook
 from ..policy.options import (
     DEFAULT_CLOCK_SKEW_SECONDS,
     DEFAULT_LOCK_TIMEOUT_SECONDS,
     DEFAULT_TTL_SECONDS,
-    Options,
     named_options,
 )
 from ..stores.encryption import Encryption
 from ..stores.protocol import AsyncStore, SyncStore
-from ..stores.records import StoredResponse
-from .attempts import (
-    FunctionAttempts,
-    check_store,
-    derived_name,
-    is_coroutine_callable,
-    warn_if_pickle,
-)
+from .answers import Answer, Returned, aanswer, answer
+from .attempts import FunctionAttempts, check_store, derived_name, is_coroutine_callable
+from .options import CallableOptions
 from .payloads import fingerprint_arguments, fingerprint_payload
 from .results import Serializer
 
@@ -78,11 +71,14 @@ def idempotent(
     function's arguments and returning it. The documentation's "Functions and consumers"
     page is the whole contract.
     """
-    options = Options.build(
+    options = CallableOptions(
+        store=store,
+        name=name,
         required=required,
         ttl_seconds=ttl_seconds,
         lock_timeout_seconds=lock_timeout_seconds,
         wait_seconds=wait_seconds,
+        serializer=serializer,
         on_store_error=on_store_error,
         replay_cache_size=replay_cache_size,
         on_event=on_event,
@@ -96,36 +92,19 @@ def idempotent(
         )
     if payload is not None and not callable(payload):
         raise TypeError(f"payload must be a callable taking the arguments, got {payload!r}")
-    if name is not None and not (isinstance(name, str) and name):
-        raise TypeError(f"name must be a non-empty string, got {name!r}")
-    if serializer is not None and not (
-        isinstance(serializer, tuple) and len(serializer) == 2 and all(map(callable, serializer))
-    ):
-        raise TypeError("serializer must be a (dumps, loads) pair of callables")
-    # (3: through the named_options wrapper to the line that called idempotent)
-    warn_if_pickle(serializer, encryption, stacklevel=3)
-    return _Decorator(store, key, payload, name, serializer, options)
+    return _Decorator(key, payload, options)
 
 
 class _Decorator:
     """What ``idempotent(...)`` returns: applied to a function, its idempotent twin."""
 
-    __slots__ = ("_key", "_name", "_options", "_payload", "_serializer", "_store")
+    __slots__ = ("_key", "_options", "_payload")
 
     def __init__(
-        self,
-        store: SyncStore | AsyncStore,
-        key: str | KeyFunction,
-        payload: PayloadFunction | None,
-        name: str | None,
-        serializer: Serializer | None,
-        options: Options,
+        self, key: str | KeyFunction, payload: PayloadFunction | None, options: CallableOptions
     ) -> None:
-        self._store = store
         self._key = key
         self._payload = payload
-        self._name = name
-        self._serializer = serializer
         self._options = options
 
     @overload
@@ -146,9 +125,10 @@ class _Decorator:
                 f"idempotent cannot make generator function {qualname} "
                 "idempotent: its result is an iterator that cannot be stored; return a list"
             )
-        name = derived_name(function, self._name, "idempotent")
+        options = self._options
+        name = derived_name(function, options.name, "idempotent")
         is_async = is_coroutine_callable(function)
-        check_store(self._store, is_async, f"idempotent function {qualname}")
+        check_store(options.store, is_async, f"idempotent function {qualname}")
         signature = inspect.signature(function)
         if isinstance(self._key, str) and self._key not in signature.parameters:
             raise TypeError(
@@ -159,9 +139,9 @@ class _Decorator:
         attempts = FunctionAttempts(
             function,
             name,
-            self._store,
-            self._serializer,
-            self._options,
+            options.store,
+            options.serializer,
+            options.attempt_options,
             is_async,
             f"idempotent function {name}",
         )
@@ -232,24 +212,14 @@ class _FunctionDoor:
         self.name = attempts.name
 
     def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        attempt = self._attempt(args, kwargs)
         function = self.function
-        if attempt is None:
-            return self.attempts.unprotected(lambda: function(*args, **kwargs))
-        outcome, result = self.attempts.drive(attempt, lambda: function(*args, **kwargs))
-        if outcome is flow.RUN_UNPROTECTED:
-            return self.attempts.unprotected(lambda: function(*args, **kwargs))
-        return self._result(attempt, outcome, result)
+        attempt = self._attempt(args, kwargs)
+        return _returned(answer(self.attempts, attempt, lambda: function(*args, **kwargs)))
 
     async def acall(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        attempt = self._attempt(args, kwargs)
         function = self.function
-        if attempt is None:
-            return await self.attempts.aunprotected(lambda: function(*args, **kwargs))
-        outcome, result = await self.attempts.adrive(attempt, lambda: function(*args, **kwargs))
-        if outcome is flow.RUN_UNPROTECTED:
-            return await self.attempts.aunprotected(lambda: function(*args, **kwargs))
-        return self._result(attempt, outcome, result)
+        attempt = self._attempt(args, kwargs)
+        return _returned(await aanswer(self.attempts, attempt, lambda: function(*args, **kwargs)))
 
     def _attempt(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> decisions.Attempt | None:
         """The call's attempt; ``None`` when it runs unprotected (no key, not required)."""
@@ -279,13 +249,12 @@ class _FunctionDoor:
             fingerprint = fingerprint_payload(self.name, self.payload(*args, **kwargs))
         return self.attempts.attempt(key, fingerprint)
 
-    def _result(self, attempt: decisions.Attempt, outcome: flow.Ending, result: Any) -> Any:
-        if type(outcome) is Ran:
-            return result
-        if type(outcome) is StoredResponse:
-            return self.attempts.replayed(attempt, outcome)
-        assert type(outcome) is decisions.Refusal, outcome
-        raise refusals.error_for(outcome, self.name)
+
+def _returned(answer: Answer) -> Any:
+    """The function door's wording: the result, or the refusal's exception raised."""
+    if isinstance(answer, Returned):
+        return answer.value
+    raise answer.error
 
 
 __all__ = ["CALL_METHOD", "IdempotentFunction", "idempotent"]

@@ -147,7 +147,12 @@ def named_options(door: str) -> Callable[[F], F]:
 
     def decorate(function: F) -> F:
         parameters = inspect.signature(function).parameters.values()
-        valid = frozenset(p.name for p in parameters if p.kind is not p.VAR_KEYWORD)
+        # (What a caller can pass by name: a method's self is not one of its options.)
+        valid = frozenset(
+            p.name
+            for p in parameters
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"
+        )
 
         @functools.wraps(function)
         def checked(*args: Any, **kwargs: Any) -> Any:
