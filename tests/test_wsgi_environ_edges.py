@@ -19,7 +19,7 @@ import pytest
 from idempotency_middleware import IdempotencyWSGIMiddleware, MemoryStore
 from idempotency_middleware.policy.keys import storage_key
 from idempotency_middleware.stores.records import Status
-from idempotency_middleware.web.wsgi_environ import LiveBody
+from idempotency_middleware.web.live_body import LiveBody
 from tests.servers import serve_wsgi
 
 Environ = dict[str, Any]

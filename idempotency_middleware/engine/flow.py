@@ -83,9 +83,12 @@ class Context:
     sealed_only: bool = False
 
     @classmethod
-    def for_options(cls, options: Options, store: object, *, http: bool = True) -> Context:
-        """``http=False`` for a door whose events carry no HTTP status (functions). The
-        door's events include those of ``store``'s circuit breaker, when it has one."""
+    def for_options(
+        cls, options: Options, store: object, *, http: bool = True, sealed_only: bool = False
+    ) -> Context:
+        """``http=False`` for a door whose events carry no HTTP status (functions);
+        ``sealed_only`` for one that reads back only the records it encrypted. The door's
+        events include those of ``store``'s circuit breaker, when it has one."""
         reporter = Reporter(options.on_event, http=http)
         breaker = getattr(store, "breaker", None)
         if isinstance(breaker, CircuitBreaker):
@@ -98,6 +101,7 @@ class Context:
             http,
             stored_statuses=options.stored_statuses,
             encryption=options.encryption,
+            sealed_only=sealed_only,
         )
 
 

@@ -13,7 +13,6 @@ in one form. Their options are ``options.py``'s.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import inspect
 import pickle
@@ -23,9 +22,8 @@ from typing import Any, cast
 from ..clock import Clock
 from ..engine import decisions, flow
 from ..engine.decisions import CALL_METHOD, FUNCTION_NAMESPACE
-from ..engine.drivers import AsyncDriver, SyncDriver
 from ..engine.effects import Ran
-from ..engine.renewal import LoopRenewals, ThreadRenewals
+from ..engine.setup import AsyncSetup, SyncSetup
 from ..errors import StoredResultUnreadableError
 from ..handler.context import CURRENT
 from ..policy.keys import storage_key
@@ -120,28 +118,19 @@ class FunctionAttempts:
         self.codec = ResultCodec(function, serializer, name)
         self.policy = options.default_policy._replace(route=name)
         self.clock: Clock = options.clock
-        context = flow.Context.for_options(options, store, http=False)
-        if options.encryption is not None and unpickles(serializer):
-            # Encryption authenticates what this door wrote; a plain record may be anyone's,
-            # and unpickling it could run their code: read back encrypted records only.
-            context = dataclasses.replace(context, sealed_only=True)
-        self.context = context
-        self.async_driver: AsyncDriver | None = None
-        self.sync_driver: SyncDriver | None = None
+        # Encryption authenticates what this door wrote; a plain record may be anyone's,
+        # and unpickling it could run their code: read back encrypted records only.
+        sealed_only = options.encryption is not None and unpickles(serializer)
+        self.setup: SyncSetup | AsyncSetup
         if is_async:
-            async_store = cast(AsyncStore, store)
-            self.async_driver = AsyncDriver(
-                async_store,
-                options.clock,
-                LoopRenewals(async_store, self.context.reporter, options.clock),
+            self.setup = AsyncSetup.for_options(
+                options, cast(AsyncStore, store), http=False, sealed_only=sealed_only
             )
         else:
-            sync_store = cast(SyncStore, store)
-            self.sync_driver = SyncDriver(
-                sync_store,
-                options.clock,
-                ThreadRenewals(sync_store, self.context.reporter, options.clock),
+            self.setup = SyncSetup.for_options(
+                options, cast(SyncStore, store), http=False, sealed_only=sealed_only
             )
+        self.context = self.setup.context
 
     def attempt(self, key: str, fingerprint: str) -> decisions.Attempt:
         """The attempt of one call (or delivery) with ``key`` and ``fingerprint``."""
@@ -174,8 +163,8 @@ class FunctionAttempts:
             results.append(result)
             return Ran(RESULT_STATUS, [], body)
 
-        assert self.sync_driver is not None
-        outcome = self.sync_driver.drive(flow.attempt(self.context, attempt), run)
+        assert isinstance(self.setup, SyncSetup)
+        outcome = self.setup.drive(attempt, run)
         return outcome, results[0] if results else None
 
     async def adrive(
@@ -190,8 +179,8 @@ class FunctionAttempts:
             results.append(result)
             return Ran(RESULT_STATUS, [], body)
 
-        assert self.async_driver is not None
-        outcome = await self.async_driver.drive(flow.attempt(self.context, attempt), run)
+        assert isinstance(self.setup, AsyncSetup)
+        outcome = await self.setup.drive(attempt, run)
         return outcome, results[0] if results else None
 
     def replayed(self, attempt: decisions.Attempt, stored: StoredResponse) -> Any:

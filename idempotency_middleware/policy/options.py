@@ -63,7 +63,7 @@ class Policy(NamedTuple):
     renewal_interval: float  # how often a running claim is renewed (see RENEWALS_PER_LOCK)
     wait_seconds: float = 0.0  # how long a duplicate waits for the first attempt's outcome
     # A route opt-in's (Options.with_route_rules): the ASGI door marks its requests in their
-    # scope for the route (asgi.RouteOptIns.scope_key).
+    # scope for the route (route_opt_ins.RouteOptIns.scope_key).
     route_opt_in: bool = False
     # The takeover margin a claim carries (ClaimRequest.clock_skew_seconds).
     clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS

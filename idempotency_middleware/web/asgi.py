@@ -6,22 +6,20 @@ response captured, send the answer. The attempt itself is ``engine.flow.attempt`
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
-from ..engine import decisions, flow, refusals
-from ..engine.drivers import AsyncDriver
-from ..engine.effects import Ran
-from ..engine.renewal import LoopRenewals
+from ..engine import decisions
+from ..engine.setup import AsyncSetup
 from ..policy.options import DOOR_OPTIONS, MiddlewareOptions, Options, check_option_names
-from ..policy.rules import IdempotencyRule
 from ..stores.catalog import AN_ASYNC_STORE
 from ..stores.protocol import AsyncStore
-from ..stores.records import StoredResponse
 from . import asgi_messages as messages
+from .answers import answer, problem_reply
 from .asgi_messages import ASGIApp, Message, Receive, Scope, Send
 from .capture import UnfinishedResponse
+from .route_opt_ins import read_route_opt_ins
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -31,37 +29,9 @@ __all__ = [
     "IdempotencyMiddleware",
     "Message",
     "Receive",
-    "RouteOptIns",
     "Scope",
     "Send",
-    "add_route_opt_ins",
 ]
-
-
-class RouteOptIns(NamedTuple):
-    """What a framework integration hands the ASGI door about per-route opt-ins.
-
-    ``read(app)`` turns the routes of the app the middleware wraps into rules (route
-    templates and methods, in the router's order; see ``Options.with_route_rules``).
-    ``scope_key`` is set in the scope of every request such an opt-in covers, to the
-    request's key (``None`` when it had none and passed through), so the route can tell a
-    request covered by its own settings from one no middleware applied them to.
-    """
-
-    read: Callable[[ASGIApp], Sequence[IdempotencyRule]]
-    scope_key: str
-
-
-# Integrations register when they are imported: an app that never imports one has no
-# route carrying an opt-in, and the door never imports a framework itself.
-_ROUTE_OPT_INS: list[RouteOptIns] = []
-
-
-def add_route_opt_ins(opt_ins: RouteOptIns) -> None:
-    """Register an integration's route opt-ins; every ``IdempotencyMiddleware`` reads them
-    from its app at its first scope (registering the same one twice changes nothing)."""
-    if opt_ins not in _ROUTE_OPT_INS:
-        _ROUTE_OPT_INS.append(opt_ins)
 
 
 class IdempotencyMiddleware:
@@ -91,15 +61,11 @@ class IdempotencyMiddleware:
         )
         # A store with a client to create (AsyncDynamoDBStore) creates it at start-up.
         self._warm_up: Callable[[], Awaitable[None]] | None = getattr(store, "awarm_up", None)
-        self._context = flow.Context.for_options(self.options, store)
+        setup = AsyncSetup.for_options(self.options, store)
         # Bound once: read on every new key.
-        self._now = self.options.clock.now
-        self._new_owner = self._context.entropy.owner
-        self._driver = AsyncDriver(
-            store,
-            self.options.clock,
-            LoopRenewals(store, self._context.reporter, self.options.clock),
-        )
+        self._now = setup.now
+        self._new_owner = setup.new_owner
+        self._drive = setup.drive
         # The app's routes are read at the first scope (lifespan start-up or the first
         # request), when they are all defined, not here: the app may still be growing.
         self._routes_unread = True
@@ -115,6 +81,7 @@ class IdempotencyMiddleware:
         options = self.options
         self._header_key = options.header_key
         self._max_body_bytes = options.max_body_bytes
+        self._problem_base_url = options.problem_base_url
         # A declared Content-Length shorter than the limit written out in digits cannot
         # exceed it (nor can a malformed one count), so only a longer one is parsed.
         self._length_digits = len(str(options.max_body_bytes))
@@ -127,16 +94,10 @@ class IdempotencyMiddleware:
         """Turn the app's route opt-ins (``RouteOptIns`` of the registered integrations)
         into route policies, once. Routes added later are not seen; an integration's
         route then refuses to run unprotected."""
-        rules: list[IdempotencyRule] = []
-        keys: list[str] = []
-        for opt_ins in _ROUTE_OPT_INS:
-            read = opt_ins.read(self.app)
-            if read:
-                rules.extend(read)
-                keys.append(opt_ins.scope_key)
+        rules, keys = read_route_opt_ins(self.app)
         if rules:
             self.options = self.options.with_route_rules(rules)
-            self._opt_in_keys = tuple(keys)
+            self._opt_in_keys = keys
             self._read_hot_settings()
         # Only once they were read: a route that cannot be covered (a bad template, GET)
         # fails start-up, and every request after it, rather than being skipped.
@@ -148,29 +109,11 @@ class IdempotencyMiddleware:
             scope[scope_key] = key
 
     async def _start_up(self, receive: Receive, send: Send) -> Receive | None:
-        """Read the routes and check the store as the lifespan starts: the receive to give
-        the app, or ``None`` when start-up failed (said, as ASGI asks, with
-        ``lifespan.startup.failed``: an exception from a lifespan scope would only make
-        uvicorn's default ``--lifespan auto`` serve on without the app's lifespan)."""
+        """Read the routes and check the store (once) as the lifespan starts: the receive
+        to give the app, or ``None`` when start-up failed."""
         check, self._check = self._check, None
-        failure = None
-        if self._routes_unread:
-            try:
-                self._read_routes()
-            except ValueError as error:
-                failure = str(error)
-        if failure is None and check is None:
-            return receive
-        startup = await receive()  # lifespan.startup
-        if check is not None and failure is None:
-            try:
-                await check()
-            except Exception as error:  # StoreUnavailableError, or any other failure of it
-                failure = str(error)
-        if failure is not None:
-            await send({"type": "lifespan.startup.failed", "message": failure})
-            return None
-        return messages.replaying_message(startup, receive)
+        read_routes = self._read_routes if self._routes_unread else None
+        return await messages.start_lifespan(receive, send, read_routes, check)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -229,7 +172,7 @@ class IdempotencyMiddleware:
             await self.app(scope, receive, send)
             return
         if not isinstance(admitted, decisions.Admitted):
-            await messages.send_problem(send, admitted, self.options.problem_base_url)
+            await messages.send_reply(send, problem_reply(admitted, self._problem_base_url))
             return
         # A covered request with a key: read its body, then run the attempt. (In this
         # coroutine rather than one of its own: an await less on every new key.)
@@ -244,7 +187,7 @@ class IdempotencyMiddleware:
                 body = await messages.read_body(receive, self._max_body_bytes, message)
         except messages.BodyTooLarge:
             too_large = decisions.body_too_large(self.options)
-            await messages.send_problem(send, too_large, self.options.problem_base_url)
+            await messages.send_reply(send, problem_reply(too_large, self._problem_base_url))
             return
         except messages.ClientGone:
             return  # nobody to answer and nothing claimed
@@ -262,17 +205,15 @@ class IdempotencyMiddleware:
             self._now(),  # now
             self._new_owner(),  # owner
         )
-        # Runs the app when the attempt says so, replaying it the body read. (Its bound
-        # method, not a closure: a closure here would make cells of this coroutine's
-        # variables, built on every call, a request without a key included.)
+        # Runs the app when the attempt says so, replaying it the body read, then answers.
+        # (Its bound method, not a closure: a closure here would make cells of this
+        # coroutine's variables, built on every call, a request without a key included.)
         capture = messages.ResponseCapture(send, body, receive, self.app, scope)
         waiter = (
             messages.disconnect_waiter(receive, self.options.clock) if policy.wait_seconds else None
         )
         try:
-            outcome = await self._driver.drive(
-                flow.attempt(self._context, attempt), capture.run, waiter
-            )
+            outcome = await self._drive(attempt, capture.run, waiter)
         except UnfinishedResponse:
             # Released: the client gets the response as cut as the app left it.
             await capture.send_cut()
@@ -284,17 +225,4 @@ class IdempotencyMiddleware:
                 # after its 500, nothing was sent: the server answers its own 500.)
                 await capture.send_cut()
             raise
-        if type(outcome) is Ran:
-            if not outcome.live:
-                start = capture.start
-                assert start is not None
-                await send(start)
-                await send({"type": "http.response.body", "body": outcome.body, "more_body": False})
-        elif type(outcome) is StoredResponse:
-            await messages.send_replay(send, outcome)
-        elif type(outcome) is decisions.Refusal:
-            problem = refusals.problem_for(outcome)
-            await messages.send_problem(send, problem, self.options.problem_base_url)
-        elif outcome is flow.RUN_UNPROTECTED:  # the store failed and on_store_error="run"
-            await self.app(scope, messages.replaying_receive(body, receive), send)
-        # else None: the app sent nothing; the server answers 500 itself
+        await answer(outcome, capture, self._problem_base_url)

@@ -9,11 +9,11 @@ from typing import Any
 
 from ..clock import Clock
 from ..engine.effects import Ran
-from ..engine.problems import Problem
 from ..events import logger
 from ..handler.context import streams_now
 from ..policy.request_view import HeaderView, RequestView
-from ..stores.records import StoredResponse, with_content_length
+from ..stores.records import with_content_length
+from .answers import Reply
 from .capture import BodyBuffer, UnfinishedResponse, is_complete, scan_response_headers
 
 Scope = MutableMapping[str, Any]
@@ -37,7 +37,8 @@ class ClientGone(Exception):
 
 class ResponseCapture:
     """Runs the app (``run``) with its response buffered instead of sent, except a streaming
-    one (see ``records.STREAMING_MEDIA_TYPES``), which goes to the client live as it comes."""
+    one (see ``records.STREAMING_MEDIA_TYPES``), which goes to the client live as it comes;
+    then answers the request, once its attempt ended (an ``answers.Responder``)."""
 
     __slots__ = (
         "_app",
@@ -171,6 +172,29 @@ class ResponseCapture:
         await self._send(start)
         await self._send({"type": "http.response.body", "body": body, "more_body": not self.ended})
 
+    # -- answering (answers.Responder) ------------------------------------------------------
+
+    async def reply(self, reply: Reply) -> None:
+        """Send an answer the middleware made (a replay, a problem)."""
+        await send_reply(self._send, reply)
+
+    async def ran(self, ran: Ran) -> None:
+        """Send the app's buffered response (a live one went out already)."""
+        if not ran.live:
+            start = self.start
+            assert start is not None
+            await self._send(start)
+            await self._send({"type": "http.response.body", "body": ran.body, "more_body": False})
+
+    async def unprotected(self) -> None:
+        """Run the app with no claim, the body replayed to it, its response sent as it comes."""
+        assert self._app is not None and self._scope is not None, "built without an app"
+        assert self._receive is not None, "built without receive"
+        await self._app(self._scope, replaying_receive(self._body, self._receive), self._send)
+
+    async def nothing(self) -> None:
+        """The app sent nothing: the server answers 500 itself."""
+
     async def receive(self) -> Message:
         """``replaying_receive(body, receive)`` as a method of the capture."""
         if not self._replayed:
@@ -219,6 +243,37 @@ def warming_receive(receive: Receive, warm_up: Callable[[], Awaitable[None]]) ->
         return message
 
     return startup_then_message
+
+
+async def start_lifespan(
+    receive: Receive,
+    send: Send,
+    read_routes: Callable[[], None] | None,
+    check: Callable[[], Awaitable[None]] | None,
+) -> Receive | None:
+    """A door's start-up steps as the lifespan starts: ``read_routes`` (``ValueError``: a
+    route that cannot be covered) then ``check`` (the store), each when given. The receive
+    to give the app, or ``None`` when a step failed, which is said as ASGI asks, with
+    ``lifespan.startup.failed``: an exception from a lifespan scope would only make
+    uvicorn's default ``--lifespan auto`` serve on without the app's lifespan."""
+    failure = None
+    if read_routes is not None:
+        try:
+            read_routes()
+        except ValueError as error:
+            failure = str(error)
+    if failure is None and check is None:
+        return receive
+    startup = await receive()  # lifespan.startup
+    if check is not None and failure is None:
+        try:
+            await check()
+        except Exception as error:  # StoreUnavailableError, or any other failure of it
+            failure = str(error)
+    if failure is not None:
+        await send({"type": "lifespan.startup.failed", "message": failure})
+        return None
+    return replaying_message(startup, receive)
 
 
 def replaying_message(message: Message, receive: Receive) -> Receive:
@@ -274,23 +329,10 @@ def request_view(scope: Scope, route: str) -> RequestView:
     )
 
 
-async def send_problem(send: Send, problem: Problem, base_url: str | None = None) -> None:
-    """Answer with ``problem``; ``base_url`` is the middleware's ``problem_base_url``."""
-    body = problem.body(base_url=base_url)
-    headers = problem.headers(body, base_url=base_url)
-    await send({"type": "http.response.start", "status": problem.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-async def send_replay(send: Send, response: StoredResponse) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": response.status,
-            "headers": response.replay_headers(),
-        }
-    )
-    await send({"type": "http.response.body", "body": response.body, "more_body": False})
+async def send_reply(send: Send, reply: Reply) -> None:
+    """Answer with ``reply`` (a replay, a problem)."""
+    await send({"type": "http.response.start", "status": reply.status, "headers": reply.headers})
+    await send({"type": "http.response.body", "body": reply.body, "more_body": False})
 
 
 def disconnect_waiter(receive: Receive, clock: Clock) -> Callable[[float], Awaitable[bool]]:

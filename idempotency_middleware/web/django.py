@@ -11,8 +11,8 @@ Django runs it, with the sync parts of the chain, in a thread of its own per req
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterable, Callable, Iterator, Mapping
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -20,24 +20,24 @@ from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.utils.module_loading import import_string
 
-from ..engine import decisions, flow, problems, refusals
-from ..engine.drivers import Suspended, SyncDriver
-from ..engine.effects import Ran, StreamEnd
+from ..engine import decisions, problems
+from ..engine.effects import Ran
 from ..engine.problems import Problem
-from ..engine.renewal import ThreadRenewals
+from ..engine.setup import FinishStream, LiveStream, SyncSetup
 from ..handler.context import streams_now
 from ..policy.options import DOOR_OPTIONS, Options, check_option_names
 from ..stores.catalog import A_SYNC_STORE
 from ..stores.protocol import SyncStore
 from ..stores.records import Headers, StoredResponse
 from . import wsgi_environ as wsgi_io
+from .answers import Reply, answer, problem_reply, replay_reply
 from .capture import UnfinishedResponse, is_complete, scan_response_headers
+from .live_body import AsyncLiveBody, LiveBody
 
 __all__ = ["SETTING", "IdempotencyDjangoMiddleware", "problem_response", "replay_response"]
 
 SETTING = "IDEMPOTENCY"
 GetResponse = Callable[[HttpRequest], HttpResponseBase]
-Finish = Callable[[int, bool], None]
 
 
 class IdempotencyDjangoMiddleware:
@@ -53,13 +53,11 @@ class IdempotencyDjangoMiddleware:
     def __init__(self, get_response: GetResponse) -> None:
         self.get_response = get_response
         self.store, self.options = configuration()
-        self._context = flow.Context.for_options(self.options, self.store)
-        self._renewals = ThreadRenewals(self.store, self._context.reporter, self.options.clock)
-        self._driver = SyncDriver(self.store, self.options.clock, self._renewals)
+        self._setup = SyncSetup.for_options(self.options, self.store)
 
     def close(self) -> None:
         """Stop the lease-renewal thread (a daemon thread; for tidy shutdowns and tests)."""
-        self._renewals.close()
+        self._setup.close()
 
     def __call__(self, request: HttpRequest) -> HttpResponseBase:
         method = str(request.method).upper()
@@ -108,43 +106,56 @@ class IdempotencyDjangoMiddleware:
             content_type=meta.get("CONTENT_TYPE") or None,
             body=body,
             request_view=lambda route: wsgi_io.request_view(meta, method, path, route),
-            now=self.options.clock.now(),
-            owner=self._context.entropy.owner(),
+            now=self._setup.now(),
+            owner=self._setup.new_owner(),
         )
-        response: HttpResponseBase | None = None
-
-        def run() -> Ran:
-            nonlocal response
-            response = self.get_response(request)
-            if response.streaming and not streams_now():
-                response = _held(response)
-            return _ran(response)
-
-        running = flow.attempt(self._context, attempt)
+        view = _View(self.get_response, request)
         try:
-            outcome = self._driver.drive(running, run)
-        except Suspended:
+            outcome = self._setup.drive(attempt, view.run)
+        except LiveStream as live:
             # A streaming response goes out live; the attempt finishes when it ends.
-            assert response is not None
-            _count_stream(response, lambda size, failed: self._resume(running, size, failed))
-            return response
+            assert view.response is not None
+            _count_stream(view.response, live.finish)
+            return view.response
         except UnfinishedResponse:
             # Released; the response goes out as the view left it, for the server to cut.
-            assert response is not None
-            return response
+            assert view.response is not None
+            return view.response
         except _CutStream as cut:
             return cut.response  # a held stream that failed midway, released
-        if type(outcome) is Ran:
-            assert response is not None
-            return response
-        if type(outcome) is StoredResponse:
-            return replay_response(outcome)
-        if type(outcome) is decisions.Refusal:
-            return problem_response(refusals.problem_for(outcome), self.options.problem_base_url)
-        return self.get_response(request)  # the store failed; on_store_error="run"
+        return answer(outcome, view, self.options.problem_base_url)
 
-    def _resume(self, running: flow.AttemptFlow, size: int, failed: bool) -> None:
-        self._driver.resume(running, StreamEnd(size, failed))
+
+class _View:
+    """Runs the rest of the middleware chain and the view for one request (``run``), then
+    answers it once its attempt ended (an ``answers.Responder``)."""
+
+    __slots__ = ("get_response", "request", "response")
+
+    def __init__(self, get_response: GetResponse, request: HttpRequest) -> None:
+        self.get_response = get_response
+        self.request = request
+        self.response: HttpResponseBase | None = None  # the view's, as the client gets it
+
+    def run(self) -> Ran:
+        response = self.response = self.get_response(self.request)
+        if response.streaming and not streams_now():
+            response = self.response = _held(response)
+        return _ran(response)
+
+    def reply(self, reply: Reply) -> HttpResponse:
+        return reply_response(reply)
+
+    def ran(self, ran: Ran) -> HttpResponseBase:
+        assert self.response is not None
+        return self.response
+
+    def unprotected(self) -> HttpResponseBase:
+        return self.get_response(self.request)
+
+    def nothing(self) -> HttpResponseBase:
+        # (Unreached: Django's handler refuses a view that returns no response.)
+        raise RuntimeError("the view returned no response")
 
 
 def configuration() -> tuple[SyncStore, Options]:
@@ -266,14 +277,19 @@ def _held(streaming: Any) -> HttpResponse:
 
 
 def replay_response(stored: StoredResponse) -> HttpResponse:
-    return _response(stored.status, stored.replay_headers(), stored.body)
+    """A stored response sent again, marked as a replay."""
+    return reply_response(replay_reply(stored))
 
 
 def problem_response(problem: Problem, base_url: str | None = None) -> HttpResponse:
     """The middleware's own answer (400, 409, 410, 413, 422, 503) as problem+json;
     ``base_url`` is the ``problem_base_url`` option."""
-    body = problem.body(base_url=base_url)
-    return _response(problem.status, problem.headers(body, base_url=base_url), body)
+    return reply_response(problem_reply(problem, base_url))
+
+
+def reply_response(reply: Reply) -> HttpResponse:
+    """An answer the middleware made (``answers.Reply``) as a Django response."""
+    return _response(reply.status, reply.headers, reply.body)
 
 
 def _response(status: int, headers: Headers, body: bytes) -> HttpResponse:
@@ -287,70 +303,16 @@ def _response(status: int, headers: Headers, body: bytes) -> HttpResponse:
     return response
 
 
-def _count_stream(response: Any, finish: Finish) -> None:
-    """Pass a streaming response's content through a counter that finishes the attempt once:
-    at its end, when it fails, or when Django closes the response (a client gone early).
-    Setting ``streaming_content`` also keeps a ``FileResponse`` off ``wsgi.file_wrapper``,
-    which would bypass the count."""
+def _count_stream(response: Any, finish: FinishStream) -> None:
+    """Pass a streaming response's content through a ``LiveBody`` that finishes the attempt
+    once: at its end, when it fails, or when Django closes the response (a client gone
+    early). Setting ``streaming_content`` also keeps a ``FileResponse`` off
+    ``wsgi.file_wrapper``, which would bypass the count."""
     content = response.streaming_content
     declared = scan_response_headers(_headers(response))[1]
-    status = response.status_code
-    count = _AsyncCount(content, finish) if response.is_async else _SyncCount(content, finish)
-    count.complete = lambda size: is_complete(status, declared, size)
-    response.streaming_content = count
-
-
-class _Count:
-    def __init__(self, finish: Finish) -> None:
-        self._finish: Finish | None = finish
-        self.size = 0
-        # Whether a stream that ran to its end sent the body its headers declared (one
-        # that did not is unfinished: nothing is kept).
-        self.complete: Callable[[int], bool] = lambda size: True
-
-    def end(self, failed: bool) -> None:
-        finish, self._finish = self._finish, None
-        if finish is not None:
-            finish(self.size, failed)
-
-    def close(self) -> None:
-        self.end(failed=False)  # closed early counts as done: the view started a success
-
-
-class _SyncCount(_Count):
-    def __init__(self, chunks: Iterable[bytes], finish: Finish) -> None:
-        super().__init__(finish)
-        self._chunks = chunks
-
-    def __iter__(self) -> Iterator[bytes]:
-        failed = False
-        try:
-            for chunk in self._chunks:
-                self.size += len(chunk)
-                yield chunk
-            failed = not self.complete(self.size)
-        except Exception:
-            failed = True
-            raise
-        finally:
-            self.end(failed)
-
-
-class _AsyncCount(_Count):
-    def __init__(self, chunks: AsyncIterable[bytes], finish: Finish) -> None:
-        super().__init__(finish)
-        self._chunks = chunks
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        failed = False
-        try:
-            async for chunk in self._chunks:
-                self.size += len(chunk)
-                yield chunk
-            failed = not self.complete(self.size)
-        except Exception:
-            failed = True
-            raise
-        finally:
-            # Completing or releasing the key calls the sync store: off the event loop.
-            await asyncio.to_thread(self.end, failed)
+    complete = partial(is_complete, response.status_code, declared)
+    if response.is_async:
+        response.streaming_content = AsyncLiveBody(content, finish, complete)
+    else:
+        # Django closes the view's own content itself, with the response.
+        response.streaming_content = LiveBody(b"", content, finish, complete, closes_chunks=False)

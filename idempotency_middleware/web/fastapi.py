@@ -10,7 +10,7 @@
   every operation the middleware covers.
 
 Importing this module imports FastAPI; importing the package does not. On import, this
-module hands the ASGI door its route reader and scope marker (``asgi.add_route_opt_ins``):
+module hands the ASGI door its route reader and scope marker (``add_route_opt_ins``):
 the door knows no framework, and reads routes only of an app whose integration was imported.
 """
 
@@ -30,7 +30,8 @@ from ..engine.problems import Problem
 from ..policy.keys import MAX_KEY_LENGTH
 from ..policy.options import DOOR_OPTIONS, Options, Policy, check_option_names, named_options
 from ..policy.rules import COVERABLE_METHODS, IdempotencyRule, ScopeFunction
-from .asgi import IdempotencyMiddleware, RouteOptIns, add_route_opt_ins
+from .asgi import IdempotencyMiddleware
+from .route_opt_ins import RouteOptIns, add_route_opt_ins
 
 __all__ = [
     "COVERED_KEY",

@@ -10,15 +10,13 @@ import io
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from ..engine import decisions, flow, refusals
-from ..engine.drivers import Suspended, SyncDriver
-from ..engine.effects import Ran, StreamEnd
-from ..engine.renewal import ThreadRenewals
+from ..engine import decisions
+from ..engine.setup import LiveStream, SyncSetup
 from ..policy.options import DOOR_OPTIONS, MiddlewareOptions, Options, check_option_names
 from ..stores.catalog import A_SYNC_STORE
 from ..stores.protocol import SyncStore
-from ..stores.records import StoredResponse
 from . import wsgi_environ as wsgi_io
+from .answers import answer, problem_reply
 from .capture import UnfinishedResponse
 from .wsgi_environ import Environ, StartResponse, WSGIApp
 
@@ -51,14 +49,12 @@ class IdempotencyWSGIMiddleware:
         self.options = Options.build(**options)
         if self.options.check_store:
             decisions.store_check(store, "check")()  # StoreUnavailableError: the app does not start
-        self._context = flow.Context.for_options(self.options, store)
-        self._renewals = ThreadRenewals(store, self._context.reporter, self.options.clock)
-        self._driver = SyncDriver(store, self.options.clock, self._renewals)
+        self._setup = SyncSetup.for_options(self.options, store)
 
     def close(self) -> None:
         """Stop the lease-renewal thread (it is a daemon thread; this is for tidy shutdowns
         and tests). The store is yours to close."""
-        self._renewals.close()
+        self._setup.close()
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         method = str(environ.get("REQUEST_METHOD", "GET")).upper()
@@ -77,7 +73,8 @@ class IdempotencyWSGIMiddleware:
             return self.app(environ, start_response)
         if isinstance(admitted, decisions.Admitted):
             return self._handle(admitted, method, path, environ, start_response)
-        return wsgi_io.send_problem(start_response, admitted, self.options.problem_base_url)
+        reply = problem_reply(admitted, self.options.problem_base_url)
+        return wsgi_io.send_reply(start_response, reply)
 
     def _handle(
         self,
@@ -87,14 +84,12 @@ class IdempotencyWSGIMiddleware:
         environ: Environ,
         start_response: StartResponse,
     ) -> Iterable[bytes]:
+        base_url = self.options.problem_base_url
         try:
             body = wsgi_io.read_body(environ, self.options.max_body_bytes)
         except wsgi_io.BodyTooLarge:
-            return wsgi_io.send_problem(
-                start_response,
-                decisions.body_too_large(self.options),
-                self.options.problem_base_url,
-            )
+            too_large = decisions.body_too_large(self.options)
+            return wsgi_io.send_reply(start_response, problem_reply(too_large, base_url))
         environ["wsgi.input"] = io.BytesIO(body)
         environ["CONTENT_LENGTH"] = str(len(body))
 
@@ -106,49 +101,20 @@ class IdempotencyWSGIMiddleware:
             content_type=environ.get("CONTENT_TYPE") or None,
             body=body,
             request_view=lambda route: wsgi_io.request_view(environ, method, path, route),
-            now=self.options.clock.now(),
-            owner=self._context.entropy.owner(),
+            now=self._setup.now(),
+            owner=self._setup.new_owner(),
         )
-        captured = wsgi_io.CapturedResponse()
-        running = flow.attempt(self._context, attempt)
+        # Runs the app when the attempt says so, then answers.
+        captured = wsgi_io.CapturedResponse(self.app, environ, start_response)
         try:
-            outcome = self._driver.drive(running, lambda: captured.run(self.app, environ))
-        except Suspended:
+            outcome = self._setup.drive(attempt, captured.run)
+        except LiveStream as live:
             # A live stream: it goes out as it comes; the attempt finishes when it ends.
-            assert captured.status_line is not None and captured.live is not None
-
-            def finish(size: int, failed: bool) -> None:
-                self._driver.resume(running, StreamEnd(size, failed))
-
-            try:
-                start_response(captured.status_line, captured.headers, captured.exc_info)
-            except BaseException:
-                # The server refused the headers: the stream never starts; nothing is kept.
-                close = getattr(captured.live, "close", None)
-                if close is not None:
-                    close()
-                finish(0, True)
-                raise
-
-            return wsgi_io.LiveBody(
-                captured.buffer.take(), captured.live, finish, captured.complete
-            )
+            return captured.send_live(live.finish)
         except UnfinishedResponse:
-            return captured.send_cut(start_response, None)  # released; the server cuts it
+            return captured.send_cut(None)  # released; the server cuts it
         except Exception as error:
             if not captured.failed or captured.status_line is None:
                 raise
-            return captured.send_cut(start_response, error)  # released; the server cuts it
-        if type(outcome) is Ran:
-            assert captured.status_line is not None
-            start_response(captured.status_line, captured.headers, captured.exc_info)
-            return [outcome.body]
-        if type(outcome) is StoredResponse:
-            return wsgi_io.send_replay(start_response, outcome)
-        if type(outcome) is decisions.Refusal:
-            return wsgi_io.send_problem(
-                start_response, refusals.problem_for(outcome), self.options.problem_base_url
-            )
-        if outcome is None:
-            raise RuntimeError("the WSGI application returned without calling start_response")
-        return self.app(environ, start_response)  # the store failed; on_store_error="run"
+            return captured.send_cut(error)  # released; the server cuts it
+        return answer(outcome, captured, base_url)

@@ -10,12 +10,14 @@ from types import TracebackType
 from typing import Any
 
 from ..engine.effects import Ran
-from ..engine.problems import Problem
+from ..engine.setup import FinishStream
 from ..handler.context import streams_now
 from ..policy.options import Options
 from ..policy.request_view import HeaderView, RequestView
-from ..stores.records import Headers, StoredResponse
+from ..stores.records import Headers
+from .answers import Reply
 from .capture import BodyBuffer, UnfinishedResponse, is_complete, scan_response_headers
+from .live_body import LiveBody
 
 Environ = dict[str, Any]
 ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
@@ -29,57 +31,15 @@ class BodyTooLarge(Exception):
     pass
 
 
-class LiveBody:
-    """The WSGI iterable of a live stream: passes chunks through, counts them, and calls
-    ``finish(size, failed)`` exactly once, when the stream ends, fails or is closed."""
-
-    def __init__(
-        self,
-        prefix: bytes,
-        iterable: Iterable[bytes],
-        finish: Callable[[int, bool], None],
-        complete: Callable[[int], bool] = lambda size: True,
-    ) -> None:
-        self._prefix = prefix
-        self._iterable = iterable
-        self._finish: Callable[[int, bool], None] | None = finish
-        # Whether a stream that ran to its end sent the body its headers declared.
-        self._complete = complete
-        self._size = 0
-
-    def __iter__(self) -> Iterator[bytes]:
-        try:
-            if self._prefix:
-                self._size += len(self._prefix)
-                yield self._prefix
-            for chunk in self._iterable:
-                self._size += len(chunk)
-                yield chunk
-        except Exception:
-            self._end(failed=True)
-            raise
-        # Sent whole, but not the length it declared: unfinished, so nothing is kept.
-        self._end(failed=not self._complete(self._size))
-
-    def close(self) -> None:
-        try:
-            close = getattr(self._iterable, "close", None)
-            if close is not None:
-                close()
-        finally:
-            # Closed early (client gone) counts as done: the handler started a success.
-            self._end(failed=False)
-
-    def _end(self, *, failed: bool) -> None:
-        finish, self._finish = self._finish, None
-        if finish is not None:
-            finish(self._size, failed)
-
-
 class CapturedResponse:
-    """Collects ``start_response`` and the body instead of sending them."""
+    """Runs the app (``run``), collecting ``start_response`` and the body instead of sending
+    them, except a streaming response's (``send_live``); then answers the request, once its
+    attempt ended (an ``answers.Responder``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, app: WSGIApp, environ: Environ, start_response: StartResponse) -> None:
+        self._app = app
+        self._environ = environ
+        self._send_start = start_response  # the server's
         self.status_line: str | None = None
         self.headers: list[tuple[str, str]] = []
         self.encoded_headers: Headers = []  # as the core and the stores take them
@@ -90,11 +50,11 @@ class CapturedResponse:
         self.failed = False  # the app (or its iterable) raised
         self.body = b""  # the body of an unfinished response, for ``send_cut``
 
-    def run(self, app: WSGIApp, environ: Environ) -> Ran | None:
+    def run(self) -> Ran | None:
         """Run the app, buffering its body unless it streams; ``UnfinishedResponse`` when
         the body does not match its Content-Length."""
         try:
-            iterable = app(environ, self.start_response)
+            iterable = self._app(self._environ, self.start_response)
             if self.status_line is not None and self.streaming:
                 self.live = iterable
                 return Ran(status_code(self.status_line), self.encoded_headers, b"", True, False)
@@ -121,15 +81,49 @@ class CapturedResponse:
         assert self.status_line is not None
         return is_complete(status_code(self.status_line), self.buffer.expected_size, size)
 
-    def send_cut(self, start_response: StartResponse, error: Exception | None) -> Iterable[bytes]:
+    def send_cut(self, error: Exception | None) -> Iterable[bytes]:
         """Once the key is released, an unfinished response as the app gave it: its body,
         or what it yielded before ``error``, then ``error`` raised, so the server cuts it
         (or answers 500, with no byte sent) as it would have without the middleware."""
         assert self.status_line is not None
-        start_response(self.status_line, self.headers, self.exc_info)
+        self._send_start(self.status_line, self.headers, self.exc_info)
         if error is None:
             return [self.body]
         return _failing(self.buffer.take(), error)
+
+    def send_live(self, finish: FinishStream) -> Iterable[bytes]:
+        """A streaming response, sent as it comes (what the app already gave first), and
+        counted: its attempt finishes (``finish``) when it ends."""
+        assert self.status_line is not None and self.live is not None
+        try:
+            self._send_start(self.status_line, self.headers, self.exc_info)
+        except BaseException:
+            # The server refused the headers: the stream never starts; nothing is kept.
+            close = getattr(self.live, "close", None)
+            if close is not None:
+                close()
+            finish(0, True)
+            raise
+        return LiveBody(self.buffer.take(), self.live, finish, self.complete)
+
+    # -- answering (answers.Responder) ------------------------------------------------------
+
+    def reply(self, reply: Reply) -> list[bytes]:
+        """Send an answer the middleware made (a replay, a problem)."""
+        return send_reply(self._send_start, reply)
+
+    def ran(self, ran: Ran) -> list[bytes]:
+        """Send the app's buffered response."""
+        assert self.status_line is not None
+        self._send_start(self.status_line, self.headers, self.exc_info)
+        return [ran.body]
+
+    def unprotected(self) -> Iterable[bytes]:
+        """Run the app with no claim, its response sent as it comes."""
+        return self._app(self._environ, self._send_start)
+
+    def nothing(self) -> list[bytes]:
+        raise RuntimeError("the WSGI application returned without calling start_response")
 
     def start_response(
         self,
@@ -256,18 +250,7 @@ def _reason(status: int) -> str:
     return _REASONS.get(status, "")
 
 
-def send_problem(
-    start_response: StartResponse, problem: Problem, base_url: str | None = None
-) -> list[bytes]:
-    """Answer with ``problem``; ``base_url`` is the middleware's ``problem_base_url``."""
-    body = problem.body(base_url=base_url)
-    headers = _decode_headers(problem.headers(body, base_url=base_url))
-    start_response(f"{problem.status} {_reason(problem.status)}", headers)
-    return [body]
-
-
-def send_replay(start_response: StartResponse, response: StoredResponse) -> list[bytes]:
-    start_response(
-        f"{response.status} {_reason(response.status)}", _decode_headers(response.replay_headers())
-    )
-    return [response.body]
+def send_reply(start_response: StartResponse, reply: Reply) -> list[bytes]:
+    """Answer with ``reply`` (a replay, a problem)."""
+    start_response(f"{reply.status} {_reason(reply.status)}", _decode_headers(reply.headers))
+    return [reply.body]
