@@ -21,7 +21,11 @@ about a second for the server; nothing in it sleeps to cross a deadline of the p
 
 from __future__ import annotations
 
+import json
+import time
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -29,8 +33,21 @@ import pytest
 
 from examples import step_functions_status_change as example
 from idempotency_middleware import DynamoDBStore
+from idempotency_middleware.engine.entropy import new_owner
+from idempotency_middleware.handler.deferred import new_token
+from idempotency_middleware.step_functions import TOKEN_FIELD, UNFINISHED
+from idempotency_middleware.stores.protocol import ClaimRequest, Completion
+from idempotency_middleware.stores.records import StoredResponse
 from tests.conftest import REGION
-from tests.step_functions import FAILURE_RESPONSE_FILE, dynamodb_tasks_on, sfn_endpoint
+from tests.step_functions import (
+    DEFINITION_FILE,
+    FAILURE_RESPONSE_FILE,
+    ExecutionFailed,
+    dynamodb_tasks_on,
+    run_state_machine,
+    sfn_endpoint,
+    with_table,
+)
 from tests.step_functions_apps import (
     JobsAPI,
     api_flavour,
@@ -42,10 +59,12 @@ from tests.step_functions_apps import (
     new_job,
 )
 from tests.step_functions_harness import (
+    ROOT,
     WORK_CAUSE,
     WORK_ERROR,
     EventBus,
     Workflows,
+    rule_pattern,
     status_change_event,
 )
 
@@ -262,3 +281,93 @@ def test_the_rule_delivers_only_the_statuses_that_leave_a_key_unfinished(
 
 def with_detail(event: dict[str, Any], **changes: Any) -> dict[str, Any]:
     return {**event, "detail": {**event["detail"], **changes}}
+
+
+# --- the definitions' failure branch, and the rule's two templates ----------------------------
+
+
+def definition_in(file: Path) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(file.read_text())
+    return document
+
+
+@pytest.mark.parametrize(
+    ("file", "first"),
+    [(DEFINITION_FILE, "ReleaseIdempotencyKey"), (FAILURE_RESPONSE_FILE, "ShapeFailure")],
+)
+def test_the_work_is_one_parallel_state_whose_catch_finishes_the_key(
+    file: Path, first: str
+) -> None:
+    definition = definition_in(file)
+    work = definition["States"][definition["StartAt"]]
+    assert work["Type"] == "Parallel" and len(work["Branches"]) == 1
+    [catch] = work["Catch"]
+    assert (catch["ErrorEquals"], catch["Next"]) == (["States.ALL"], first)
+    assert catch["ResultPath"] == "$.error"  # the input, and its token, kept
+    # Both end in the work's own error, whether the key was finished or had moved on.
+    failed = definition["States"]["WorkFailed"]
+    assert (failed["Type"], failed["ErrorPath"]) == ("Fail", "$.error.Error")
+
+
+def test_the_two_definitions_differ_only_in_what_a_failure_does() -> None:
+    releasing, answering = definition_in(DEFINITION_FILE), definition_in(FAILURE_RESPONSE_FILE)
+    shared = {"ShapeResponse", "CompleteIdempotencyKey", "WorkFailed"}
+    assert {name: releasing["States"][name] for name in shared} == {
+        name: answering["States"][name] for name in shared
+    }
+    store = answering["States"]["StoreFailureResponse"]
+    complete = releasing["States"]["CompleteIdempotencyKey"]
+    assert store["Parameters"] == complete["Parameters"]
+    release = releasing["States"]["ReleaseIdempotencyKey"]
+    assert release["Resource"] == "arn:aws:states:::dynamodb:deleteItem"
+    assert (
+        release["Parameters"]["ConditionExpression"]
+        == complete["Parameters"]["ConditionExpression"]
+    )
+    assert release["Parameters"]["Key"] == complete["Parameters"]["Key"]
+
+
+def failing(table: str, file: Path = DEFINITION_FILE) -> dict[str, Any]:
+    """The example on ``table`` whose work fails at once."""
+    definition = with_table(definition_in(file), table)
+    fail = {"Type": "Fail", "Error": WORK_ERROR, "Cause": WORK_CAUSE}
+    definition["States"]["Work"]["Branches"] = [{"StartAt": "Fail", "States": {"Fail": fail}}]
+    return definition
+
+
+def test_the_release_is_fenced_by_the_token_owner(
+    sfn_endpoint: str, moto_endpoint: str, dynamodb_table: str
+) -> None:
+    port = urlsplit(moto_endpoint).port
+    assert port is not None
+    with DynamoDBStore(dynamodb_table, endpoint_url=moto_endpoint, region_name=REGION) as store:
+        now = time.time()
+        claim = ClaimRequest(key_hash(uuid.uuid4().hex), "fp", new_owner(), now, 30.0)
+        store.claim(claim)
+        interim = StoredResponse(202, [], b"accepted")
+        store.complete(Completion(claim.key_hash, claim.owner, now, 3600.0, interim, deferred=True))
+        before = store.get(claim.key_hash)
+        stranger = new_token(claim.key_hash, new_owner(), now + 3600.0)
+        mine = new_token(claim.key_hash, claim.owner, now + 3600.0)
+
+        for token in (stranger, mine):
+            with pytest.raises(ExecutionFailed) as failed:
+                run_state_machine(
+                    sfn_endpoint, failing(dynamodb_table), {TOKEN_FIELD: token}, dynamodb_port=port
+                )
+            assert (failed.value.error, failed.value.cause) == (WORK_ERROR, WORK_CAUSE)
+            if token == stranger:
+                assert store.get(claim.key_hash) == before  # another owner's key: kept
+
+        assert store.get(claim.key_hash) is None
+
+
+def test_the_terraform_rule_has_the_cloudformation_rule_pattern() -> None:
+    pattern = rule_pattern("arn")
+    terraform = (ROOT / "docs" / "snippets" / "stores-dynamodb-5.tf").read_text()
+    assert f"source        = {json.dumps(pattern['source'])}" in terraform
+    assert f'"detail-type" = {json.dumps(pattern["detail-type"])}' in terraform
+    statuses = json.dumps(pattern["detail"]["status"])
+    assert f"status          = {statuses}" in terraform
+    assert "stateMachineArn = [aws_sfn_state_machine.jobs.arn]" in terraform
+    assert set(pattern["detail"]["status"]) == UNFINISHED

@@ -147,7 +147,12 @@ def _starting(
         described = yield ("describe_execution", {"executionArn": arn})
         theirs, their_token, their_work = _deferral_in(described.get("input"))
         if theirs is not None and theirs.owner == own.owner:
-            return StartedExecution(arn, name, token, adopted=False)  # started by this attempt
+            # Started by this very request, whose handler calls again (it may have ended).
+            if their_work != work:
+                raise ExecutionConflictError(
+                    f"this request started execution {name} already, with another input"
+                )
+            return StartedExecution(arn, name, token, adopted=False)
         if described.get("status") != "RUNNING":
             continue  # an earlier try that ended
         if theirs is None or theirs.key_hash != own.key_hash or their_work != work:

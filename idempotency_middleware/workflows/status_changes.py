@@ -93,9 +93,8 @@ def _detail(event: Mapping[str, Any]) -> Mapping[str, Any]:
 def _input_of(detail: Mapping[str, Any], stepfunctions: Any) -> object:
     """The execution's input as the event has it, or as the execution has it when the event
     left it out."""
-    included = (detail.get("inputDetails") or {}).get("included", True)
-    if included and detail.get("input") is not None:
-        return detail["input"]
+    if (detail.get("inputDetails") or {}).get("included", True) is not False:
+        return detail.get("input")
     if stepfunctions is None:
         raise ValueError(
             "the event leaves out the execution's input (too large for an event): pass "
