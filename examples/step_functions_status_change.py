@@ -34,7 +34,6 @@ store = DynamoDBStore(
 stepfunctions = boto3.client("stepfunctions", region_name=os.environ.get("AWS_REGION", "us-east-1"))
 
 
-# --8<-- [start:handler]
 def handler(event: dict[str, Any], context: Any) -> dict[str, str]:
     outcome = handle_execution_status_change(event, store=store, stepfunctions=stepfunctions)
     # "released": retries run again; "stale": the key had moved on (a repeated event, a key
@@ -42,9 +41,6 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, str]:
     detail = event["detail"]
     print(json.dumps({"execution": detail["executionArn"], "outcome": outcome}))
     return {"outcome": outcome}
-
-
-# --8<-- [end:handler]
 
 
 def status_change(status: str, execution_input: dict[str, Any]) -> dict[str, Any]:
