@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient
 from examples.step_functions_status_change import status_change
 from idempotency_middleware import IdempotencyMiddleware, MemoryStore
 from idempotency_middleware.engine.entropy import new_owner
-from idempotency_middleware.handler.deferred import new_token
+from idempotency_middleware.handler.deferred import hand_deferral_to, new_token
 from idempotency_middleware.step_functions import (
     TOKEN_FIELD,
     ExecutionConflictError,
@@ -175,6 +175,44 @@ def test_a_second_start_in_the_same_request_with_another_input_is_a_conflict(
 
     assert isinstance(request.result, ExecutionConflictError)
     assert len(sfn.list_executions(stateMachineArn=machine)["executions"]) == 1
+
+
+def test_a_second_start_after_the_first_execution_ended_gets_that_execution(
+    sfn: Any, machine: str
+) -> None:
+    def start_stop_start() -> tuple[StartedExecution, StartedExecution]:
+        first = start_execution(sfn, machine, JOB)
+        sfn.stop_execution(executionArn=first.execution_arn)
+        return first, start_execution(sfn, machine, JOB)
+
+    first, second = Request(start_stop_start).result
+
+    assert first == second
+    assert len(sfn.list_executions(stateMachineArn=machine)["executions"]) == 1
+
+
+def test_a_running_execution_of_the_key_without_a_deferral_is_a_conflict(
+    sfn: Any, machine: str
+) -> None:
+    for number, execution_input in enumerate(["[1]", json.dumps(JOB)]):
+        sfn.start_execution(
+            stateMachineArn=machine, name=name_of(f"k-{number}", 0), input=execution_input
+        )
+
+        request = Request(start(sfn, machine), key=f"k-{number}")
+
+        assert isinstance(request.result, ExecutionConflictError)
+        assert request.record() is None
+
+
+def test_handing_the_deferral_to_a_token_of_another_key_is_a_value_error() -> None:
+    other = new_token(key_hash("another key"), new_owner(), time.time() + 60)
+
+    request = Request(lambda: hand_deferral_to(other))
+
+    assert isinstance(request.result, ValueError)
+    assert "another key" in str(request.result)
+    assert request.record() is None
 
 
 def test_any_other_client_error_fails_the_request_and_releases_its_key(sfn: Any) -> None:

@@ -189,10 +189,7 @@ def _deferral_in(
 ) -> tuple[DeferredToken | None, str, dict[str, Any] | None]:
     """The deferral token in an execution's input (parsed, and as written) and the rest of
     the input; ``None`` and ``""`` where it has none."""
-    try:
-        document = json.loads(text) if isinstance(text, str) else None
-    except ValueError:
-        document = None
+    document = json.loads(text) if isinstance(text, str) else None  # (always JSON)
     if not isinstance(document, dict):
         return None, "", None
     token = document.pop(TOKEN_FIELD, None)
