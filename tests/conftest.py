@@ -226,6 +226,8 @@ FILE_SECONDS = {
     "test_records.py": 11,
     "test_wait.py": 11,
     "test_deferred_step_functions.py": 11,
+    "test_step_functions_failures.py": 44,
+    "test_step_functions_orphans.py": 35,
     "test_benchmark_redis.py": 10,
     "test_cli_errors.py": 10,
     "test_faststream.py": 14,

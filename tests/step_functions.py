@@ -43,10 +43,12 @@ from moto.server import ThreadedMotoServer
 
 from tests.servers import HOST
 
-# The README's state machine, as a user copies it.
-DEFINITION_FILE = (
-    Path(__file__).resolve().parent.parent / "examples" / "step_functions_complete.asl.json"
-)
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+# The README's state machine, as a user copies it, and its variant that stores a failure
+# response when the work fails (instead of releasing the key).
+DEFINITION_FILE = EXAMPLES / "step_functions_complete.asl.json"
+FAILURE_RESPONSE_FILE = EXAMPLES / "step_functions_failure_response.asl.json"
+EXAMPLE_TABLE = "idempotency"
 
 REGION = "us-east-1"
 # moto checks neither the role nor its account; the ARN only has to be well-formed.
@@ -99,6 +101,32 @@ def step_functions_server() -> Iterator[str]:
             server.stop()
             # Whatever happened to the request above, the process leaves with the old value.
             default_user_config["stepfunctions"] = previous
+
+
+def with_table(definition: Mapping[str, Any], table: str) -> dict[str, Any]:
+    """A copy of ``definition`` whose tasks write to ``table`` instead of the example's."""
+    changed: dict[str, Any] = copy.deepcopy(dict(definition))
+
+    def tasks(states: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        for state in states.values():
+            yield state
+            for branch in state.get("Branches", []):
+                yield from tasks(branch["States"])
+
+    for state in tasks(changed["States"]):
+        parameters = state.get("Parameters", {})
+        if "TableName" in parameters:
+            assert parameters["TableName"] == EXAMPLE_TABLE, parameters["TableName"]
+            parameters["TableName"] = table
+    return changed
+
+
+@contextlib.contextmanager
+def dynamodb_tasks_on(port: int) -> Iterator[None]:
+    """The interpreter's DynamoDB tasks go to ``http://localhost:{port}`` for the block:
+    executions started in it may run on after it (stop them before it ends)."""
+    with _RUN_LOCK, _moto_port(port):
+        yield
 
 
 @contextlib.contextmanager

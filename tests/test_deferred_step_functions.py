@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import json
 import threading
 import time
@@ -53,6 +52,7 @@ from tests.step_functions import (
     dynamodb_endpoint,
     run_state_machine,
     sfn_endpoint,
+    with_table,
 )
 
 __all__ = ["dynamodb_endpoint", "sfn_endpoint"]  # fixtures, imported for these tests
@@ -80,11 +80,7 @@ LOCK = 30.0
 
 def load_definition(table: str) -> dict[str, Any]:
     """The example definition as the README shows it, with only its table name replaced."""
-    definition: dict[str, Any] = json.loads(DEFINITION_FILE.read_text())
-    changed = copy.deepcopy(definition)
-    assert changed["States"][TASK]["Parameters"]["TableName"] == "idempotency"
-    changed["States"][TASK]["Parameters"]["TableName"] = table
-    return changed
+    return with_table(json.loads(DEFINITION_FILE.read_text()), table)
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ BATCH = {
     "celery_task": "",
     "service_method": "",
     "kv_store": " passed",
+    "step_functions_status_change": "{'job': '2', 'state': 'accepted'}",
 }
 SERVERS = sorted(path.stem for path in RUN.glob("*-try.sh"))
 SERVERS = [name.removesuffix("-try") for name in SERVERS]

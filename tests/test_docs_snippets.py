@@ -219,7 +219,7 @@ def test_the_json_snippet_is_json(name: str) -> None:
     statements = document.get("Statement", [document])
     for statement in statements:
         assert statement["Effect"] == "Allow"
-        assert all(re.fullmatch(r"(dynamodb|s3):[A-Z]\w+", a) for a in statement["Action"])
+        assert all(re.fullmatch(r"(dynamodb|s3|states):[A-Z]\w+", a) for a in statement["Action"])
 
 
 @pytest.mark.parametrize("name", sorted(path.name for path in SNIPPETS.glob("*.http")))

@@ -39,6 +39,7 @@ TOP_LEVEL_MODULES = {
     "django",
     "faststream",
     "celery",
+    "step_functions",
 }
 SUBPACKAGES = {
     "actions",
@@ -51,6 +52,7 @@ SUBPACKAGES = {
     "policy",
     "stores",
     "web",
+    "workflows",
 }
 # Documented module paths and the names their pages import from them.
 DOCUMENTED_PATHS = {
@@ -63,6 +65,11 @@ DOCUMENTED_PATHS = {
         "broker_delivery_count",
     ],
     "idempotency_middleware.celery": ["idempotent_task", "TaskCall", "header_or_task_id"],
+    "idempotency_middleware.step_functions": [
+        "start_execution",
+        "astart_execution",
+        "handle_execution_status_change",
+    ],
     "idempotency_middleware.testing": ["FakeClock"],
     "idempotency_middleware.clock": ["SYSTEM_CLOCK", "Clock"],
     "idempotency_middleware.stores": ["CLAIMED", "TAKEN_OVER", "ClaimRequest", "Held", "Record"],
@@ -79,6 +86,7 @@ THIN_MODULES = {
     "django": "web.django",
     "faststream": "consumers.faststream",
     "celery": "consumers.celery",
+    "step_functions": "workflows",
 }
 
 

@@ -32,6 +32,7 @@ from tests.step_functions import (
     run_state_machine,
     sfn_endpoint,
     step_functions_server,
+    with_table,
 )
 
 __all__ = ["dynamodb_endpoint", "sfn_endpoint"]  # fixtures, imported for these tests
@@ -72,10 +73,7 @@ def table(dynamodb: Any) -> str:
 
 def load_definition(table: str) -> dict[str, Any]:
     """The example definition as the README shows it, with only its table name replaced."""
-    definition: dict[str, Any] = json.loads(DEFINITION_FILE.read_text())
-    changed = copy.deepcopy(definition)
-    changed["States"][TASK]["Parameters"]["TableName"] = table
-    return changed
+    return with_table(json.loads(DEFINITION_FILE.read_text()), table)
 
 
 def deferral_token(pk: str, owner: str = OWNER, expires_at: int = EXPIRES_AT) -> str:
@@ -126,7 +124,8 @@ def complete(
 
 def test_the_definition_is_json_with_a_dynamodb_update_item_task() -> None:
     definition = json.loads(DEFINITION_FILE.read_text())
-    assert definition["StartAt"] == "ShapeResponse"
+    assert definition["StartAt"] == "Work"
+    assert definition["States"]["Work"]["Next"] == "ShapeResponse"
     shape = definition["States"]["ShapeResponse"]
     assert (shape["Type"], shape["Next"]) == ("Pass", TASK)
     task = definition["States"][TASK]

@@ -1208,6 +1208,98 @@ def test_a_token_of_an_owner_that_was_taken_over_finishes_nothing(
     assert (record.status, record.owner) == (Status.IN_PROGRESS, successor.owner)
 
 
+def taken_over_with_work_running(
+    store: Driver, clock: FakeClock
+) -> tuple[ClaimRequest, str, ClaimRequest]:
+    """The orphan window: an attempt claimed a key and handed its work on (its token), then
+    died before storing its interim response; a retry took the key over. The dead
+    attempt's claim and token, and the retry's claim."""
+    claim = claim_for(clock.now())
+    assert store.claim(claim) == Claimed(taken_over=False)
+    clock.advance(DEFERRAL_LOCK + 1)
+    successor = retry_of(claim, clock.now())
+    assert store.claim(successor) == Claimed(taken_over=True)
+    return claim, token_for(claim), successor
+
+
+def handed_to(successor: ClaimRequest, owner: str, now: float) -> Completion:
+    """The retry's interim completion, handing the key to ``owner``'s running work."""
+    return interim_completion(successor, now)._replace(deferred_to=owner)
+
+
+@DEFERRING
+def test_a_takeover_hands_its_deferred_key_to_the_work_still_running(
+    store: Driver, clock: FakeClock
+) -> None:
+    claim, token, successor = taken_over_with_work_running(store, clock)
+
+    assert store.complete(handed_to(successor, claim.owner, clock.now())) is True
+
+    record = store.get(claim.key_hash)
+    assert record is not None
+    assert (record.status, record.owner, record.response) == (
+        Status.DEFERRED,
+        claim.owner,
+        INTERIM,
+    )
+    assert record.expires_at == pytest.approx(clock.now() + DEFERRAL_TTL)
+    # The retry's own token no longer applies; the running work's finishes the key.
+    assert store.complete_deferred(token_for(successor), 200, (), b"not this one") is False
+    assert store.complete_deferred(token, 200, FINAL_HEADERS_SENT, FINAL_BODY) is True
+    final = store.get(claim.key_hash)
+    assert final is not None
+    assert (final.status, final.response) == (
+        Status.COMPLETED,
+        StoredResponse(200, FINAL_HEADERS_STORED, FINAL_BODY),
+    )
+
+
+@DEFERRING
+def test_a_key_handed_over_is_released_by_the_running_work_token(
+    store: Driver, clock: FakeClock
+) -> None:
+    claim, token, successor = taken_over_with_work_running(store, clock)
+    assert store.complete(handed_to(successor, claim.owner, clock.now())) is True
+
+    assert store.release_deferred(token_for(successor)) is False
+    assert store.release_deferred(token) is True
+    assert store.get(claim.key_hash) is None
+
+
+@DEFERRING
+def test_a_hand_over_sent_again_is_done_and_changes_nothing(
+    store: Driver, clock: FakeClock
+) -> None:
+    # Its first answer lost (a timeout after the write): the finishing retry sends it again,
+    # before and after the work finished the key.
+    claim, token, successor = taken_over_with_work_running(store, clock)
+    completion = handed_to(successor, claim.owner, clock.now())
+    assert store.complete(completion) is True
+    handed = store.get(claim.key_hash)
+
+    assert store.complete(completion) is True
+    assert store.get(claim.key_hash) == handed
+    assert store.complete_deferred(token, 200, (), FINAL_BODY) is True
+    final = store.get(claim.key_hash)
+    assert store.complete(completion) is True
+    assert store.get(claim.key_hash) == final
+
+
+@DEFERRING
+def test_an_owner_fenced_out_hands_nothing_over(store: Driver, clock: FakeClock) -> None:
+    claim, _, successor = taken_over_with_work_running(store, clock)
+    before = store.get(claim.key_hash)
+
+    # The dead attempt's own interim completion, handing the key to anyone: not its key.
+    assert store.complete(handed_to(claim, new_owner(), clock.now())) is False
+    # A stranger handing it to the dead owner: not its key either.
+    stranger = claim_for(clock.now(), claim.key_hash)
+    assert store.complete(handed_to(stranger, claim.owner, clock.now())) is False
+
+    assert store.get(claim.key_hash) == before
+    assert before is not None and before.owner == successor.owner
+
+
 @DEFERRING
 def test_an_expired_token_completes_nothing(store: Driver, clock: FakeClock) -> None:
     claim, token = deferred_key(store, clock)

@@ -331,10 +331,11 @@ def completion_for(
     streamed_size: int | None = None,
     writes: tuple[dict[str, Any], ...] = (),
     deferred: bool = False,
+    deferred_to: str | None = None,
 ) -> Completion:
     """What to store for a finished response; ``streamed_size`` when it went out live,
     ``writes`` to commit with it, ``deferred`` when it is the interim response of work
-    handed on."""
+    handed on (``deferred_to``: the owner whose token finishes it, when not the claim's)."""
     claim = attempt.claim
     return _new(
         Completion,
@@ -348,6 +349,7 @@ def completion_for(
             streamed_size or 0,
             writes,
             deferred,
+            deferred_to,
         ),
     )
 

@@ -91,7 +91,9 @@ def _with_requests(ran: Ran | None, current: CurrentAttempt | None) -> Ran | Non
     as a value, so nothing the flow handed the driver comes back changed."""
     if ran is None or current is None or (current.transaction is None and not current.deferred):
         return ran
-    return ran._replace(writes=current.writes(), deferred=current.deferred)
+    return ran._replace(
+        writes=current.writes(), deferred=current.deferred, deferred_to=current.deferred_to
+    )
 
 
 class Suspended(Exception):

@@ -160,8 +160,9 @@ class Ran(NamedTuple):
 
     ``live`` when the response went (or goes) to its client as it came; ``ended`` when such
     a stream is already over (ASGI sends it within the app call), with ``size`` bytes.
-    ``writes`` (the handler's transaction) and ``deferred`` (``defer_completion()``) are
-    added by the driver: what the handler asked to be kept with its answer.
+    ``writes`` (the handler's transaction), ``deferred`` (``defer_completion()``) and
+    ``deferred_to`` (the deferral handed to another owner's running work) are added by the
+    driver: what the handler asked to be kept with its answer.
     """
 
     status: int
@@ -172,6 +173,7 @@ class Ran(NamedTuple):
     size: int = 0
     writes: tuple[dict[str, Any], ...] = ()
     deferred: bool = False
+    deferred_to: str | None = None
 
 
 class StreamEnd(NamedTuple):

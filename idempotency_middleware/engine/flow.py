@@ -230,7 +230,7 @@ def attempt(context: Context, attempt: decisions.Attempt) -> AttemptFlow:
         yield from _release(context, attempt)
         return ran
     # (Unpacked at once: cheaper than a NamedTuple attribute read per field.)
-    status, headers, body, live, _, size, writes, deferred = ran
+    status, headers, body, live, _, size, writes, deferred, deferred_to = ran
     # A status outside stored_statuses (by default 5xx) keeps nothing: a retry runs again.
     if status not in context.stored_statuses or (end is not None and end.failed):
         yield from _release(context, attempt)
@@ -238,7 +238,7 @@ def attempt(context: Context, attempt: decisions.Attempt) -> AttemptFlow:
     streamed_size = None if not live else (size if end is None else end.size)
     # (Positional: a call by keyword costs more, on every request.)
     completion = decisions.completion_for(
-        attempt, status, headers, body, clock.now(), streamed_size, writes, deferred
+        attempt, status, headers, body, clock.now(), streamed_size, writes, deferred, deferred_to
     )
     if context.encryption is not None and streamed_size is None:
         # Sealed once, here, before any store sees it (a live stream keeps no body).

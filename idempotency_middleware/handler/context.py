@@ -42,14 +42,16 @@ class CurrentAttempt:
     """One claimed attempt while its handler runs: what it asked for beyond a response.
 
     ``transaction`` holds the writes to commit with the completion (made on first use);
-    ``deferred`` is set by ``defer_completion()``; ``live`` once the response started going
-    to its client as it came (a stream), after which no write may be added: the writes must
-    land before the first byte.
+    ``deferred`` is set by ``defer_completion()``, and ``deferred_to`` when the deferral is
+    handed to another owner's work still running (``hand_deferral_to()``); ``live`` once the
+    response started going to its client as it came (a stream), after which no write may be
+    added: the writes must land before the first byte.
     """
 
     __slots__ = (
         "claim",
         "deferred",
+        "deferred_to",
         "finished",
         "http",
         "live",
@@ -67,6 +69,7 @@ class CurrentAttempt:
         self.store: Any = store  # the store of the driver that runs the attempt
         self.transaction: Writes | None = None
         self.deferred = False
+        self.deferred_to: str | None = None
         self.live = False
         self.finished = False  # the handler returned: its transaction takes no more writes
 

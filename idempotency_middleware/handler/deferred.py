@@ -24,6 +24,7 @@ __all__ = [
     "DeferredToken",
     "defer_completion",
     "final_response",
+    "hand_deferral_to",
     "new_token",
     "parse_token",
     "prepare_final",
@@ -57,3 +58,22 @@ def defer_completion() -> str:
     attempt.deferred = True
     claim = attempt.claim
     return new_token(claim.key_hash, claim.owner, claim.now + attempt.ttl_seconds)
+
+
+def hand_deferral_to(token: str) -> DeferredToken:
+    """Defer the current request (as ``defer_completion()`` does, with its errors) to the
+    deferral ``token`` of an earlier attempt on the same key: one whose process died after
+    it handed the work on, and whose claim this attempt took over, while that work (a Step
+    Functions execution) still runs with ``token``. The handler's response is stored as the
+    interim one for ``token``'s owner, so the running work's token finishes the key; a
+    token of this attempt's own then no longer applies. The parsed token.
+
+    ``ValueError`` for a malformed token, or one of another key.
+    """
+    parsed = parse_token(token)
+    attempt = current_attempt("hand_deferral_to()")
+    if parsed.key_hash != attempt.claim.key_hash:
+        raise ValueError("the deferral token belongs to another key than this request's")
+    defer_completion()
+    attempt.deferred_to = parsed.owner
+    return parsed

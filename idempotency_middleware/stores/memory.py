@@ -19,7 +19,7 @@ from .protocol import (
     parse_token,
     prepare_final,
 )
-from .records import COMPLETED, DEFERRED, IN_PROGRESS, Record, deferred_by
+from .records import COMPLETED, DEFERRED, IN_PROGRESS, Record, deferred_by, handed_over
 
 # Records are built with tuple.__new__ (every field given): calling the NamedTuple class runs
 # its Python-level __new__, about twice the instructions.
@@ -81,7 +81,7 @@ class MemoryStore(BreakerOwner):
     def complete(self, completion: Completion) -> bool:
         # (Unpacked at once, and Completion.body_size and .expires_at computed here:
         # attribute reads and property calls cost more.)
-        key_hash, owner, now, ttl_seconds, response, streamed, streamed_size, _, deferred = (
+        key_hash, owner, now, ttl_seconds, response, streamed, streamed_size, _, deferred, to = (
             completion
         )
         size = streamed_size if streamed else len(response.body)
@@ -91,7 +91,8 @@ class MemoryStore(BreakerOwner):
         with self.lock:
             existing = self._records.get(key_hash)
             if existing is None or existing.owner != owner:
-                return False
+                # (Handed over already: this interim completion again.)
+                return handed_over(existing, to)
             if deferred and existing.status is not IN_PROGRESS:
                 # Deferred already (this completion again), or the work's final response
                 # landed first: done either way, and the final response is kept.
@@ -105,7 +106,7 @@ class MemoryStore(BreakerOwner):
                 key_hash,
                 status,
                 existing[2],  # fingerprint
-                owner,
+                owner if to is None else to,
                 existing[4],  # lock_expires_at
                 expires,
                 kept,

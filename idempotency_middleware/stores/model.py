@@ -37,7 +37,15 @@ from .protocol import (
     new_token,
     parse_token,
 )
-from .records import COMPLETED, DEFERRED, IN_PROGRESS, Record, StoredResponse, deferred_by
+from .records import (
+    COMPLETED,
+    DEFERRED,
+    IN_PROGRESS,
+    Record,
+    StoredResponse,
+    deferred_by,
+    handed_over,
+)
 
 T = TypeVar("T")
 
@@ -87,17 +95,22 @@ class StoreModel:
     def complete(self, completion: Completion) -> bool:
         """The owner's record, whatever its status (a second completion: the last wins);
         an interim (deferred) one only over the claim in progress, and done (``True``,
-        nothing written) when the key is already deferred or completed."""
+        nothing written) when the key is already deferred or completed. An interim one
+        handing the key to another owner (``deferred_to``) writes that owner, and is done
+        when it finds the key that owner's and no longer in progress."""
         existing = self.records.get(completion.key_hash)
         if existing is None or existing.owner != completion.owner:
-            return False
+            return handed_over(existing, completion.deferred_to)
         if completion.deferred and existing.status is not IN_PROGRESS:
             return True
         status = DEFERRED if completion.deferred else COMPLETED
         size = completion.body_size
-        self.records[completion.key_hash] = self._finished(
+        finished = self._finished(
             existing, status, completion.expires_at, completion.response, size, completion.streamed
         )
+        if completion.deferred_to is not None:
+            finished = finished._replace(owner=completion.deferred_to)
+        self.records[completion.key_hash] = finished
         return True
 
     def _finished(
@@ -433,10 +446,25 @@ def store_model_machine(
             self._step()
             key, owner = self._owner(data)
             completion = self._completion(key, owner, ttl, status, size, streamed, deferred)
+            if deferred and data.draw(st.booleans(), label="handed over"):
+                # A takeover adopting the work an earlier owner's dead process started.
+                to = self._earlier_owner(data, key, owner, ttl)
+                completion = completion._replace(deferred_to=to)
             expected = self.model.complete(completion)
             actual = self.calls("complete", completion)
             agree(f"complete by {owner} ({_described(completion)})", _answers(expected, actual))
             self._same_record(key)
+
+        def _earlier_owner(self, data: st.DataObject, key: str, owner: str, ttl: float) -> str:
+            """Another owner of ``key`` with a deferral token (one made now if none)."""
+            earlier = [o for k, o in self.owners if k == key and o != owner and o in self.tokens]
+            if earlier:
+                drawn: str = data.draw(st.sampled_from(earlier), label="handed to")
+                return drawn
+            fresh = self._new_owner()
+            self.owners.append((key, fresh))
+            self.tokens[fresh] = new_token(key, fresh, self.now + ttl)
+            return fresh
 
         def _completion(
             self,
@@ -564,6 +592,8 @@ def _answers(expected: bool, actual: object) -> list[str]:
 
 def _described(completion: Completion) -> str:
     kind = "deferred" if completion.deferred else "final"
+    if completion.deferred_to is not None:
+        kind += f" handed to {completion.deferred_to}"
     streamed = "streamed " if completion.streamed else ""
     return f"{kind}, {streamed}{completion.body_size} bytes, ttl {completion.ttl_seconds}"
 

@@ -96,6 +96,11 @@ class Completion(NamedTuple):
     # The handler deferred its work (``defer_completion()``): store ``response`` as the
     # interim response of a deferred key, to be completed later by the deferral's token.
     deferred: bool = False
+    # A deferred key handed to another owner's token: an earlier attempt's, whose work
+    # (a Step Functions execution) still runs after its process died and this attempt took
+    # the key over. The interim completion, fenced by ``owner`` as any, writes this owner,
+    # so that the running work's token finishes the key (None: the attempt's own).
+    deferred_to: str | None = None
 
     @property
     def expires_at(self) -> float:

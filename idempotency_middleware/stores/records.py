@@ -183,6 +183,19 @@ def deferred_by(record: Record | None, owner: str) -> bool:
     return record is not None and record.owner == owner and record.status is not COMPLETED
 
 
+def handed_over(record: Record | None, owner: str | None) -> bool:
+    """Whether an interim completion handing its key to ``owner`` (``Completion.deferred_to``)
+    finds it done already, its condition failed: the key is ``owner``'s and no longer in
+    progress (the same completion landed before its answer was lost, and the work may have
+    finished it since)."""
+    return (
+        owner is not None
+        and record is not None
+        and record.owner == owner
+        and record.status is not IN_PROGRESS
+    )
+
+
 def encode_response(response: StoredResponse) -> bytes:
     """A compact binary form: a format byte, a length-prefixed JSON head, then the body (a
     sealed response: its format byte, then its envelope)."""

@@ -126,7 +126,7 @@ class ResponseCapture:
             headers = with_content_length(headers, len(body))
             self.start = {**start, "headers": headers}
         # (Built with tuple.__new__, every field given: calling the class costs twice as much.)
-        return tuple.__new__(Ran, (start["status"], headers, body, False, True, 0, (), False))
+        return tuple.__new__(Ran, (start["status"], headers, body, False, True, 0, (), False, None))
 
     async def send(self, message: Message) -> None:
         kind = message["type"]

@@ -115,7 +115,11 @@ class DynamoDBOps:
             yield (DYNAMODB, "update_item", plan.request)
             return True
         except ConditionFailed as failed:
-            stored = completion.deferred and ddb.owned_in(failed.item, completion.owner, *DONE)
+            to = completion.deferred_to
+            stored = completion.deferred and (
+                ddb.owned_in(failed.item, completion.owner, *DONE)
+                or (to is not None and ddb.owned_in(failed.item, to, *DONE))
+            )
         if not stored:
             yield from self._drop_overflow(plan)
         return stored

@@ -182,7 +182,8 @@ def plan_completion(
     goes to S3 when the store has a bucket; otherwise it is not kept, and the key is still
     marked completed so its handler never runs again within the TTL. A deferred key's
     interim completion, and one with a transaction, also require the claim in progress: no
-    final response already there is overwritten (a fast worker's, or this commit's landed)."""
+    final response already there is overwritten (a fast worker's, or this commit's landed).
+    A deferred key handed to another owner (``deferred_to``) gets that owner."""
     encoded = b"" if completion.streamed else encode_response(completion.response)
     fits = (
         not completion.streamed and len(encoded) <= MAX_ITEM_RESPONSE_BYTES and not force_overflow
@@ -210,6 +211,10 @@ def plan_completion(
         values[":txn"] = {"S": commit_token(completion.owner)}
         update += ", #txn = :txn"
         names.append("#txn")
+    if completion.deferred_to is not None:
+        # Handed to an earlier owner's token: the work its dead process started finishes it.
+        values[":to"] = {"S": completion.deferred_to}
+        update += ", #owner = :to"
     # The owner's completion again (the last wins): a response written before in another
     # form, or one this completion does not keep, would otherwise be left behind and replayed.
     update += " REMOVE " + ", ".join(form for form in _RESPONSE_FORMS if form not in kept)

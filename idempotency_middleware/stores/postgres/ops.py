@@ -141,19 +141,25 @@ class Statements:
         self.channel = f"idempotency_{digest}"
         notify = f" RETURNING pg_notify('{self.channel}', key)"
         self.select = f"SELECT key, {_RECORD} FROM {quoted} WHERE key = %s"
-        finish = (
+        store_response = (
             f"UPDATE {quoted} SET status = %(status)s, expires_at = %(expires_at)s, "
             "response = %(response)s, response_size = %(response_size)s, "
-            "too_large = %(too_large)s WHERE key = %(key)s AND owner = %(owner)s"
+            "too_large = %(too_large)s"
         )
+        of_owner = " WHERE key = %(key)s AND owner = %(owner)s"
+        finish = store_response + of_owner
         self.complete = finish + notify
         # A deferred key's interim response, only over the claim still in progress (never
-        # over the work's final response, which may land first); true when it was stored,
-        # or when the key is still ours anyway (deferred already, or finished first).
+        # over the work's final response, which may land first), handed to another owner's
+        # token (``to``) when the work running is an earlier attempt's; true when it was
+        # stored, or when the key is still ours anyway (deferred already, or finished
+        # first), or already handed over and no longer in progress.
+        interim = f"{store_response}, owner = COALESCE(%(to)s, owner){of_owner}"
         self.complete_interim = (
-            f"WITH done AS ({finish} AND status = '{_IN_PROGRESS}' RETURNING 1) "
+            f"WITH done AS ({interim} AND status = '{_IN_PROGRESS}' RETURNING 1) "
             "SELECT EXISTS (SELECT 1 FROM done) "
-            f"OR EXISTS (SELECT 1 FROM {quoted} WHERE key = %(key)s AND owner = %(owner)s)"
+            f"OR EXISTS (SELECT 1 FROM {quoted} WHERE key = %(key)s AND (owner = %(owner)s "
+            f"OR (owner = %(to)s AND status <> '{_IN_PROGRESS}')))"
         )
         # A deferral token's final response: fenced by the owner, on a key not completed.
         self.complete_final = f"{finish} AND status <> '{_COMPLETED}'{notify}"
@@ -244,6 +250,7 @@ class PostgresOps:
         params = self._finish(completion, completion.response, status)
         params.update(expires_at=completion.expires_at, response_size=completion.body_size)
         if completion.deferred:
+            params["to"] = completion.deferred_to
             done = bool((yield Statement(self.sql.complete_interim, params)).rows[0][0])
         else:
             done = (yield Statement(self.sql.complete, params)).rowcount == 1

@@ -86,17 +86,23 @@ return taken_over
 # guard: "any" (a completion: the owner's record whatever its status),
 # "interim" (a deferred key's interim response: over the claim still in progress only,
 # and done already if the work's final response landed first), "final" (the work's final
-# response by a deferral token: over a record not completed yet).
+# response by a deferral token: over a record not completed yet). ARGV[9]: the owner an
+# interim response hands the key to ("" for none: done already when the key is that
+# owner's and no longer in progress); ARGV[10], the blob when kept.
 COMPLETE = Script(
     """
 local key = KEYS[1]
 local old = redis.call('HMGET', key, 'owner', 'status')
-if old[1] ~= ARGV[1] then return 0 end
+if old[1] ~= ARGV[1] then
+  if ARGV[9] ~= '' and old[1] == ARGV[9] and old[2] ~= 'in_progress' then return 1 end
+  return 0
+end
 if ARGV[2] == 'interim' and old[2] ~= 'in_progress' then return 1 end
 if ARGV[2] == 'final' and old[2] == 'completed' then return 0 end
 redis.call('HSET', key, 'status', ARGV[3], 'expires_at', ARGV[4], 'response_size', ARGV[5],
   'too_large', ARGV[6])
-if ARGV[9] then redis.call('HSET', key, 'response', ARGV[9])
+if ARGV[9] ~= '' then redis.call('HSET', key, 'owner', ARGV[9]) end
+if ARGV[10] then redis.call('HSET', key, 'response', ARGV[10])
 else redis.call('HDEL', key, 'response') end
 redis.call('PEXPIRE', key, ARGV[7])
 redis.call('PUBLISH', ARGV[8], key)
@@ -212,12 +218,18 @@ class RedisOps:
         return TAKEN_OVER if reply == 1 else CLAIMED
 
     def _write(
-        self, key: str, head: list[Any], ttl: int, response: StoredResponse, streamed: bool
+        self,
+        key: str,
+        head: list[Any],
+        ttl: int,
+        response: StoredResponse,
+        streamed: bool,
+        handed_to: str | None = None,
     ) -> Flow[bool]:
         # COMPLETE's ARGV: the head (owner, guard, status, expires_at, response_size), then
-        # too_large, the TTL, the channel, and the blob when kept.
+        # too_large, the TTL, the channel, the owner handed to, and the blob when kept.
         blob = kept_blob(response, streamed, self.max_response_bytes, MAX_BLOB_BYTES)
-        args = [*head, "1" if blob is None else "0", ttl, self.channel]
+        args = [*head, "1" if blob is None else "0", ttl, self.channel, handed_to or ""]
         return self._fenced(COMPLETE, key, args if blob is None else [*args, blob])
 
     def complete(self, completion: Completion) -> Flow[bool]:
@@ -225,7 +237,7 @@ class RedisOps:
         guard, status = ("interim", Status.DEFERRED) if c.deferred else ("any", Status.COMPLETED)
         head = [c.owner, guard, status.value, seconds(c.expires_at), c.body_size]
         ttl = ttl_ms(c.expires_at, c.now, self.grace_seconds)
-        return self._write(c.key_hash, head, ttl, c.response, c.streamed)
+        return self._write(c.key_hash, head, ttl, c.response, c.streamed, c.deferred_to)
 
     def complete_final(
         self, token: DeferredToken, response: StoredResponse, now: float

@@ -98,9 +98,15 @@ class Statements:
             "WHERE key = :key AND owner = :owner"
         )
         # A deferred key's interim response: only over the claim still in progress (never
-        # over the work's final response, which may land first).
-        self.complete_interim = self.complete + f" AND status = '{_IN_PROGRESS}'"
-        self.owner = f"SELECT owner {by_key}"
+        # over the work's final response, which may land first); handed to another owner's
+        # token (``:to``) when the work running is an earlier attempt's.
+        self.complete_interim = (
+            f"UPDATE {table} SET status = :status, expires_at = :expires_at, "
+            "response = :response, response_size = :response_size, too_large = :too_large, "
+            "owner = COALESCE(:to, owner) "
+            f"WHERE key = :key AND owner = :owner AND status = '{_IN_PROGRESS}'"
+        )
+        self.owner = f"SELECT owner, status {by_key}"
         # The work's final response, or forgetting a deferred key, by a deferral token:
         # fenced by its owner, on a key not completed yet.
         self.complete_final = self.complete + f" AND status <> '{_COMPLETED}'"
@@ -171,12 +177,18 @@ class SQLiteOps:
         if not completion.deferred:
             updated = (yield Statement(self.sql.complete, params)).changed == 1
         else:
+            to = completion.deferred_to
+            params["to"] = to
             updated = (yield Statement(self.sql.complete_interim, params)).changed == 1
             if not updated:
                 # Deferred already (this completion again) or completed by the work's final
-                # response first: done either way, if the key is still ours.
+                # response first: done either way, if the key is still ours (or, handed
+                # over, the owner's it was handed to).
                 rows = (yield Statement(self.sql.owner, (key,))).rows
-                updated = bool(rows) and rows[0][0] == owner
+                updated = bool(rows) and (
+                    rows[0][0] == owner
+                    or (to is not None and rows[0][0] == to and rows[0][1] != _IN_PROGRESS)
+                )
         if self.purges.due():
             # (Finished rows only: an in-progress claim past its lock may still be inside
             # another host's clock-skew margin.)
