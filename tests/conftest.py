@@ -13,18 +13,18 @@ from typing import TYPE_CHECKING
 import pytest
 
 from idempotency_middleware import DynamoDBStore
-from tests.core_only import CORE_ONLY, require_module
-from tests.sigint_guard import require_sigint_unchanged, sigint_state
+from tests.support.core_only import CORE_ONLY, require_module
+from tests.support.sigint_guard import require_sigint_unchanged, sigint_state
 
 if TYPE_CHECKING:
-    from tests.faultproxy import FaultProxy
-    from tests.servers import AWSSessions, Combo, Harness
+    from tests.support.faultproxy import FaultProxy
+    from tests.support.servers import AWSSessions, Combo, Harness
 
 # moto, the SDKs and the web frameworks are imported where a fixture needs them: a core-only
-# run (tests/core_only.py) has none of them, and its tests use none of these fixtures.
+# run (tests/support/core_only.py) has none of them, and its tests use none of these fixtures.
 HARNESS_COMBOS: tuple[Combo, ...] = ()
 try:
-    from tests.servers import ALL_COMBOS as HARNESS_COMBOS
+    from tests.support.servers import ALL_COMBOS as HARNESS_COMBOS
 except ModuleNotFoundError:
     if not CORE_ONLY:
         raise
@@ -39,7 +39,7 @@ for _variable in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
 REGION = "us-east-1"
 
 
-# --- No test leaves SIGINT changed (tests/sigint_guard.py) -----------------------------------
+# --- No test leaves SIGINT changed (tests/support/sigint_guard.py) ---------------------------
 # What the test process had when it started: an inherited ignored SIGINT (a run started in
 # the background by a shell without job control) is the baseline, not a failure.
 SIGINT_AT_START = sigint_state()
@@ -106,8 +106,8 @@ def _benchmark_sees_its_own_garbage(request: pytest.FixtureRequest) -> Iterator[
 
 @pytest.fixture
 def fault_proxy(moto_endpoint: str) -> Iterator[FaultProxy]:
-    """A fault-injection proxy in front of moto (tests/faultproxy.py)."""
-    from tests.faultproxy import FaultProxy
+    """A fault-injection proxy in front of moto (tests/support/faultproxy.py)."""
+    from tests.support.faultproxy import FaultProxy
 
     with FaultProxy(moto_endpoint) as started:
         yield started
@@ -125,7 +125,7 @@ def dynamodb_table(moto_endpoint: str) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def aws_sessions(moto_endpoint: str) -> Iterator[AWSSessions]:
     """A boto3 and an aioboto3 session for every store of the run, and a client on moto."""
-    from tests.servers import AWSSessions
+    from tests.support.servers import AWSSessions
 
     boto3_session = require_module("boto3.session").Session(region_name=REGION)
     dynamodb = boto3_session.client("dynamodb", endpoint_url=moto_endpoint)
@@ -160,7 +160,7 @@ def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
 
 def open_harness(request: pytest.FixtureRequest, combo: Combo) -> Iterator[Harness]:
     """The ``Harness`` of ``combo`` (moto, Redis and PostgreSQL from the session's servers)."""
-    from tests.servers import Harness
+    from tests.support.servers import Harness
 
     table_name: str | None = None
     endpoint: str | None = None
@@ -296,7 +296,7 @@ def dynamodb_local_endpoint() -> str:
     return DYNAMODB_LOCAL_URL
 
 
-# --- Real Redis and PostgreSQL servers (tests/db_servers.py) ----------------------------
-from tests.db_servers import postgres_dsn, redis_url  # noqa: E402
+# --- Real Redis and PostgreSQL servers (tests/support/db_servers.py) ----------------------------
+from tests.support.db_servers import postgres_dsn, redis_url  # noqa: E402
 
 __all__ = ["postgres_dsn", "redis_url"]
