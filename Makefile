@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install servers demo test simulate pythons lint typecheck docs docs-serve unit test-dynamodb-local collect coverage bench bench-functions bench-transport bench-floor bench-instructions profile clean
+.PHONY: install servers demo test check check-tests durations simulate pythons lint typecheck docs docs-serve unit test-dynamodb-local collect coverage bench bench-functions bench-transport bench-floor bench-instructions profile clean
 
 # Bytecode is written (an environment may set PYTHONDONTWRITEBYTECODE): one make test runs
 # many Python processes that import the same modules (the pytest workers, the DynamoDB Local
@@ -54,6 +54,24 @@ typecheck: $(STAMP)
 unit: servers
 	$(VENV)/bin/pytest -q
 
+# The edit-run loop, a minute or so on 2 cores from a warm venv: lint, mypy, and the unit and
+# contract tests (tests/unit, tests/contract) on the in-process stores, MemoryStore and
+# SQLiteStore, without coverage. -m "not servers" leaves out every test that needs a server
+# outside the test process (tests/support/in_process.py marks them); under
+# IDEMPOTENCY_TESTS_IN_PROCESS=1 a server started anyway fails its test. make test runs
+# everything.
+CHECK_WORKERS ?= 2
+
+check:
+	@start=$$(date +%s); status=0; \
+	$(MAKE) --no-print-directory lint typecheck check-tests || status=$$?; \
+	echo "make check: $$(( $$(date +%s) - start )) s"; \
+	exit $$status
+
+check-tests: $(STAMP)
+	IDEMPOTENCY_TESTS_IN_PROCESS=1 $(VENV)/bin/pytest -q -p no:cacheprovider -n $(CHECK_WORKERS) \
+	  --dist loadfile --no-loadscope-reorder -m "not servers" tests/unit tests/contract
+
 # The store contract suite against Amazon's DynamoDB Local (Java, in a private network
 # namespace); prints "DynamoDB Local: SKIPPED (reason)" where Java or unshare is missing.
 test-dynamodb-local: $(STAMP)
@@ -71,10 +89,10 @@ collect: $(STAMP)
 # `coverage run`; the DynamoDB Local pytest (in its own namespaces) starts coverage through
 # COVERAGE_PROCESS_START and coverage's .pth file. The two run at once (DynamoDB Local mostly
 # waits on its Java server), the suite on PYTEST_WORKERS pytest-xdist workers, one test file
-# per worker at a time (module fixtures are made once), the longest files first
-# (tests/conftest.py: FILE_SECONDS). DynamoDB Local's output is printed
-# when it ends. One report at the end; below fail_under it fails. A failing run fails make
-# with its status, after the report.
+# per worker at a time (module fixtures are made once), the longest files first by the
+# seconds make durations recorded (tests/durations.json, read by tests/conftest.py).
+# DynamoDB Local's output is printed when it ends. One report at the end; below fail_under it
+# fails. A failing run fails make with its status, after the report.
 COVERAGE := $(VENV)/bin/coverage
 COVERAGE_DATA := $(CURDIR)/.cache/coverage/data
 # Three workers on two cores: a test often waits (on a server it started, a subprocess, a
@@ -89,13 +107,22 @@ coverage: servers
 	@status=0; local_status=0; \
 	COVERAGE_PROCESS_START=$(CURDIR)/pyproject.toml COVERAGE_FILE=$(COVERAGE_DATA) \
 	  bash scripts/dynamodb-local.sh >.cache/dynamodb-local.out 2>&1 & local_run=$$!; \
-	$(COVERAGE) run -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder || status=$$?; \
+	$(if $(RECORD_DURATIONS),IDEMPOTENCY_TESTS_RECORD_DURATIONS=$(RECORD_DURATIONS)) \
+	  $(COVERAGE) run -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	  || status=$$?; \
 	wait $$local_run || local_status=$$?; \
 	cat .cache/dynamodb-local.out; \
 	[ $$status -ne 0 ] || status=$$local_status; \
 	$(COVERAGE) combine --quiet && $(COVERAGE) report || { [ $$status -ne 0 ] || status=2; }; \
 	if [ -f .cache/simulation.txt ]; then echo "Simulation (tests/unit/test_simulation.py):"; cat .cache/simulation.txt; fi; \
 	exit $$status
+
+# Each test file's seconds, from a run of the suite as make test runs it (under coverage,
+# beside DynamoDB Local), into tests/durations.json: make test hands the files to its workers
+# longest first by them. Run it again when files were added or their times changed much (a
+# file not recorded counts 0.1 s a test); a failing run records nothing.
+durations:
+	@$(MAKE) --no-print-directory coverage RECORD_DURATIONS=$(CURDIR)/tests/durations.json
 
 # The attempt flow under every interleaving, deeper and longer than make test's bounded sweep
 # (tests/unit/test_simulation.py): every schedule of two attempts with up to DEPTH injected

@@ -8,12 +8,20 @@ import os
 import signal
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 from idempotency_middleware import DynamoDBStore
 from tests.support.core_only import CORE_ONLY, require_module
+from tests.support.durations import (
+    CpuTimer,
+    load_durations,
+    longest_files_first,
+    recorder_from_environment,
+)
+from tests.support.in_process import mark_server_tests, refuse_in_an_in_process_run
 from tests.support.sigint_guard import require_sigint_unchanged, sigint_state
 
 if TYPE_CHECKING:
@@ -70,6 +78,7 @@ def _sigint_left_alone() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
     """URL of a moto server on 127.0.0.1 (a free port), for the whole test session."""
+    refuse_in_an_in_process_run("A moto server")
     moto_server = require_module("moto.server")
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
@@ -186,73 +195,32 @@ def open_harness(request: pytest.FixtureRequest, combo: Combo) -> Iterator[Harne
         )
 
 
-# --- Longest files first on pytest-xdist's workers ----------------------------------------
+# --- Longest files first on pytest-xdist's workers (tests/support/durations.py) ---------------
 # make test runs the suite with --dist loadfile --no-loadscope-reorder: a file is one unit of
 # work, handed out in collection order. xdist's own order (most tests first) left files with
 # few but long tests (the chaos run, the load test) to the end, where one worker ran them
-# alone for most of a minute. Here files are ordered by their running time, longest first,
-# so the workers end together. Seconds measured under make test on 2 cores (only the
-# order matters); a file not listed counts 0.1 s a test.
-FILE_SECONDS = {
-    "test_store_contract.py": 110,
-    "test_actions.py": 60,
-    "test_behaviour.py": 92,
-    "test_docs_commands.py": 55,
-    "test_function_concurrency.py": 31,
-    "test_chaos.py": 49,
-    "test_partitions.py": 40,
-    "test_actions_concurrency.py": 54,
-    "test_dynamodb_wire.py": 43,
-    "test_docs_snippets.py": 79,
-    "test_transactions.py": 29,
-    "test_functions.py": 26,
-    "test_load.py": 14,
-    "test_breaker_outage.py": 36,
-    "test_idempotency_examples.py": 16,
-    "test_store_faults.py": 18,
-    "test_routes_and_scope.py": 28,
-    "test_docs_site.py": 38,
-    "test_deferred.py": 21,
-    "test_clock_skew.py": 21,
-    "test_fuzz_adapters.py": 17,
-    "test_function_results.py": 17,
-    "test_lease_renewal.py": 14,
-    "test_quickstarts.py": 16,
-    "test_transactions_http.py": 16,
-    "test_concurrency.py": 13,
-    "test_fingerprint.py": 13,
-    "test_transaction_crash.py": 15,
-    "test_postgres_store.py": 12,
-    "test_records.py": 11,
-    "test_wait.py": 11,
-    "test_deferred_step_functions.py": 11,
-    "test_benchmark_redis.py": 10,
-    "test_cli_errors.py": 10,
-    "test_faststream.py": 14,
-    "test_sqs_crash.py": 11,
-    "test_sqs_worker.py": 10,
-    "test_simulation.py": 45,
-    "test_encryption.py": 8,
-    "test_consumers.py": 8,
-    "test_store_model.py": 30,
-}
-DEFAULT_SECONDS_PER_TEST = 0.1
+# alone for most of a minute. Here the files go longest first, by the seconds make durations
+# recorded in tests/durations.json, so the workers end together.
+RECORDER = recorder_from_environment(Path(__file__).resolve().parent.parent)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On xdist's workers, the files longest first (the order within a file is kept)."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:
+def pytest_configure(config: pytest.Config) -> None:
+    """For make durations: the recorder in the controlling process, the CPU timer wherever
+    tests run."""
+    if RECORDER is None:
         return
-    per_file: dict[str, int] = {}
-    for item in items:
-        per_file[item.path.name] = per_file.get(item.path.name, 0) + 1
+    config.pluginmanager.register(CpuTimer(), "test-cpu-seconds")
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(RECORDER, "file-durations")
 
-    def seconds(item: pytest.Item) -> float:
-        name = item.path.name
-        return FILE_SECONDS.get(name, per_file[name] * DEFAULT_SECONDS_PER_TEST)
 
-    # sort is stable: a file's tests keep their order; files of equal weight, theirs.
-    items.sort(key=lambda item: (-seconds(item), str(item.path)))
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by the marks added here
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks the tests that need a server (make check leaves them out); on xdist's workers,
+    orders the files longest first (the order within a file is kept)."""
+    mark_server_tests(items)
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        longest_files_first(items, load_durations())
 
 
 # --- A second DynamoDB implementation: Amazon's DynamoDB Local ---------------------------
@@ -273,6 +241,7 @@ def dynamodb_local_endpoint() -> str:
     """
     from urllib.parse import urlsplit
 
+    refuse_in_an_in_process_run("DynamoDB Local")
     if DYNAMODB_LOCAL_URL is None:
         pytest.skip(
             f"{DYNAMODB_LOCAL_URL_VARIABLE} is not set: scripts/dynamodb-local.sh runs these "

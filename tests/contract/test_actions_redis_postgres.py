@@ -47,6 +47,10 @@ from tests.support.action_stores import ActionsUnderTest, open_actions
 from tests.support.db_stores import open_db_store
 from tests.support.redis_helpers import PrivateRedis, single_node_cluster
 
+# Redis and PostgreSQL only, a cluster of its own among them, which no fixture names: make
+# check leaves these out (tests/support/in_process.py).
+pytestmark = pytest.mark.servers
+
 TTL = 600.0
 DAY = 86400.0
 

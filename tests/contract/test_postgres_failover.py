@@ -29,6 +29,10 @@ from tests.support.pg_instance import (
 )
 from tests.support.session_servers import session_server
 
+# A PostgreSQL server of its own, which no fixture names: make check leaves these out
+# (tests/support/in_process.py).
+pytestmark = pytest.mark.servers
+
 
 @pytest.fixture(scope="module")
 def own() -> Iterator[PostgresInstance]:

@@ -32,6 +32,10 @@ from idempotency_middleware.stores.protocol import ClaimRequest, ClaimResult
 from idempotency_middleware.stores.wakeups import Wakeups
 from tests.support.redis_helpers import single_node_cluster
 
+# Redis and PostgreSQL only, a cluster of its own among them, which no fixture names: make
+# check leaves these out (tests/support/in_process.py).
+pytestmark = pytest.mark.servers
+
 
 class Counted:
     """Counts the claims the store answered, per key."""

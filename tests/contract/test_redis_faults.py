@@ -29,6 +29,10 @@ from idempotency_middleware.testing import FakeClock
 from tests.support.redis_helpers import PrivateRedis, private_redis
 from tests.support.servers import free_port
 
+# Redis servers of their own, which no fixture names: make check leaves these out
+# (tests/support/in_process.py).
+pytestmark = pytest.mark.servers
+
 LOCK = 30.0
 RESPONSE = StoredResponse(200, [], b"ok")
 

@@ -359,6 +359,7 @@ def cluster_node() -> Iterator[PrivateRedis]:
         yield node
 
 
+@pytest.mark.servers  # a Redis cluster of its own
 def test_every_operation_works_on_a_cluster_client_sync_and_async(
     cluster_node: PrivateRedis,
 ) -> None:
@@ -386,6 +387,7 @@ def test_every_operation_works_on_a_cluster_client_sync_and_async(
     asyncio.run(run())
 
 
+@pytest.mark.servers  # a Redis cluster of its own
 def test_a_cluster_refuses_commands_across_slots_so_the_check_above_can_fail(
     cluster_node: PrivateRedis,
 ) -> None:

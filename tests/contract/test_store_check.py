@@ -160,6 +160,7 @@ def test_check_of_a_server_that_is_not_there_says_it_is_unreachable(kind: str) -
     assert "check the store's URL or endpoint, and that the server is running" in str(error)
 
 
+@pytest.mark.servers  # the session PostgreSQL server
 def test_postgres_check_names_a_missing_table(request: pytest.FixtureRequest) -> None:
     from idempotency_middleware import PostgresStore
 
@@ -170,6 +171,7 @@ def test_postgres_check_names_a_missing_table(request: pytest.FixtureRequest) ->
     assert "create it: store.create_table()" in str(error)
 
 
+@pytest.mark.servers  # the session PostgreSQL server
 def test_postgres_check_refuses_a_table_without_the_stores_columns(
     request: pytest.FixtureRequest,
 ) -> None:

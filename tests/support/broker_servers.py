@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.db_servers import HOST, _die_with_parent, _free_port, _stop, _wait_until
+from tests.support.in_process import refuse_in_an_in_process_run
 from tests.support.session_servers import ServerUnavailable, session_server
 
 # RabbitMQ's boot (Erlang, Mnesia, its plugins) takes several seconds on 2 busy cores.
@@ -68,6 +69,7 @@ def _epmd_ready(port: int) -> bool:
 @contextlib.contextmanager
 def run_rabbitmq() -> Iterator[str]:
     """A RabbitMQ node on 127.0.0.1 for the block; its URL (``amqp://guest:guest@...``)."""
+    refuse_in_an_in_process_run("A RabbitMQ server")
     script = rabbitmq_server_binary()
     epmd = shutil.which("epmd") or "/usr/lib/erlang/bin/epmd"
     if not os.access(epmd, os.X_OK):
@@ -169,6 +171,7 @@ def _nats_ready(port: int) -> bool:
 @contextlib.contextmanager
 def run_nats() -> Iterator[str]:
     """A NATS server with JetStream on 127.0.0.1 for the block; its URL."""
+    refuse_in_an_in_process_run("A NATS server")
     binary = nats_server_binary()
     with tempfile.TemporaryDirectory(prefix="idem-nats-") as directory:
         log = Path(directory) / "nats.log"

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.in_process import refuse_in_an_in_process_run
 from tests.support.session_servers import ServerUnavailable, session_server
 
 HOST = "127.0.0.1"
@@ -115,6 +116,7 @@ def _redis_ping(port: int) -> bool:
 @contextlib.contextmanager
 def run_redis() -> Iterator[str]:
     """A Redis server on 127.0.0.1 for the block; its URL (``redis://127.0.0.1:PORT/0``)."""
+    refuse_in_an_in_process_run("A Redis server")
     binary = redis_server_binary()
     with tempfile.TemporaryDirectory(prefix="idem-redis-") as directory:
         log = Path(directory) / "redis.log"
@@ -196,6 +198,7 @@ def _postgres_ready(port: int) -> bool:
 @contextlib.contextmanager
 def run_postgres() -> Iterator[str]:
     """A PostgreSQL server on 127.0.0.1 for the block; its DSN (trust authentication)."""
+    refuse_in_an_in_process_run("A PostgreSQL server")
     bin_directory = postgres_bin_directory()
     user = _server_user()
     with tempfile.TemporaryDirectory(prefix="idem-postgres-") as directory:

@@ -26,6 +26,7 @@ from tests.support.db_servers import (
     _wait_until,
     postgres_bin_directory,
 )
+from tests.support.in_process import refuse_in_an_in_process_run
 from tests.support.session_servers import ServerUnavailable
 
 SECRET_ROLE = "secret_role"
@@ -64,6 +65,7 @@ class PostgresInstance:
         )
 
     def start(self) -> None:
+        refuse_in_an_in_process_run("A PostgreSQL server")
         settings = {
             "listen_addresses": HOST,
             "port": str(self.port),

@@ -29,6 +29,7 @@ from tests.support.db_servers import (
     _wait_until,
     redis_server_binary,
 )
+from tests.support.in_process import refuse_in_an_in_process_run
 from tests.support.session_servers import ServerUnavailable, require_or_skip
 
 
@@ -56,6 +57,7 @@ class PrivateRedis:
         return f"redis://{HOST}:{self.port}/0"
 
     def start(self) -> None:
+        refuse_in_an_in_process_run("A Redis server")
         try:
             binary = redis_server_binary()
         except ServerUnavailable as error:

@@ -41,6 +41,7 @@ import pytest
 from moto.core.config import default_user_config
 from moto.server import ThreadedMotoServer
 
+from tests.support.in_process import refuse_in_an_in_process_run
 from tests.support.servers import HOST
 
 # The README's state machine, as a user copies it.
@@ -85,6 +86,7 @@ def step_functions_server() -> Iterator[str]:
     """
     # GET /moto-api/config does not report the stepfunctions section: read it in-process.
     previous = copy.deepcopy(default_user_config.get("stepfunctions", {}))
+    refuse_in_an_in_process_run("A moto server")
     server = ThreadedMotoServer(ip_address=HOST, port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
