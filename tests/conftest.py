@@ -37,6 +37,16 @@ except ModuleNotFoundError:
     if not CORE_ONLY:
         raise
 
+# httpx parses the whole CA bundle for every client it makes; the tests' clients share one
+# SSL context instead (tests/support/shared_ssl.py).
+try:
+    from tests.support.shared_ssl import share_default_ssl_context
+except ModuleNotFoundError:
+    if not CORE_ONLY:
+        raise
+else:
+    share_default_ssl_context()
+
 # moto accepts any credentials; botocore only needs some to sign requests. Never a real AWS.
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
