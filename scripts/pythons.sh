@@ -9,6 +9,8 @@
 # under CI=true (CI must test every version pyproject.toml names).
 #
 #   bash scripts/pythons.sh 3.10 3.12 3.13
+#   bash scripts/pythons.sh --venv 3.10     # only make (or keep) the venv: make test does
+#                                           # this beside the main install
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -117,8 +119,22 @@ run_version() {
   echo "Python $version: passed"
 }
 
+# --venv: the venv alone, no checks, no tests (a version not found is left to the full run).
+venv_only() {
+  local version=$1 python
+  python=$(find_python "$version")
+  [[ -z $python ]] && return 0
+  ensure_venv "$python" ".venv-$version" || { echo "Python $version: FAILED (venv install)"; return 1; }
+  echo "Python $version: venv ready"
+}
+
+action=run_version
+if [[ ${1:-} == --venv ]]; then
+  action=venv_only
+  shift
+fi
 status=0
 for version in "$@"; do
-  run_version "$version" || status=1
+  "$action" "$version" || status=1
 done
 exit $status
