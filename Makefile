@@ -51,10 +51,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# The whole suite once, without coverage (tests/unit alone: pytest tests/unit).
 unit: servers
 	$(VENV)/bin/pytest -q
 
-# The edit-run loop, a minute or so on 2 cores from a warm venv: lint, mypy, and the unit and
+# The edit-run loop, under a minute on 2 cores from a warm venv: lint, mypy, and the unit and
 # contract tests (tests/unit, tests/contract) on the in-process stores, MemoryStore and
 # SQLiteStore, without coverage. -m "not servers" leaves out every test that needs a server
 # outside the test process (tests/support/in_process.py marks them); under
@@ -128,8 +129,9 @@ durations:
 # (tests/unit/test_simulation.py): every schedule of two attempts with up to DEPTH injected
 # faults, then SCHEDULES random schedules per scenario (two and three attempts) from SEED
 # (a random one, printed, when unset). A violation prints its seed and shortest schedule.
-# Then every store against the reference model of the store protocol (tests/contract/test_store_model.py)
-# for MODEL_EXAMPLES sequences of MODEL_STEPS steps per store kind, on the real servers.
+# Then every store against the reference model of the store protocol
+# (tests/contract/test_store_model.py) for MODEL_EXAMPLES sequences of MODEL_STEPS steps per
+# store kind, on the real servers.
 DEPTH ?= 2
 SCHEDULES ?= 20000
 SEED ?=
