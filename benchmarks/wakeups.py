@@ -11,7 +11,8 @@ it is; "polled" the same store with its wakeups switched off (``store.wakeups = 
 every other store waits. After one warm-up sample of each, each round takes ``samples``
 samples of every (store, mode) pair in an order that rotates from round to round; p50 and
 p99 are over all samples (nearest rank).
-The servers are started here (tests/db_servers.py) unless ``--redis-url``/``--dsn`` is given.
+The servers are started here (tests/support/db_servers.py) unless ``--redis-url``/``--dsn``
+is given.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def _sampler(store: Any) -> Sample:
 
 @contextlib.contextmanager
 def _servers(redis_url: str | None, dsn: str | None) -> Iterator[tuple[str, str]]:
-    from tests.db_servers import run_postgres, run_redis
+    from tests.support.db_servers import run_postgres, run_redis
 
     with contextlib.ExitStack() as stack:
         redis_url = redis_url or stack.enter_context(run_redis())

@@ -7,7 +7,7 @@ make a retry order twice.
 
 Configured by the environment alone: the AWS SDK's own variables (credentials, AWS_REGION,
 AWS_ENDPOINT_URL_DYNAMODB for a local DynamoDB) and the table names IDEMPOTENCY_TABLE,
-ORDERS_TABLE and INVENTORY_TABLE. tests/test_idempotency_examples.py runs this file under
+ORDERS_TABLE and INVENTORY_TABLE. tests/docs/test_idempotency_examples.py runs this file under
 uvicorn against moto and Amazon's DynamoDB Local.
 """
 

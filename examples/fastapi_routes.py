@@ -3,7 +3,7 @@ and the OpenAPI schema documenting the key header and the middleware's responses
 
     uvicorn fastapi_routes:app     (from this repository: examples.fastapi_routes:app)
 
-The table must exist (``idempotency-middleware create-table``); tests/test_quickstarts.py
+The table must exist (``idempotency-middleware create-table``); tests/docs/test_quickstarts.py
 runs this file under uvicorn against a local DynamoDB.
 """
 

@@ -1,6 +1,7 @@
 """A whole store in 100 lines on the store kit, over a backend with only ``get`` and
 compare-and-set (etcd, Consul, FoundationDB; here a dict behind a lock). ``KitStore`` writes
-the public methods, ``check()`` included. Its contract: ``tests/test_store_contract.py -k kv``."""
+the public methods, ``check()`` included. Its contract:
+``tests/contract/test_store_contract.py -k kv``."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ Configured by the environment alone: the AWS SDK's own variables (credentials, A
 AWS_ENDPOINT_URL_DYNAMODB for a local DynamoDB), IDEMPOTENCY_TABLE, and REPORT_SECONDS (how
 long a report takes). The worker is an asyncio task in the same process, to keep the
 example runnable; a queue (SQS) and a worker fleet, or Step Functions, do the same with the
-token. tests/test_idempotency_examples.py runs this file under uvicorn against moto and
+token. tests/docs/test_idempotency_examples.py runs this file under uvicorn against moto and
 Amazon's DynamoDB Local.
 """
 

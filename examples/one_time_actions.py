@@ -6,7 +6,7 @@ coupons, approvals), every refusal answered as ``application/problem+json``.
 
 Configured by the environment alone: the AWS SDK's own variables (credentials, AWS_REGION,
 AWS_ENDPOINT_URL_DYNAMODB for a local DynamoDB) and IDEMPOTENCY_TABLE. The actions live in
-the idempotency table, beside its records. tests/test_actions_http.py runs this file under
+the idempotency table, beside its records. tests/docs/test_actions_http.py runs this file under
 uvicorn.
 """
 

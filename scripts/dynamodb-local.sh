@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test cases against a second DynamoDB implementation beside moto, Amazon's DynamoDB
-# Local: the DynamoDB cases of the store contract suite (tests/test_store_contract.py) and
+# Local: the DynamoDB cases of the store contract suite (tests/contract/test_store_contract.py) and
 # every other test whose id names dynamodb-local (the concurrency proofs need its atomic
 # conditional writes). They are always collected; a normal pytest run reports them as
 # skipped, this script runs them.

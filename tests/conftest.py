@@ -8,26 +8,44 @@ import os
 import signal
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 from idempotency_middleware import DynamoDBStore
-from tests.core_only import CORE_ONLY, require_module
-from tests.sigint_guard import require_sigint_unchanged, sigint_state
+from tests.support.core_only import CORE_ONLY, require_module
+from tests.support.durations import (
+    CpuTimer,
+    load_durations,
+    longest_files_first,
+    recorder_from_environment,
+)
+from tests.support.in_process import mark_server_tests, refuse_in_an_in_process_run
+from tests.support.sigint_guard import require_sigint_unchanged, sigint_state
 
 if TYPE_CHECKING:
-    from tests.faultproxy import FaultProxy
-    from tests.servers import AWSSessions, Combo, Harness
+    from tests.support.faultproxy import FaultProxy
+    from tests.support.servers import AWSSessions, Combo, Harness
 
 # moto, the SDKs and the web frameworks are imported where a fixture needs them: a core-only
-# run (tests/core_only.py) has none of them, and its tests use none of these fixtures.
+# run (tests/support/core_only.py) has none of them, and its tests use none of these fixtures.
 HARNESS_COMBOS: tuple[Combo, ...] = ()
 try:
-    from tests.servers import ALL_COMBOS as HARNESS_COMBOS
+    from tests.support.servers import ALL_COMBOS as HARNESS_COMBOS
 except ModuleNotFoundError:
     if not CORE_ONLY:
         raise
+
+# httpx parses the whole CA bundle for every client it makes; the tests' clients share one
+# SSL context instead (tests/support/shared_ssl.py).
+try:
+    from tests.support.shared_ssl import share_default_ssl_context
+except ModuleNotFoundError:
+    if not CORE_ONLY:
+        raise
+else:
+    share_default_ssl_context()
 
 # moto accepts any credentials; botocore only needs some to sign requests. Never a real AWS.
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
@@ -39,7 +57,7 @@ for _variable in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
 REGION = "us-east-1"
 
 
-# --- No test leaves SIGINT changed (tests/sigint_guard.py) -----------------------------------
+# --- No test leaves SIGINT changed (tests/support/sigint_guard.py) ---------------------------
 # What the test process had when it started: an inherited ignored SIGINT (a run started in
 # the background by a shell without job control) is the baseline, not a failure.
 SIGINT_AT_START = sigint_state()
@@ -70,6 +88,7 @@ def _sigint_left_alone() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
     """URL of a moto server on 127.0.0.1 (a free port), for the whole test session."""
+    refuse_in_an_in_process_run("A moto server")
     moto_server = require_module("moto.server")
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
@@ -106,8 +125,8 @@ def _benchmark_sees_its_own_garbage(request: pytest.FixtureRequest) -> Iterator[
 
 @pytest.fixture
 def fault_proxy(moto_endpoint: str) -> Iterator[FaultProxy]:
-    """A fault-injection proxy in front of moto (tests/faultproxy.py)."""
-    from tests.faultproxy import FaultProxy
+    """A fault-injection proxy in front of moto (tests/support/faultproxy.py)."""
+    from tests.support.faultproxy import FaultProxy
 
     with FaultProxy(moto_endpoint) as started:
         yield started
@@ -125,7 +144,7 @@ def dynamodb_table(moto_endpoint: str) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def aws_sessions(moto_endpoint: str) -> Iterator[AWSSessions]:
     """A boto3 and an aioboto3 session for every store of the run, and a client on moto."""
-    from tests.servers import AWSSessions
+    from tests.support.servers import AWSSessions
 
     boto3_session = require_module("boto3.session").Session(region_name=REGION)
     dynamodb = boto3_session.client("dynamodb", endpoint_url=moto_endpoint)
@@ -160,7 +179,7 @@ def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
 
 def open_harness(request: pytest.FixtureRequest, combo: Combo) -> Iterator[Harness]:
     """The ``Harness`` of ``combo`` (moto, Redis and PostgreSQL from the session's servers)."""
-    from tests.servers import Harness
+    from tests.support.servers import Harness
 
     table_name: str | None = None
     endpoint: str | None = None
@@ -186,75 +205,32 @@ def open_harness(request: pytest.FixtureRequest, combo: Combo) -> Iterator[Harne
         )
 
 
-# --- Longest files first on pytest-xdist's workers ----------------------------------------
+# --- Longest files first on pytest-xdist's workers (tests/support/durations.py) ---------------
 # make test runs the suite with --dist loadfile --no-loadscope-reorder: a file is one unit of
 # work, handed out in collection order. xdist's own order (most tests first) left files with
 # few but long tests (the chaos run, the load test) to the end, where one worker ran them
-# alone for most of a minute. Here files are ordered by their running time, longest first,
-# so the workers end together. Seconds measured under make test on 2 cores (only the
-# order matters); a file not listed counts 0.1 s a test.
-FILE_SECONDS = {
-    "test_store_contract.py": 110,
-    "test_actions.py": 60,
-    "test_behaviour.py": 92,
-    "test_docs_commands.py": 55,
-    "test_function_concurrency.py": 31,
-    "test_chaos.py": 49,
-    "test_partitions.py": 40,
-    "test_actions_concurrency.py": 54,
-    "test_dynamodb_wire.py": 43,
-    "test_docs_snippets.py": 79,
-    "test_transactions.py": 29,
-    "test_functions.py": 26,
-    "test_load.py": 14,
-    "test_breaker_outage.py": 36,
-    "test_idempotency_examples.py": 16,
-    "test_store_faults.py": 18,
-    "test_routes_and_scope.py": 28,
-    "test_docs_site.py": 38,
-    "test_deferred.py": 21,
-    "test_clock_skew.py": 21,
-    "test_fuzz_adapters.py": 17,
-    "test_function_results.py": 17,
-    "test_lease_renewal.py": 14,
-    "test_quickstarts.py": 16,
-    "test_transactions_http.py": 16,
-    "test_concurrency.py": 13,
-    "test_fingerprint.py": 13,
-    "test_transaction_crash.py": 15,
-    "test_postgres_store.py": 12,
-    "test_records.py": 11,
-    "test_wait.py": 11,
-    "test_deferred_step_functions.py": 11,
-    "test_step_functions_failures.py": 44,
-    "test_step_functions_orphans.py": 35,
-    "test_benchmark_redis.py": 10,
-    "test_cli_errors.py": 10,
-    "test_faststream.py": 14,
-    "test_sqs_crash.py": 11,
-    "test_sqs_worker.py": 10,
-    "test_simulation.py": 45,
-    "test_encryption.py": 8,
-    "test_consumers.py": 8,
-    "test_store_model.py": 30,
-}
-DEFAULT_SECONDS_PER_TEST = 0.1
+# alone for most of a minute. Here the files go longest first, by the seconds make durations
+# recorded in tests/durations.json, so the workers end together.
+RECORDER = recorder_from_environment(Path(__file__).resolve().parent.parent)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On xdist's workers, the files longest first (the order within a file is kept)."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:
+def pytest_configure(config: pytest.Config) -> None:
+    """For make durations: the recorder in the controlling process, the CPU timer wherever
+    tests run."""
+    if RECORDER is None:
         return
-    per_file: dict[str, int] = {}
-    for item in items:
-        per_file[item.path.name] = per_file.get(item.path.name, 0) + 1
+    config.pluginmanager.register(CpuTimer(), "test-cpu-seconds")
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(RECORDER, "file-durations")
 
-    def seconds(item: pytest.Item) -> float:
-        name = item.path.name
-        return FILE_SECONDS.get(name, per_file[name] * DEFAULT_SECONDS_PER_TEST)
 
-    # sort is stable: a file's tests keep their order; files of equal weight, theirs.
-    items.sort(key=lambda item: (-seconds(item), str(item.path)))
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by the marks added here
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks the tests that need a server (make check leaves them out); on xdist's workers,
+    orders the files longest first (the order within a file is kept)."""
+    mark_server_tests(items)
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        longest_files_first(items, load_durations())
 
 
 # --- A second DynamoDB implementation: Amazon's DynamoDB Local ---------------------------
@@ -275,6 +251,7 @@ def dynamodb_local_endpoint() -> str:
     """
     from urllib.parse import urlsplit
 
+    refuse_in_an_in_process_run("DynamoDB Local")
     if DYNAMODB_LOCAL_URL is None:
         pytest.skip(
             f"{DYNAMODB_LOCAL_URL_VARIABLE} is not set: scripts/dynamodb-local.sh runs these "
@@ -298,7 +275,7 @@ def dynamodb_local_endpoint() -> str:
     return DYNAMODB_LOCAL_URL
 
 
-# --- Real Redis and PostgreSQL servers (tests/db_servers.py) ----------------------------
-from tests.db_servers import postgres_dsn, redis_url  # noqa: E402
+# --- Real Redis and PostgreSQL servers (tests/support/db_servers.py) ----------------------------
+from tests.support.db_servers import postgres_dsn, redis_url  # noqa: E402
 
 __all__ = ["postgres_dsn", "redis_url"]

@@ -1,5 +1,5 @@
 """The consumers page's Celery example: a task that sends each receipt once. Run here with
-an in-memory broker and a worker thread (tests/test_celery.py runs it on Redis)."""
+an in-memory broker and a worker thread (tests/e2e/test_celery.py runs it on Redis)."""
 
 import os
 

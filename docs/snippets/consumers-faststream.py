@@ -1,5 +1,5 @@
 """The consumers page's FastStream example: a RabbitMQ app whose subscribers run each
-message once. Run here on FastStream's in-memory test broker (tests/test_faststream.py runs
+message once. Run here on FastStream's in-memory test broker (tests/e2e/test_faststream.py runs
 the middleware on real RabbitMQ, NATS and Redis servers)."""
 
 import asyncio

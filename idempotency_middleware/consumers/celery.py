@@ -21,7 +21,7 @@ from typing import Any
 try:
     from celery import Celery, Task
     from celery.exceptions import Reject
-except ModuleNotFoundError as missing:  # tests/test_missing_extras.py
+except ModuleNotFoundError as missing:  # tests/unit/test_missing_extras.py
     raise ModuleNotFoundError(
         "idempotency_middleware.celery needs celery, which is not installed: "
         'pip install "idempotency-middleware[celery]"',

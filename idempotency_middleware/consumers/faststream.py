@@ -24,7 +24,7 @@ try:
     from faststream import BaseMiddleware
     from faststream.exceptions import IgnoredException
     from faststream.message import SourceType
-except ModuleNotFoundError as missing:  # tests/test_missing_extras.py
+except ModuleNotFoundError as missing:  # tests/unit/test_missing_extras.py
     raise ModuleNotFoundError(
         "idempotency_middleware.faststream needs faststream, which is not installed: "
         'pip install "idempotency-middleware[faststream]"',

@@ -9,8 +9,8 @@ from here), reads it, and adds only its own options (a consumer's ``max_attempts
 Celery's task options).
 
 A door whose signature documents each option lists them, with ``CallableOptions``'
-defaults, and passes them all on; ``tests/test_door_options.py`` walks every door over every
-option, so one a door leaves out fails there. A new door need not list them:
+defaults, and passes them all on; ``tests/contract/test_door_options.py`` walks every door
+over every option, so one a door leaves out fails there. A new door need not list them:
 ``**options: Unpack[CallableKeywords]`` and ``CallableOptions.from_keywords`` give it every
 one, its misspellings refused by name.
 

@@ -1,6 +1,6 @@
 """What a store author needs: the protocols, their values, ``ThreadedStore`` for a blocking
 client, and the clock (the kit: ``stores.kit``). The stores themselves are imported from
-``idempotency_middleware``; the contract suite (``tests/test_store_contract.py``) is the
+``idempotency_middleware``; the contract suite (``tests/contract/test_store_contract.py``) is the
 definition of a store."""
 
 from __future__ import annotations

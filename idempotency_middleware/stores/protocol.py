@@ -4,7 +4,8 @@ A store does four things, each atomic: *claim* a key (or report the record that 
 *complete* a claim with its response, *release* a claim, *renew* a running claim's lock;
 finishing and renewing are fenced by the claim's owner token. Operators also get, delete,
 create the table and check (:class:`SyncOperations`). Writing a store: the "Writing a
-store" page of the documentation, and the contract suite (``tests/test_store_contract.py``).
+store" page of the documentation, and the contract suite
+(``tests/contract/test_store_contract.py``).
 """
 
 from __future__ import annotations

@@ -1,2 +1,2 @@
 make install
-.venv/bin/pytest -q tests/test_store_contract.py -k kv
+.venv/bin/pytest -q tests/contract/test_store_contract.py -k kv

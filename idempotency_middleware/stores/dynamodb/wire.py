@@ -202,7 +202,7 @@ def _metadata(status: int, headers: dict[str, str], attempts: int) -> dict[str, 
 
 
 # The members botocore parses into ``error.response`` beside ``Error``, per error code of the
-# five calls, from DynamoDB's service model (tests/test_dynamodb_wire.py checks this list
+# five calls, from DynamoDB's service model (tests/contract/test_dynamodb_wire.py checks this list
 # against the model botocore ships).
 MODELED_ERROR_MEMBERS: dict[str, tuple[str, ...]] = {
     "ConditionalCheckFailedException": ("message", "Item"),
