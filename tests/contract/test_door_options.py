@@ -309,7 +309,7 @@ DOORS: dict[str, DoorFunction | None] = {
     "IdempotentConsumer.aprocess": coroutine_consumer_door,
     "process_lambda_batch": lambda_batch_door,
     "aprocess_lambda_batch": coroutine_lambda_batch_door,
-    "SQSWorker": None,  # on moto: made by the fixture
+    "SQSWorker-moto": None,  # on moto, made by the fixture (the id marks it as a server test)
     "idempotent_task": celery_door,
     "IdempotencyFastStreamMiddleware": faststream_door,
     "CallableKeywords-door": next_door,
