@@ -55,6 +55,16 @@ for _variable in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
     os.environ.pop(_variable, None)
 
 REGION = "us-east-1"
+# A test table's creation waits out a slow server: it is set-up, not the behaviour under test,
+# and a module fixture's one read timed out (moto, a Python server, answering eight busy
+# workers on two cores) errored every test of its module. Stores under test keep theirs.
+
+
+def table_creator(name: str, endpoint: str) -> DynamoDBStore:
+    """A store for creating the test table ``name`` at ``endpoint``, patient with the server."""
+    return DynamoDBStore(
+        name, endpoint_url=endpoint, region_name=REGION, connect_timeout=10.0, read_timeout=30.0
+    )
 
 
 # --- No test leaves SIGINT changed (tests/support/sigint_guard.py) ---------------------------
@@ -102,7 +112,7 @@ def moto_endpoint() -> Iterator[str]:
 def new_table(moto_endpoint: str, prefix: str = "idem") -> str:
     """Create a fresh idempotency table on moto through our own ``create_table``; its name."""
     name = f"{prefix}-{uuid.uuid4().hex[:12]}"
-    with DynamoDBStore(name, endpoint_url=moto_endpoint, region_name=REGION) as store:
+    with table_creator(name, moto_endpoint) as store:
         store.create_table()
     return name
 
@@ -136,7 +146,7 @@ def fault_proxy(moto_endpoint: str) -> Iterator[FaultProxy]:
 def dynamodb_table(moto_endpoint: str) -> Iterator[str]:
     """A fresh idempotency table (created through our own ``create_table``); its name."""
     name = f"idem-{uuid.uuid4().hex[:12]}"
-    with DynamoDBStore(name, endpoint_url=moto_endpoint, region_name=REGION) as store:
+    with table_creator(name, moto_endpoint) as store:
         store.create_table()
     yield name
 
@@ -160,7 +170,12 @@ def harness_table(moto_endpoint: str, aws_sessions: AWSSessions) -> str:
     """Like ``dynamodb_table`` (a fresh table made by our ``create_table``), on a shared session."""
     name = f"idem-{uuid.uuid4().hex[:12]}"
     with DynamoDBStore(
-        name, endpoint_url=moto_endpoint, region_name=REGION, session=aws_sessions.boto3_session
+        name,
+        endpoint_url=moto_endpoint,
+        region_name=REGION,
+        session=aws_sessions.boto3_session,
+        connect_timeout=10.0,
+        read_timeout=30.0,  # (as table_creator's)
     ) as store:
         store.create_table()
     return name

@@ -58,7 +58,7 @@ from idempotency_middleware.stores.dynamodb.requests import (
 from idempotency_middleware.stores.protocol import AsyncDeferrals, SyncDeferrals
 from idempotency_middleware.stores.records import Record, Status, StoredResponse
 from idempotency_middleware.testing import FakeClock
-from tests.conftest import REGION
+from tests.conftest import REGION, table_creator
 from tests.support.core_only import require_module
 from tests.support.db_servers import _free_port as free_port
 from tests.support.db_stores import location, open_db_store
@@ -216,7 +216,7 @@ def contract_table(moto_endpoint: str) -> str:
     """One table for the module: every test uses its own random keys, and creating a table
     per test would cost more than the tests themselves."""
     name = f"idem-contract-{uuid.uuid4().hex[:10]}"
-    with DynamoDBStore(name, endpoint_url=moto_endpoint, region_name=REGION) as creator:
+    with table_creator(name, moto_endpoint) as creator:
         creator.create_table()
     return name
 
@@ -225,7 +225,7 @@ def contract_table(moto_endpoint: str) -> str:
 def local_contract_table(dynamodb_local_endpoint: str) -> str:
     """``contract_table`` on DynamoDB Local."""
     name = f"idem-contract-{uuid.uuid4().hex[:10]}"
-    with DynamoDBStore(name, endpoint_url=dynamodb_local_endpoint, region_name=REGION) as creator:
+    with table_creator(name, dynamodb_local_endpoint) as creator:
         creator.create_table()
     return name
 

@@ -36,7 +36,7 @@ from idempotency_middleware.stores.model import (
 from idempotency_middleware.stores.protocol import new_token, parse_token
 from idempotency_middleware.stores.records import Status, StoredResponse
 from idempotency_middleware.testing import FakeClock
-from tests.conftest import REGION
+from tests.conftest import REGION, table_creator
 from tests.support.db_stores import location, new_store
 from tests.support.store_kinds import DB_KINDS, MEMORY_KINDS, MOTO_KINDS, SQLITE_KINDS, is_async
 
@@ -57,7 +57,7 @@ Factory = Callable[[FakeClock], Any]
 @pytest.fixture(scope="module")
 def model_table(moto_endpoint: str) -> str:
     name = f"idem-model-{uuid.uuid4().hex[:10]}"
-    with DynamoDBStore(name, endpoint_url=moto_endpoint, region_name=REGION) as creator:
+    with table_creator(name, moto_endpoint) as creator:
         creator.create_table()
     return name
 

@@ -64,7 +64,7 @@ from idempotency_middleware.stores.records import (
     decode_response_document,
 )
 from idempotency_middleware.testing import FakeClock
-from tests.conftest import REGION
+from tests.conftest import REGION, table_creator
 from tests.contract.test_store_contract import claim_for, interim_completion, token_for
 from tests.support.servers import CLIENT_TIMEOUT_SECONDS, serve_asgi, serve_wsgi
 
@@ -90,7 +90,7 @@ def sessions() -> tuple[Any, Any]:
 
 def make_table(endpoint: str) -> str:
     name = f"deferred-{uuid.uuid4().hex[:12]}"
-    with DynamoDBStore(name, endpoint_url=endpoint, region_name=REGION) as creator:
+    with table_creator(name, endpoint) as creator:
         creator.create_table()
     return name
 

@@ -49,7 +49,7 @@ from idempotency_middleware.actions import redis as redis_backend
 from idempotency_middleware.actions.postgres import ActionStatements, PostgresActions
 from idempotency_middleware.stores.postgres import PostgresStore
 from idempotency_middleware.testing import FakeClock
-from tests.conftest import REGION
+from tests.conftest import REGION, table_creator
 from tests.support import db_stores
 from tests.support.faultproxy import FaultProxy
 from tests.support.redis_helpers import calls_since, command_calls
@@ -81,7 +81,7 @@ def actions_table(endpoint: str) -> str:
     with _TABLES_LOCK:
         if endpoint not in _TABLES:
             name = f"idem-actions-{uuid.uuid4().hex[:10]}"
-            with DynamoDBStore(name, endpoint_url=endpoint, region_name=REGION) as creator:
+            with table_creator(name, endpoint) as creator:
                 creator.create_table()
             _TABLES[endpoint] = name
         return _TABLES[endpoint]

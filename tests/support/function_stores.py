@@ -53,7 +53,7 @@ from idempotency_middleware.stores.dynamodb import MAX_ITEM_RESPONSE_BYTES
 from idempotency_middleware.stores.protocol import ClaimRequest, ClaimResult, Completion
 from idempotency_middleware.stores.records import Record
 from idempotency_middleware.testing import FakeClock
-from tests.conftest import REGION
+from tests.conftest import REGION, table_creator
 from tests.support.db_stores import location, new_store, raw_record, unreachable_store
 from tests.support.servers import free_port
 from tests.support.store_kinds import LOCAL_KINDS, is_db_kind
@@ -445,7 +445,7 @@ def function_table(endpoint: str) -> str:
     with _TABLES_LOCK:
         if endpoint not in _TABLES:
             name = f"idem-functions-{uuid.uuid4().hex[:10]}"
-            with DynamoDBStore(name, endpoint_url=endpoint, region_name=REGION) as creator:
+            with table_creator(name, endpoint) as creator:
                 creator.create_table()
             _TABLES[endpoint] = name
         return _TABLES[endpoint]
