@@ -405,7 +405,13 @@ async def test_redis_stream_acks_replays_and_acks_a_dead_message_after_on_exhaus
         assert await answers.wait_for(2) == ["ACKED", "ACKED"]
         assert story.runs == [{"order": 14}]
         await broker.publish({"order": 15, "fail": True}, stream=stream)
-        assert (await answers.wait_for(4))[2:] == ["NACKED", "ACKED"]
+        # The first delivery is nacked, the claimer's second one is dead and acked; in either
+        # order of recording: the first is recorded once its consume scope returns, after it
+        # released the key, and on a loaded machine the entry can be idle past min_idle_time
+        # by then, so the claimer's delivery may run whole in between (seen once, at a load
+        # of 13 on two cores). The runs and the dead message below say which delivery did
+        # what.
+        assert sorted((await answers.wait_for(4))[2:]) == ["ACKED", "NACKED"]
         assert len(failing.runs) == 2
         assert [str(error) for _, error in story.dead] == ["run 2"]
         pending = await broker._connection.xpending(stream, "workers")  # type: ignore[union-attr]
