@@ -235,7 +235,12 @@ def open_scene(request: pytest.FixtureRequest, kind: str, directory: Path) -> It
 
 
 def test_answers_lost_after_the_completion_landed_run_nothing_twice(scene: Scene) -> None:
-    first = scene.worker(hold=True, asynchronous=True)
+    # A long lease, so no renewal is in flight when answers start to be swallowed: one whose
+    # answer was lost keeps the warm connection busy, and the completion then needs a new
+    # connection, whose handshake answer is swallowed too, so the completion would never be
+    # sent (what lands would be nothing; a loaded machine made that likely with renewals
+    # every 1/3 s).
+    first = scene.worker(hold=True, asynchronous=True, lock_seconds=60)
     duplicates = [scene.worker(), scene.worker(asynchronous=True)]
     scene.go(first)
     scene.wait_running(first)

@@ -534,8 +534,14 @@ def open_function_store(request: pytest.FixtureRequest, kind: str) -> Iterator[F
         )
         table = function_table(endpoint)
         store_class: Any = AsyncDynamoDBStore if is_async else DynamoDBStore
-        # The default (lean) transport, as users get it; the SDK path has its own tests.
-        store = store_class(table, endpoint_url=endpoint, region_name=REGION, clock=clock)
+        # The default (lean) transport, as users get it; the SDK path has its own tests. A
+        # patient read: under load moto (a Python server) can take longer than the 2 s
+        # default, and the retried request then overlaps the first inside moto, whose
+        # transactions are not atomic (a conflict's position came back wrong). The timeouts
+        # themselves are tested with stores of their own, behind the fault proxies.
+        store = store_class(
+            table, endpoint_url=endpoint, region_name=REGION, clock=clock, read_timeout=30.0
+        )
         to_close.append(store)
 
         def unavailable() -> Any:
