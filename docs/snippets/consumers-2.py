@@ -27,8 +27,8 @@ consumer = IdempotentConsumer(
 )
 # --8<-- [end:show]
 assert consumer.process({"messageId": "m-1", "body": "{}"}).action == "ack"
-# SQSWorker finds nothing to warn about on such a queue.
+# SQSWorker(dead_letter="queue") finds nothing to warn about on such a queue.
 from idempotency_middleware.consumers.sqs_worker import fit_warnings
 
-assert fit_warnings(consumer, VISIBILITY_TIMEOUT, MAX_RECEIVE_COUNT) == []
-assert len(fit_warnings(consumer, VISIBILITY_TIMEOUT - 60, MAX_RECEIVE_COUNT * 4)) == 2
+assert fit_warnings(consumer, VISIBILITY_TIMEOUT, MAX_RECEIVE_COUNT, "queue") == []
+assert len(fit_warnings(consumer, VISIBILITY_TIMEOUT - 60, MAX_RECEIVE_COUNT * 4, "queue")) == 2

@@ -235,6 +235,11 @@ class IdempotentConsumer:
         return self._max_attempts
 
     @property
+    def on_exhausted(self) -> ExhaustedHook | None:
+        """What is called with a message given up (``dead``) and its error, if anything."""
+        return self._on_exhausted
+
+    @property
     def ttl_seconds(self) -> float:
         """How long a completed key is kept (its result replayed) after its completion."""
         return self._attempts.policy.ttl_seconds

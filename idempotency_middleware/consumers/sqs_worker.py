@@ -1,10 +1,11 @@
 """``SQSWorker``: an ``IdempotentConsumer`` polling an SQS queue, and telling SQS each verdict.
 
 One batch at a time: receive (long polling), run the consumer over each message in order,
-then settle the batch with as few calls as SQS allows: ``ack`` and ``dead`` messages are
-deleted (``DeleteMessageBatch``), ``retry`` messages with a known ``retry_after`` are made
-visible again then (``ChangeMessageVisibilityBatch``), other ``retry`` messages are left to
-their visibility timeout. While the batch runs, a heartbeat thread extends the visibility of
+then settle the batch with as few calls as SQS allows: ``ack`` messages are deleted
+(``DeleteMessageBatch``), ``dead`` ones go where ``dead_letter`` says (``sqs_dead_letters``),
+``retry`` messages with a known ``retry_after`` are made visible again then
+(``ChangeMessageVisibilityBatch``), other ``retry`` messages are left to their visibility
+timeout. While the batch runs, a heartbeat thread extends the visibility of
 its unsettled messages every half visibility timeout, so SQS does not hand a message whose
 handler is slow (or that waits behind one) to another consumer meanwhile.
 
@@ -30,6 +31,16 @@ from typing import Any, TypeVar
 
 from ..policy.options import named_options
 from .consumer import IdempotentConsumer, Outcome
+from .sqs_dead_letters import (
+    DeadLetter,
+    NoDeadLetterQueueError,
+    check_dead_letter,
+    dead_letter_entry,
+    dead_letter_target,
+    is_no_such_queue,
+    missing,
+    queue_name_and_account,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +105,13 @@ class SQSWorker:
     group's later messages of the batch do not run and are made visible again at once, so
     SQS delivers the group in order. The first batch reads the queue's attributes and logs a
     warning for each consumer option that does not fit them (``fit_warnings``).
+
+    ``dead_letter`` says where a ``dead`` message goes: ``"delete"`` (the default) deletes it,
+    ``"queue"`` sends it to the queue's dead-letter queue (its ``RedrivePolicy``'s
+    ``deadLetterTargetArn``) with its body and message attributes, then deletes it;
+    ``"leave"`` makes it visible again at once, for SQS to move there past
+    ``maxReceiveCount``. The last two raise ``NoDeadLetterQueueError`` at the first batch on a
+    queue without a redrive policy.
     """
 
     @named_options("SQSWorker")
@@ -106,6 +124,7 @@ class SQSWorker:
         max_messages: int = 10,
         wait_time_seconds: int = 20,
         visibility_timeout: int | None = None,
+        dead_letter: DeadLetter = "delete",
     ) -> None:
         if not isinstance(consumer, IdempotentConsumer):
             raise TypeError(f"SQSWorker takes an IdempotentConsumer, got {consumer!r}")
@@ -121,7 +140,10 @@ class SQSWorker:
             # 0 would leave nothing to extend: each message visible again as it is received.
             _check_int(visibility_timeout, "visibility_timeout", 1, MAX_VISIBILITY_TIMEOUT)
         self._visibility_timeout = visibility_timeout
+        self.dead_letter: DeadLetter = check_dead_letter(dead_letter)
         self._max_receive_count: int | None = None
+        self._dead_letter_arn: str | None = None
+        self._dead_letter_url: str | None = None  # "queue": resolved at the first batch
         self._checked = False
         self._own_client = client is None
         self.client: Any = _sqs_client() if client is None else client
@@ -162,32 +184,57 @@ class SQSWorker:
         if self._visibility_timeout is None:
             self._visibility_timeout = int(attributes["VisibilityTimeout"])
         self._max_receive_count = max_receive_count(attributes.get("RedrivePolicy"))
+        self._dead_letter_arn = dead_letter_target(attributes.get("RedrivePolicy"))
 
     def _check_queue(self) -> None:
-        """Warn, once, about consumer options that do not fit the queue's timeouts. A worker
-        given its visibility timeout may lack ``sqs:GetQueueAttributes``: then it cannot tell
+        """Find the dead-letter queue ``dead_letter`` needs, and warn, once, about consumer
+        options that do not fit the queue's timeouts. A worker given its visibility timeout
+        and deleting dead messages may lack ``sqs:GetQueueAttributes``: then it cannot tell
         the redrive policy, and says so at DEBUG."""
         try:
             self._read_queue()
         except Exception as error:
-            if self._visibility_timeout is None:
+            if self._visibility_timeout is None or self.dead_letter != "delete":
                 raise
             logger.debug("SQS worker on %s: no redrive policy read: %r", self.queue_url, error)
+        if self.dead_letter != "delete":
+            self._find_dead_letter_queue()
         self._checked = True
         timeout, receives = self.visibility_timeout, self._max_receive_count
-        for warning in fit_warnings(self.consumer, timeout, receives):
+        for warning in fit_warnings(self.consumer, timeout, receives, self.dead_letter):
             logger.warning("SQS worker on %s: %s", self.queue_url, warning)
+
+    def _find_dead_letter_queue(self) -> None:
+        """The queue's dead-letter queue, and for ``"queue"`` its URL; else the typed error
+        naming the fix (a configuration to change, not a failure to retry)."""
+        arn = self._dead_letter_arn
+        if arn is None or self._max_receive_count is None:
+            raise missing(self.queue_url, self.dead_letter, "the queue has no RedrivePolicy")
+        if self.dead_letter != "queue":
+            return
+        name, account = queue_name_and_account(arn)
+        try:
+            found = self.client.get_queue_url(QueueName=name, QueueOwnerAWSAccountId=account)
+        except Exception as error:
+            if is_no_such_queue(error):
+                why = f"its RedrivePolicy names {arn}, which does not exist"
+                raise missing(self.queue_url, self.dead_letter, why) from error
+            raise
+        self._dead_letter_url = str(found["QueueUrl"])
 
     # -- the loop ------------------------------------------------------------------------
 
     def run(self, stop: threading.Event | None = None) -> None:
         """Receive and process batches until ``stop`` is set (checked between batches: a
         receive waits up to ``wait_time_seconds`` first). A failed receive is logged and
-        tried again after a pause; a failing handler never stops the loop."""
+        tried again after a pause; a failing handler never stops the loop. A queue without
+        the dead-letter queue ``dead_letter`` needs raises ``NoDeadLetterQueueError``."""
         stop = stop or threading.Event()
         while not stop.is_set():
             try:
                 self.run_once()
+            except NoDeadLetterQueueError:
+                raise  # a configuration to fix: retrying would only log it every second
             except Exception:
                 logger.exception("SQS worker on %s: receiving failed; retrying", self.queue_url)
                 stop.wait(RECEIVE_ERROR_PAUSE_SECONDS)
@@ -252,17 +299,41 @@ class SQSWorker:
     def _settle(self, messages: Sequence[Message], outcomes: Sequence[Outcome]) -> None:
         deletes: list[dict[str, Any]] = []
         visible_again: list[dict[str, Any]] = []
+        dead_letters: list[dict[str, Any]] = []
         for number, (message, outcome) in enumerate(zip(messages, outcomes, strict=True)):
             entry: dict[str, Any] = {"Id": str(number), "ReceiptHandle": message["ReceiptHandle"]}
-            if outcome.action != "retry":
+            if outcome.action == "ack" or (outcome.action, self.dead_letter) == ("dead", "delete"):
                 deletes.append(entry)
+            elif outcome.action == "dead" and self.dead_letter == "leave":
+                # Received again at once, SQS moves it once its receive count passes
+                # maxReceiveCount (each receive before that goes through the consumer).
+                visible_again.append({**entry, "VisibilityTimeout": 0})
+            elif outcome.action == "dead":
+                dead_letters.append(message)
             elif outcome.retry_after is not None:
                 seconds = min(max(math.ceil(outcome.retry_after), 0), MAX_VISIBILITY_TIMEOUT)
                 visible_again.append({**entry, "VisibilityTimeout": seconds})
+        if dead_letters:
+            deletes += self._send_dead_letters(dead_letters)
         if deletes:
             self._batch("delete_message_batch", deletes, "delete")
         if visible_again:
             self._batch("change_message_visibility_batch", visible_again, "put back")
+
+    def _send_dead_letters(self, messages: Sequence[Message]) -> list[dict[str, Any]]:
+        """Copy ``messages`` to the dead-letter queue; the delete entries of those it took.
+        One it refused stays in the queue (visible again after its visibility timeout): a
+        dead message is never deleted before its copy landed."""
+        url = self._dead_letter_url
+        assert url is not None  # found by the first batch's check
+        fifo = url.endswith(".fifo")
+        entries = [dead_letter_entry(str(n), m, fifo=fifo) for n, m in enumerate(messages)]
+        sent = self._batch("send_message_batch", entries, "send to the dead-letter queue", url)
+        return [
+            {"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]}
+            for n, m in enumerate(messages)
+            if str(n) in sent
+        ]
 
     def _extend(self, messages: Sequence[Message], seconds: int) -> None:
         """Make ``messages`` invisible for ``seconds`` more, from now (the heartbeat)."""
@@ -275,15 +346,23 @@ class SQSWorker:
             "extend the visibility of",
         )
 
-    def _batch(self, operation: str, entries: list[dict[str, Any]], doing: str) -> None:
-        """One batch call per 10 entries. Failures are logged, never raised: an acked
-        message not deleted comes back and is replayed (its key completed); one not put back
-        or not extended comes back after its visibility timeout."""
+    def _batch(
+        self,
+        operation: str,
+        entries: list[dict[str, Any]],
+        doing: str,
+        queue_url: str | None = None,
+    ) -> set[str]:
+        """One batch call per 10 entries (to ``queue_url``, default the worker's queue); the
+        ``Id`` of each entry SQS took. Failures are logged, never raised: an acked message
+        not deleted comes back and is replayed (its key completed); one not put back or not
+        extended comes back after its visibility timeout."""
         call = getattr(self.client, operation)
+        done: set[str] = set()
         for start in range(0, len(entries), BATCH_LIMIT):
             chunk = entries[start : start + BATCH_LIMIT]
             try:
-                failed = call(QueueUrl=self.queue_url, Entries=chunk).get("Failed", [])
+                failed = call(QueueUrl=queue_url or self.queue_url, Entries=chunk).get("Failed", [])
             except Exception as error:
                 logger.warning(
                     "SQS worker on %s: could not %s %d message(s): %r",
@@ -293,6 +372,8 @@ class SQSWorker:
                     error,
                 )
                 continue
+            refused = {failure.get("Id") for failure in failed}
+            done.update(entry["Id"] for entry in chunk if entry["Id"] not in refused)
             for failure in failed:
                 logger.warning(
                     "SQS worker on %s: could not %s message %s: %s %s",
@@ -302,6 +383,7 @@ class SQSWorker:
                     failure.get("Code"),
                     failure.get("Message", ""),
                 )
+        return done
 
 
 def max_receive_count(redrive_policy: object) -> int | None:
@@ -314,10 +396,14 @@ def max_receive_count(redrive_policy: object) -> int | None:
 
 
 def fit_warnings(
-    consumer: IdempotentConsumer, visibility_timeout: int, max_receive_count: int | None
+    consumer: IdempotentConsumer,
+    visibility_timeout: int,
+    max_receive_count: int | None,
+    dead_letter: DeadLetter = "delete",
 ) -> list[str]:
     """What in ``consumer``'s options does not fit an SQS queue with this visibility timeout
-    and redrive policy (``max_receive_count``, ``None`` without one); one sentence each."""
+    and redrive policy (``max_receive_count``, ``None`` without one), for a worker with this
+    ``dead_letter``; one sentence each."""
     warnings: list[str] = []
     takeover = consumer.lock_timeout_seconds + consumer.clock_skew_seconds
     if takeover > visibility_timeout:
@@ -347,6 +433,23 @@ def fit_warnings(
             f"maxReceiveCount ({max_receive_count}): SQS moves a failing message to its "
             "dead-letter queue before the consumer gives up on it, so on_exhausted is never "
             f"called; set max_attempts to at most {max_receive_count}"
+        )
+    if dead_letter == "delete" and consumer.on_exhausted is None:
+        warnings.append(
+            "the queue has a dead-letter queue, but a dead message is deleted and the "
+            "consumer has no on_exhausted to keep it: it is lost; pass "
+            'dead_letter="queue" to send it to the dead-letter queue'
+        )
+    if (
+        dead_letter == "leave"
+        and consumer.max_attempts is not None
+        and consumer.max_attempts < max_receive_count
+    ):
+        warnings.append(
+            f'with dead_letter="leave", a message given up at delivery {consumer.max_attempts} '
+            f"(max_attempts) is received again until SQS moves it past maxReceiveCount "
+            f"({max_receive_count}), its handler run and on_exhausted called on each receive; "
+            f"set max_attempts to {max_receive_count}"
         )
     return warnings
 

@@ -62,7 +62,7 @@ SHELL = sorted(
     and path.parts[-2] != "run"
 )
 # Programs a page may name besides this project's own: servers, clients and tools.
-OTHER_PROGRAMS = {"cd", "curl", "git", "gunicorn", "moto_server", "echo", "python"}
+OTHER_PROGRAMS = {"aws", "cd", "curl", "git", "gunicorn", "moto_server", "echo", "python"}
 
 
 def pages_and_readme() -> list[Path]:

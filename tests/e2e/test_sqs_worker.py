@@ -359,6 +359,10 @@ def queue_with_redrive(sqs: Any, visibility_timeout: int, max_receive_count: int
     return queue_url
 
 
+def keep_dead_message(message: dict[str, Any], error: Exception) -> None:
+    """An ``on_exhausted`` keeping dead messages (so deleting them is not warned about)."""
+
+
 def worker_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         record.getMessage()
@@ -372,7 +376,13 @@ def test_options_that_do_not_fit_the_queue_are_warned_about_once_at_start(
     sqs: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     queue_url = queue_with_redrive(sqs, visibility_timeout=30, max_receive_count=5)
-    consumer = consumer_of(Handler(), ttl_seconds=600, lock_timeout_seconds=60, max_attempts=8)
+    consumer = consumer_of(
+        Handler(),
+        ttl_seconds=600,
+        lock_timeout_seconds=60,
+        max_attempts=8,
+        on_exhausted=keep_dead_message,
+    )
     worker = worker_for(consumer, sqs, queue_url)
 
     with caplog.at_level(logging.WARNING, logger="idempotency_middleware.consumers.sqs_worker"):
@@ -395,7 +405,13 @@ def test_options_that_fit_the_queue_are_not_warned_about(
     sqs: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     queue_url = queue_with_redrive(sqs, visibility_timeout=30, max_receive_count=5)
-    consumer = consumer_of(Handler(), ttl_seconds=3750, lock_timeout_seconds=29, max_attempts=5)
+    consumer = consumer_of(
+        Handler(),
+        ttl_seconds=3750,
+        lock_timeout_seconds=29,
+        max_attempts=5,
+        on_exhausted=keep_dead_message,
+    )
 
     with caplog.at_level(logging.WARNING, logger="idempotency_middleware.consumers.sqs_worker"):
         send(sqs, queue_url, "order-1")
@@ -410,7 +426,9 @@ def test_the_workers_own_visibility_timeout_is_the_one_checked(
 ) -> None:
     # The queue says 30 s, the worker asks for 120 s on each receive: a 60 s lock fits.
     queue_url = queue_with_redrive(sqs, visibility_timeout=30, max_receive_count=5)
-    consumer = consumer_of(Handler(), ttl_seconds=600, lock_timeout_seconds=60)
+    consumer = consumer_of(
+        Handler(), ttl_seconds=600, lock_timeout_seconds=60, on_exhausted=keep_dead_message
+    )
 
     with caplog.at_level(logging.WARNING, logger="idempotency_middleware.consumers.sqs_worker"):
         worker_for(consumer, sqs, queue_url, visibility_timeout=120).run_once()
