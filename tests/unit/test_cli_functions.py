@@ -174,20 +174,22 @@ def test_options_that_address_no_key_are_usage_errors(
 def test_the_redrive_commands_of_the_consumers_page_do_what_it_shows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """The page's commands on a store like its story's (tests/e2e/test_sqs_dead_letters.py
+    runs them after real dead letters): payment-3 completed, payment-2 released."""
     snippet = Path(__file__).resolve().parents[2] / "docs/snippets/consumers-redrive.txt"
-    commands = [line[2:] for line in snippet.read_text().splitlines() if line.startswith("$ ")]
+    lines = snippet.read_text().splitlines()
+    commands = [line[2:] for line in lines if line.startswith("$ idempotency-middleware ")]
     monkeypatch.chdir(tmp_path)
-    with SQLiteStore(tmp_path / "orders.sqlite3") as store:
+    with SQLiteStore(tmp_path / "payments.sqlite3") as store:
         consumer = IdempotentConsumer(
-            lambda message: "shipped", store=store, key=lambda m: m["id"], name="orders.ship"
+            lambda message: 1, store=store, key=lambda m: m["key"], name="payments.record"
         )
-        for key in ("m-1", "m-2"):
-            assert consumer.process({"id": key}).action == "ack"
-    (tmp_path / "dead-letter-keys.txt").write_text("m-1\nm-2\nm-3\n")
+        assert consumer.process({"key": "payment-3"}).action == "ack"
+    (tmp_path / "dead-letter-keys.txt").write_text("payment-2\npayment-3\n")
 
     show, delete = (shlex.split(command)[1:] for command in commands)
     assert main(show) == EXIT_OK
     assert orjson.loads(capsys.readouterr().out)["status"] == "completed"
     assert main(delete) == EXIT_OK
     printed = capsys.readouterr().out.strip()
-    assert printed == snippet.read_text().strip().splitlines()[-1]
+    assert printed == lines[lines.index(f"$ {commands[1]}") + 1]
