@@ -15,14 +15,11 @@ from idempotency_middleware.faststream import IdempotencyFastStreamMiddleware
 NATS_URL = os.environ.get("NATS_URL", "nats://localhost:4222")
 WAREHOUSE_URL = os.environ.get("WAREHOUSE_URL", "http://localhost:8080")
 
-# The stream keeps the orders, and the dead ones under a subject of their own.
-stream = JStream("ORDERS", subjects=["orders", "orders.dead"])
-
 
 async def park(message: NatsMessage, error: Exception) -> None:
     """A message still failing at its last attempt: kept under orders.dead, before the
     middleware terminates it (JetStream then never delivers it again)."""
-    await broker.publish(message.body, "orders.dead", stream="ORDERS", headers=message.headers)
+    await orders_dead.publish(message.body, headers=message.headers)
 
 
 idempotency = IdempotencyFastStreamMiddleware(
@@ -32,12 +29,15 @@ idempotency = IdempotencyFastStreamMiddleware(
 )
 broker = NatsBroker(NATS_URL, middlewares=[idempotency])
 app = FastStream(broker)
+# A stream of its own for the dead: JetStream drops a message whose Nats-Msg-Id its stream
+# has just stored, and the copy keeps the headers.
+orders_dead = broker.publisher("orders.dead", stream=JStream("ORDERS_DEAD"))
 
 
 # A durable consumer: JetStream delivers a nacked message again (after the delay the
 # middleware gives, for a duplicate still running elsewhere), and one left unanswered
 # after its ack_wait (a worker that died).
-@broker.subscriber("orders", stream=stream, durable="shipping")
+@broker.subscriber("orders", stream=JStream("ORDERS"), durable="shipping")
 async def ship_order(order: dict[str, int]) -> dict[str, str]:
     async with httpx.AsyncClient(base_url=WAREHOUSE_URL) as warehouse:
         response = await warehouse.post("/shipments", json=order)

@@ -380,14 +380,19 @@ async def test_the_rabbitmq_program_runs_once_redelivers_a_retry_and_dead_letter
 # --- NATS JetStream -------------------------------------------------------------------------
 
 
+async def delete_streams(jetstream: Any) -> None:
+    for name in ("ORDERS", "ORDERS_DEAD"):
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await jetstream.delete_stream(name)
+
+
 async def test_the_nats_jetstream_program_runs_once_redelivers_a_retry_and_parks_a_dead(
     nats_url: str, warehouse: Warehouse, tmp_path: Path
 ) -> None:
     producer = NatsBroker(nats_url, logger=None)
     await producer.connect()
     jetstream = producer._connection.jetstream()  # type: ignore[union-attr]
-    with contextlib.suppress(nats.js.errors.NotFoundError):
-        await jetstream.delete_stream("ORDERS")  # the page's names: this test's own
+    await delete_streams(jetstream)  # the page's names: this test's own
     warehouse.fail(2, times=1)
     warehouse.fail(3, times=99)
     try:
@@ -415,9 +420,9 @@ async def test_the_nats_jetstream_program_runs_once_redelivers_a_retry_and_parks
             assert warehouse.answers(1) == [200]
 
             for order in (2, 3):
-                await producer.publish(
-                    {"id": order}, "orders", stream="ORDERS", headers={"Idempotency-Key": new_key()}
-                )
+                # With JetStream's own duplicate detection too: the parked copy keeps it.
+                headers = {"Idempotency-Key": new_key(), "Nats-Msg-Id": f"order-{order}"}
+                await producer.publish({"id": order}, "orders", stream="ORDERS", headers=headers)
 
             async def shipped_after_an_outage() -> bool:
                 return warehouse.answers(2) == [503, 200]
@@ -425,12 +430,12 @@ async def test_the_nats_jetstream_program_runs_once_redelivers_a_retry_and_parks
             await eventually(shipped_after_an_outage, "order 2 delivered again", program)
 
             async def parked() -> bool:
-                info = await jetstream.stream_info("ORDERS", subjects_filter="orders.dead")
-                return bool(info.state.subjects)
+                info = await jetstream.stream_info("ORDERS_DEAD")
+                return bool(info.state.messages == 1)
 
             await eventually(parked, "order 3 under orders.dead", program)
             assert warehouse.answers(3) == [503, 503, 503]  # max_attempts=3
-            dead = await jetstream.get_last_msg("ORDERS", "orders.dead")
+            dead = await jetstream.get_last_msg("ORDERS_DEAD", "orders.dead")
             assert json.loads(dead.data or b"") == {"id": 3}
 
             async def nothing_pending() -> bool:
@@ -440,8 +445,7 @@ async def test_the_nats_jetstream_program_runs_once_redelivers_a_retry_and_parks
             await eventually(nothing_pending, "every message answered", program)
             assert warehouse.answers(3) == [503, 503, 503]  # terminated: never delivered again
     finally:
-        with contextlib.suppress(nats.js.errors.NotFoundError):
-            await jetstream.delete_stream("ORDERS")
+        await delete_streams(jetstream)
         await producer.stop()
 
 
