@@ -49,6 +49,10 @@ SNIPPETS = ROOT / "docs" / "snippets"
 INCLUDE = re.compile(r'--8<-- "([^":]+)(?::([\w-]+))?"')
 # Run by their own tests (see the module docstring).
 RUN_ELSEWHERE = {"quickstart", "create_table.py"}
+# The consumers page's FastStream programs run on real brokers: tests/e2e/test_faststream_page.py.
+RUN_ELSEWHERE |= {
+    f"consumers-faststream-{broker}.py" for broker in ("redis", "rabbit", "nats", "kafka")
+}
 NEEDS_POSTGRES = {"stores-postgres-2.py"}
 PYTHON = sorted(
     path.relative_to(SNIPPETS).as_posix()
