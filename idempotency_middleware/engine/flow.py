@@ -195,7 +195,15 @@ def attempt(context: Context, attempt: decisions.Attempt) -> AttemptFlow:
         )
         kind = decisions.held_event_kind(answer)
         if reporter.wants(kind):
-            yield Emit(reporter, attempt, kind, answer.status, latency_ms, error=_why(answer))
+            yield Emit(
+                reporter,
+                attempt,
+                kind,
+                answer.status,
+                latency_ms,
+                error=_why(answer),
+                waited_seconds=_waited(wait_until, attempt, now),
+            )
         return answer
     # Asked once for the DEBUG events of the usual path (claimed, completed, deferred).
     routine = reporter.wants_routine()

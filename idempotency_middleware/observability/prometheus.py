@@ -116,6 +116,14 @@ class Prometheus:
     def __repr__(self) -> str:
         return f"Prometheus(namespace={self.namespace!r})"
 
+    # Equal when they share their metrics: a store timed for two of them is timed once, and
+    # a breaker's transition is heard once.
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Prometheus) and other._metrics is self._metrics
+
+    def __hash__(self) -> int:
+        return id(self._metrics)
+
     def __call__(self, event: IdempotencyEvent) -> None:
         """Count the event, and record its wait."""
         if event.kind in names.STORE_EVENTS:

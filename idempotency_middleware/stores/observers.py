@@ -59,9 +59,10 @@ class StoreObservers:
                 self.add(hook)
 
     def add(self, observer: StoreObserver) -> None:
-        """Watch this store with ``observer`` (once, however many doors hand it on)."""
+        """Watch this store with ``observer`` (once, however many doors hand it on: an
+        observer equal to one already watching is that one)."""
         with self._lock:
-            if any(known is observer for known in self.observers):
+            if observer in self.observers:
                 return
             self.observers = (*self.observers, observer)
         observer.watch_store(self.kind, self._breaker)
