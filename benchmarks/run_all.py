@@ -26,6 +26,7 @@ from benchmarks import (
     encryption,
     functions,
     memory,
+    observability,
     overhead,
     postgres_peers,
     redis_peers,
@@ -56,6 +57,7 @@ BENCHMARKS: list[tuple[str, Callable[[Sequence[str] | None], None], bool]] = [
     ("memory", memory.main, False),
     # Its DynamoDB Local table runs when the variable is set; the MemoryStore one always.
     ("encryption", encryption.main, False),
+    ("observability", observability.main, False),
 ]
 
 

@@ -7,7 +7,7 @@ and metrics can be shipped anywhere.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -86,9 +86,26 @@ _FAIL_OPEN = (
 )
 
 
+# The kinds of door an event comes from (``IdempotencyEvent.door``).
+DoorKind = Literal["http", "function", "consumer", "mcp"]
+
+# The ``route_label`` of an HTTP request no rule (nor route opt-in) matched: never its path,
+# so a metric labelled by route keeps a bounded number of series.
+UNMATCHED = "unmatched"
+
+
 @dataclass(frozen=True)
 class IdempotencyEvent:
-    """One thing the middleware did. ``key_hash`` is the stored (hashed) partition key."""
+    """One thing the middleware did. ``key_hash`` is the stored (hashed) partition key.
+
+    ``door`` is the kind of door that reported it (``"http"``, ``"function"``,
+    ``"consumer"``, ``"mcp"``; ``None`` for an event of a store's own hook), ``store`` the
+    kind of store (``"dynamodb"``, ``"redis"``, ``"postgresql"``, ``"sqlite"``,
+    ``"memory"``), ``route_label`` the route as a metric label: the template of the rule
+    that matched, the function's or consumer's name, or ``"unmatched"`` (never a concrete
+    path, unlike ``route``). ``waited_seconds`` is how long a duplicate waited for the
+    first attempt (``wait_seconds``) before this event, when it waited.
+    """
 
     kind: EventKind
     key_hash: str
@@ -99,6 +116,10 @@ class IdempotencyEvent:
     error: str | None = None  # repr of the store error
     store_latency_ms: float | None = None  # duration of the store call behind the event
     cause: str | None = None  # why the store failed (StoreUnavailableError.cause), if it did
+    door: DoorKind | None = None
+    store: str | None = None
+    route_label: str = ""
+    waited_seconds: float | None = None
 
 
 # A breaker event is about the store, not one request: it carries no key, method or route.
@@ -106,10 +127,68 @@ _NO_KEY = ""
 
 
 EventHook = Callable[[IdempotencyEvent], None]
+# What ``on_event`` takes: one hook, several, or none.
+OnEvent = EventHook | Sequence[EventHook] | None
+
+_NOT_A_HOOK = "on_event must be a callable taking an IdempotencyEvent, or a sequence of them"
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """Several ``on_event`` hooks heard as one, in order; one that raises costs only its own
+    delivery. Compared by value, so doors given the same hooks hear a store's breaker once."""
+
+    hooks: tuple[EventHook, ...]
+
+    def __call__(self, event: IdempotencyEvent) -> None:
+        for hook in self.hooks:
+            try:
+                hook(event)
+            except Exception:
+                logger.exception("on_event hook %r raised; event dropped for it", hook)
+
+
+def check_hooks(on_event: object) -> tuple[EventHook, ...]:
+    """``on_event`` as a tuple of hooks (empty for ``None``); ``ValueError`` for anything
+    but a callable or a sequence (list, tuple) of callables."""
+    if on_event is None:
+        return ()
+    if callable(on_event):
+        return (on_event,)
+    if isinstance(on_event, (str, bytes)) or not isinstance(on_event, Sequence):
+        raise ValueError(f"{_NOT_A_HOOK}, got {on_event!r}")
+    hooks = tuple(on_event)
+    for hook in hooks:
+        if not callable(hook):
+            raise ValueError(f"{_NOT_A_HOOK}; the sequence holds {hook!r}")
+    return hooks
+
+
+def one_hook(on_event: object) -> EventHook | None:
+    """``on_event`` checked (``check_hooks``) and made one callable: ``None`` for no hook,
+    the hook itself for one, a ``Hooks`` for several."""
+    hooks = check_hooks(on_event)
+    if not hooks:
+        return None
+    return hooks[0] if len(hooks) == 1 else Hooks(hooks)
+
+
+def hooks_of(hook: EventHook | None) -> tuple[EventHook, ...]:
+    """The hooks ``hook`` (from ``one_hook``) stands for."""
+    if hook is None:
+        return ()
+    return hook.hooks if isinstance(hook, Hooks) else (hook,)
+
+
+class _Policy(Protocol):
+    @property
+    def route(self) -> str | None: ...
 
 
 class _Attempt(Protocol):
     # What an event is about (core.Attempt); a protocol to keep this module import-free.
+    @property
+    def policy(self) -> _Policy: ...
     @property
     def method(self) -> str: ...
     @property
@@ -125,14 +204,24 @@ class Reporter:
     level): on the hot path with neither, reporting costs one level check.
     """
 
-    __slots__ = ("__weakref__", "_hook", "_http")
+    __slots__ = ("__weakref__", "_door", "_hook", "_http", "_store")
 
-    def __init__(self, hook: EventHook | None, *, http: bool = True) -> None:
+    def __init__(
+        self,
+        hook: EventHook | None,
+        *,
+        http: bool = True,
+        door: DoorKind | None = None,
+        store: str | None = None,
+    ) -> None:
+        """``door`` and ``store`` (their kinds) are set on every event reported."""
         if hook is not None and not callable(hook):
             raise ValueError("on_event must be a callable taking an IdempotencyEvent")
         self._hook = hook
         # A function call (``idempotent``) sends no HTTP status: its events carry none.
         self._http = http
+        self._door: DoorKind | None = door if door is not None else "http" if http else None
+        self._store = store
 
     @property
     def hook(self) -> EventHook | None:
@@ -164,6 +253,8 @@ class Reporter:
             _NO_KEY,
             error=repr(failure) if failure is not None else None,
             cause=cause,
+            door=self._door,
+            store=self._store,
         )
         try:
             self._hook(event)
@@ -181,6 +272,7 @@ class Reporter:
         store_latency_ms: float | None = None,
         failure: BaseException | None = None,
         note: str | None = None,
+        waited_seconds: float | None = None,
     ) -> None:
         """Log and hand on one event. For a store failure, ``failure`` is the store's error
         (its ``cause`` and ``reason`` reach the event and the log line; ``error`` defaults
@@ -206,6 +298,10 @@ class Reporter:
             error,
             store_latency_ms,
             cause,
+            self._door,
+            self._store,
+            attempt.policy.route or UNMATCHED,
+            waited_seconds,
         )
         if log:
             extra = {

@@ -2,38 +2,39 @@
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from idempotency_middleware import IdempotencyMiddleware, MemoryStore
+from idempotency_middleware import IdempotencyMiddleware, IdempotencyRule, MemoryStore
 
 app = FastAPI()
-store = MemoryStore()
 
 
-@app.post("/orders")
-def create_order() -> dict[str, str]:
-    return {"order": "created"}
+@app.post("/orders/{order_id}")
+def create_order(order_id: str) -> dict[str, str]:
+    return {"order": order_id}
 
 
 # --8<-- [end:setup]
 # --8<-- [start:show]
-from prometheus_client import Counter, Histogram
+from prometheus_client import make_asgi_app
 
-EVENTS = Counter("idempotency_events_total", "Idempotency middleware events", ["kind", "route"])
-STORE_LATENCY = Histogram("idempotency_store_seconds", "Store call latency")
+from idempotency_middleware.observability import Prometheus
 
-
-def on_event(event):
-    EVENTS.labels(event.kind, f"{event.method} {event.route}").inc()
-    if event.store_latency_ms is not None:
-        STORE_LATENCY.observe(event.store_latency_ms / 1000)
-
-
-app.add_middleware(IdempotencyMiddleware, store=store, on_event=on_event)
+metrics = Prometheus()  # the default registry; Prometheus(registry=...) for another
+store = MemoryStore(on_event=metrics)  # the store's calls and its breaker
+app.add_middleware(
+    IdempotencyMiddleware,
+    store=store,
+    rules=[IdempotencyRule("/orders/{order_id}")],  # route="/orders/{order_id}"
+    on_event=metrics,  # or a list: on_event=[metrics, my_hook]
+)
+app.mount("/metrics", make_asgi_app())
 # --8<-- [end:show]
-from prometheus_client import REGISTRY, generate_latest
-
 client = TestClient(app)
 for _ in range(2):
-    client.post("/orders", json={}, headers={"Idempotency-Key": "order-1"})
-metrics = generate_latest(REGISTRY).decode()
-assert 'idempotency_events_total{kind="completed",route="POST /orders"} 1.0' in metrics, metrics
-assert 'idempotency_events_total{kind="replayed",route="POST /orders"} 1.0' in metrics, metrics
+    client.post("/orders/17", json={}, headers={"Idempotency-Key": "order-17"})
+scraped = client.get("/metrics/").text
+labels = 'door="http",outcome="{}",route="/orders/{{order_id}}",store="memory"'
+for outcome in ("claimed", "completed", "replayed"):
+    assert f"idempotency_attempts_total{{{labels.format(outcome)}}} 1.0" in scraped, scraped
+assert 'idempotency_store_duration_seconds_count{error_type="",operation="claim"' in scraped
+assert 'idempotency_breaker_open{store="memory"} 0.0' in scraped
+assert "order-17" not in scraped and "/orders/17" not in scraped

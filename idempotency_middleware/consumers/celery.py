@@ -29,7 +29,7 @@ except ModuleNotFoundError as missing:  # tests/unit/test_missing_extras.py
     ) from missing
 
 from ..clock import SYSTEM_CLOCK, Clock
-from ..events import EventHook
+from ..events import OnEvent
 from ..functions.attempts import is_coroutine_callable
 from ..functions.options import CallableOptions
 from ..functions.results import Serializer
@@ -98,7 +98,7 @@ def idempotent_task(
     serializer: Serializer | None = None,
     on_store_error: str = "fail",
     replay_cache_size: int = 0,
-    on_event: EventHook | None = None,
+    on_event: OnEvent = None,
     clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS,
     clock: Clock = SYSTEM_CLOCK,
     encryption: Encryption | None = None,

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from ..clock import SYSTEM_CLOCK, Clock
 from ..engine import decisions, refusals
 from ..errors import InvalidKeyError
-from ..events import EventHook
+from ..events import OnEvent
 from ..functions.answers import Answer, Returned, aanswer, answer
 from ..functions.attempts import (
     FunctionAttempts,
@@ -116,7 +116,7 @@ class IdempotentConsumer:
         serializer: Serializer | None = None,
         on_store_error: str = "fail",
         replay_cache_size: int = 0,
-        on_event: EventHook | None = None,
+        on_event: OnEvent = None,
         clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS,
         clock: Clock = SYSTEM_CLOCK,
         encryption: Encryption | None = None,
@@ -210,6 +210,7 @@ class IdempotentConsumer:
             options.attempt_options,
             self._is_async,
             f"consumer {name}",
+            door="consumer",
         )
 
     def _renamed(self, name: str) -> IdempotentConsumer:

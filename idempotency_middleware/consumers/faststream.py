@@ -33,7 +33,7 @@ except ModuleNotFoundError as missing:  # tests/unit/test_missing_extras.py
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import InvalidKeyError
-from ..events import EventHook
+from ..events import OnEvent
 from ..functions.options import CallableOptions
 from ..functions.results import Serializer
 from ..policy.options import (
@@ -203,7 +203,7 @@ class IdempotencyFastStreamMiddleware:
         serializer: Serializer | None = None,
         on_store_error: str = "fail",
         replay_cache_size: int = 0,
-        on_event: EventHook | None = None,
+        on_event: OnEvent = None,
         clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS,
         clock: Clock = SYSTEM_CLOCK,
         encryption: Encryption | None = None,

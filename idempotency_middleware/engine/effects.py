@@ -98,6 +98,7 @@ class Emit(NamedTuple):
     error: str | None = None
     failure: BaseException | None = None
     note: str | None = None
+    waited_seconds: float | None = None
 
 
 def emit(effect: Emit) -> None:
@@ -111,6 +112,7 @@ def emit(effect: Emit) -> None:
         store_latency_ms=effect.store_latency_ms,
         failure=effect.failure,
         note=effect.note,
+        waited_seconds=effect.waited_seconds,
     )
 
 

@@ -25,10 +25,11 @@ from typing import Any, NamedTuple
 
 from ..clock import Clock
 from ..errors import TransactionConflictError, TransactionRejectedError
-from ..events import ROUTINE_KINDS, EventKind, Reporter
+from ..events import ROUTINE_KINDS, DoorKind, EventKind, Reporter, hooks_of
 from ..policy.options import DEFAULT_STORED_STATUSES, Options
 from ..stores.breaker import CircuitBreaker
 from ..stores.encryption import Encryption
+from ..stores.observers import StoreObserver, StoreObservers, store_kind
 from ..stores.protocol import Completion, Held, StoreUnavailable
 from ..stores.records import StoredResponse
 from . import decisions
@@ -84,15 +85,29 @@ class Context:
 
     @classmethod
     def for_options(
-        cls, options: Options, store: object, *, http: bool = True, sealed_only: bool = False
+        cls,
+        options: Options,
+        store: object,
+        *,
+        http: bool = True,
+        sealed_only: bool = False,
+        door: DoorKind | None = None,
     ) -> Context:
         """``http=False`` for a door whose events carry no HTTP status (functions);
-        ``sealed_only`` for one that reads back only the records it encrypted. The door's
-        events include those of ``store``'s circuit breaker, when it has one."""
-        reporter = Reporter(options.on_event, http=http)
+        ``sealed_only`` for one that reads back only the records it encrypted; ``door`` the
+        kind of door its events name (``"http"`` by default, ``"function"`` with
+        ``http=False``). The door's events include those of ``store``'s circuit breaker,
+        when it has one, and its hooks that watch store calls watch ``store``'s."""
+        door = door if door is not None else "http" if http else "function"
+        reporter = Reporter(options.on_event, http=http, door=door, store=store_kind(store))
         breaker = getattr(store, "breaker", None)
         if isinstance(breaker, CircuitBreaker):
             breaker.subscribe(reporter)
+        observers = getattr(store, "observers", None)
+        if isinstance(observers, StoreObservers):
+            for hook in hooks_of(options.on_event):
+                if isinstance(hook, StoreObserver):
+                    observers.add(hook)
         return cls(
             reporter,
             options.clock,
@@ -180,13 +195,25 @@ def attempt(context: Context, attempt: decisions.Attempt) -> AttemptFlow:
         )
         kind = decisions.held_event_kind(answer)
         if reporter.wants(kind):
-            yield Emit(reporter, attempt, kind, answer.status, latency_ms, error=_why(answer))
+            yield Emit(
+                reporter,
+                attempt,
+                kind,
+                answer.status,
+                latency_ms,
+                error=_why(answer),
+                waited_seconds=_waited(wait_until, attempt, now),
+            )
         return answer
     # Asked once for the DEBUG events of the usual path (claimed, completed, deferred).
     routine = reporter.wants_routine()
     kind = "taken_over" if taken_over else "claimed"
     if routine if kind in ROUTINE_KINDS else reporter.wants(kind):
-        yield Emit(reporter, attempt, kind, None, latency_ms)
+        if wait_until is None:
+            yield Emit(reporter, attempt, kind, None, latency_ms)
+        else:
+            waited = _waited(wait_until, attempt, now)
+            yield Emit(reporter, attempt, kind, None, latency_ms, waited_seconds=waited)
     policy = attempt.policy
     granted_at = claim.now
     if granted_at + claim.lock_timeout_seconds - now < policy.renewal_interval:
@@ -287,6 +314,14 @@ def attempt(context: Context, attempt: decisions.Attempt) -> AttemptFlow:
         # outcome; the discarded response must not reach the client as if it had.
         return decisions.KEY_IN_PROGRESS
     return ran
+
+
+def _waited(wait_until: float | None, attempt: decisions.Attempt, now: float) -> float | None:
+    """How long a duplicate has waited for the first attempt (``None``: it did not wait):
+    since its wait began, ``wait_seconds`` before ``wait_until``."""
+    if wait_until is None:
+        return None
+    return max(0.0, now - (wait_until - attempt.policy.wait_seconds))
 
 
 def _why(answer: Ending) -> str | None:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Coroutine
 from functools import partial
 from typing import Any
 
+from ..events import DoorKind
 from ..policy.options import Options
 from ..stores.protocol import AsyncStore, SyncStore
 from . import flow
@@ -52,10 +53,17 @@ class SyncSetup:
 
     @classmethod
     def for_options(
-        cls, options: Options, store: SyncStore, *, http: bool = True, sealed_only: bool = False
+        cls,
+        options: Options,
+        store: SyncStore,
+        *,
+        http: bool = True,
+        sealed_only: bool = False,
+        door: DoorKind | None = None,
     ) -> SyncSetup:
         """The setup of a door with ``options`` over ``store`` (``Context.for_options``)."""
-        return cls(Context.for_options(options, store, http=http, sealed_only=sealed_only), store)
+        context = Context.for_options(options, store, http=http, sealed_only=sealed_only, door=door)
+        return cls(context, store)
 
     def drive(self, attempt: Attempt, run: SyncRun) -> Ending:
         """Run the attempt to its ending, calling ``run`` if it is claimed. ``LiveStream``
@@ -90,10 +98,17 @@ class AsyncSetup:
 
     @classmethod
     def for_options(
-        cls, options: Options, store: AsyncStore, *, http: bool = True, sealed_only: bool = False
+        cls,
+        options: Options,
+        store: AsyncStore,
+        *,
+        http: bool = True,
+        sealed_only: bool = False,
+        door: DoorKind | None = None,
     ) -> AsyncSetup:
         """The setup of a door with ``options`` over ``store`` (``Context.for_options``)."""
-        return cls(Context.for_options(options, store, http=http, sealed_only=sealed_only), store)
+        context = Context.for_options(options, store, http=http, sealed_only=sealed_only, door=door)
+        return cls(context, store)
 
     def drive(
         self, attempt: Attempt, run: AsyncRun, wait: AsyncWaiter | None = None

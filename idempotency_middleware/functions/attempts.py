@@ -25,6 +25,7 @@ from ..engine.decisions import CALL_METHOD, FUNCTION_NAMESPACE
 from ..engine.effects import Ran
 from ..engine.setup import AsyncSetup, SyncSetup
 from ..errors import StoredResultUnreadableError
+from ..events import DoorKind
 from ..handler.context import CURRENT
 from ..policy.keys import storage_key
 from ..policy.options import Options
@@ -99,7 +100,8 @@ def function_key_hash(name: str, key: str) -> str:
 
 class FunctionAttempts:
     """One named function's attempts: its policy, result codec, store and driver.
-    ``label`` names it in messages ("idempotent function orders.charge")."""
+    ``label`` names it in messages ("idempotent function orders.charge"), ``door`` in its
+    events (``"function"``, or ``"consumer"`` for a consumer's handler)."""
 
     def __init__(
         self,
@@ -110,6 +112,7 @@ class FunctionAttempts:
         options: Options,
         is_async: bool,
         label: str,
+        door: DoorKind = "function",
     ) -> None:
         self.function = function
         self.name = name
@@ -124,11 +127,11 @@ class FunctionAttempts:
         self.setup: SyncSetup | AsyncSetup
         if is_async:
             self.setup = AsyncSetup.for_options(
-                options, cast(AsyncStore, store), http=False, sealed_only=sealed_only
+                options, cast(AsyncStore, store), http=False, sealed_only=sealed_only, door=door
             )
         else:
             self.setup = SyncSetup.for_options(
-                options, cast(SyncStore, store), http=False, sealed_only=sealed_only
+                options, cast(SyncStore, store), http=False, sealed_only=sealed_only, door=door
             )
         self.context = self.setup.context
 

@@ -17,7 +17,7 @@ from ..clock import SYSTEM_CLOCK, Clock
 from ..engine import decisions
 from ..engine.decisions import CALL_METHOD
 from ..errors import InvalidKeyError
-from ..events import EventHook
+from ..events import OnEvent
 from ..policy.options import (
     DEFAULT_CLOCK_SKEW_SECONDS,
     DEFAULT_LOCK_TIMEOUT_SECONDS,
@@ -60,7 +60,7 @@ def idempotent(
     serializer: Serializer | None = None,
     on_store_error: str = "fail",
     replay_cache_size: int = 0,
-    on_event: EventHook | None = None,
+    on_event: OnEvent = None,
     clock: Clock = SYSTEM_CLOCK,
     clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS,
     encryption: Encryption | None = None,

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypedDict
 
 from ..clock import SYSTEM_CLOCK, Clock
-from ..events import EventHook
+from ..events import OnEvent
 from ..policy.options import (
     DEFAULT_CLOCK_SKEW_SECONDS,
     DEFAULT_LOCK_TIMEOUT_SECONDS,
@@ -64,7 +64,7 @@ class CallableKeywords(TypedDict, total=False):
     serializer: Serializer | None
     on_store_error: str
     replay_cache_size: int
-    on_event: EventHook | None
+    on_event: OnEvent
     clock: Clock
     clock_skew_seconds: float
     encryption: Encryption | None
@@ -91,7 +91,7 @@ class CallableOptions:
     serializer: Serializer | None = None
     on_store_error: str = "fail"
     replay_cache_size: int = 0
-    on_event: EventHook | None = None
+    on_event: OnEvent = None
     clock: Clock = SYSTEM_CLOCK
     clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS
     encryption: Encryption | None = None

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from ..clock import DEFAULT_CLOCK_SKEW_SECONDS as DEFAULT_CLOCK_SKEW_SECONDS
 from ..clock import SYSTEM_CLOCK, Clock
-from ..events import EventHook
+from ..events import EventHook, OnEvent, one_hook
 from ..stores.encryption import Encryption, check_encryption
 from .rules import (
     IdempotencyRule,
@@ -110,7 +110,7 @@ class MiddlewareOptions(TypedDict, total=False):
     max_body_bytes: int
     on_store_error: str
     replay_cache_size: int
-    on_event: EventHook | None
+    on_event: OnEvent
     clock: Clock
     wait_seconds: float
     problem_base_url: str | None
@@ -178,6 +178,7 @@ class Options:
     max_body_bytes: int
     on_store_error: str
     replay_cache_size: int
+    # The hooks given, as one callable (several: an ``events.Hooks``).
     on_event: EventHook | None
     clock: Clock
     wait_seconds: float
@@ -204,7 +205,7 @@ class Options:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         on_store_error: str = "fail",
         replay_cache_size: int = 0,
-        on_event: EventHook | None = None,
+        on_event: OnEvent = None,
         clock: Clock = SYSTEM_CLOCK,
         wait_seconds: float = 0,
         problem_base_url: str | None = None,
@@ -238,8 +239,7 @@ class Options:
             raise ValueError(
                 f"replay_cache_size must be a non-negative integer, got {replay_cache_size!r}"
             )
-        if on_event is not None and not callable(on_event):
-            raise ValueError("on_event must be a callable taking an IdempotencyEvent")
+        hook = one_hook(on_event)
         check_non_negative(wait_seconds, "wait_seconds")
         check_non_negative(clock_skew_seconds, "clock_skew_seconds")
         if not isinstance(clock, Clock):
@@ -281,7 +281,7 @@ class Options:
             max_body_bytes=max_body_bytes,
             on_store_error=on_store_error,
             replay_cache_size=replay_cache_size,
-            on_event=on_event,
+            on_event=hook,
             clock=clock,
             wait_seconds=float(wait_seconds),
             problem_base_url=problem_base_url,

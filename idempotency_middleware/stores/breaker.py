@@ -52,6 +52,7 @@ class CircuitBreaker:
     """
 
     __slots__ = (
+        "__weakref__",  # the metrics hooks watch it weakly (observability.breakers)
         "_clock",
         "_failures",
         "_last_failure",

@@ -17,8 +17,10 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import FIXES, IdempotencyError
+from ..events import OnEvent
 from .breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD, BreakerOwner, CircuitBreaker
 from .encryption import Encryption, seal_final
+from .observers import StoreObservers, ended
 from .protocol import (
     ClaimRequest,
     ClaimResult,
@@ -243,7 +245,12 @@ class KitStore(ClosingStore, BreakerOwner):
     """Every public store method, written once over a backend's ``ops`` and ``transport``
     (what each does: protocol.py). The circuit breaker counts every operation, as the
     Circuit breaker page of the documentation says; only claims wait for it.
+
+    ``kind`` names the store in metrics (``"redis"``...); ``on_event`` is the store's own
+    hooks (``observers.StoreObservers``), which see every call run through the kit.
     """
+
+    kind = "store"
 
     def __init__(
         self,
@@ -252,8 +259,10 @@ class KitStore(ClosingStore, BreakerOwner):
         clock: Clock = SYSTEM_CLOCK,
         breaker_threshold: int = DEFAULT_THRESHOLD,
         breaker_cooldown_seconds: float = DEFAULT_COOLDOWN_SECONDS,
+        on_event: OnEvent = None,
     ) -> None:
         self.breaker = CircuitBreaker(breaker_threshold, breaker_cooldown_seconds, clock)
+        self.observers = StoreObservers(self.kind, self.breaker, on_event)
         self._ops = ops
         self._transport = transport
         self.clock = clock
@@ -269,23 +278,32 @@ class KitStore(ClosingStore, BreakerOwner):
     def run_flow(self, operation: str, flow: Flow[T]) -> T:
         """Run ``flow`` on this store's transport, its failure counted by the breaker. For
         code written over the same backend (the one-time actions' backends, a backend's own
-        operations such as ``create_table``): ``operation`` names it in errors and events."""
+        operations such as ``create_table``): ``operation`` names it in errors and events,
+        and to the store's observers."""
+        ends = self.observers.started(operation) if self.observers.observers else ()
         try:
             result = self._transport.run(operation, flow)
-        except Exception as error:
-            self._failed(error)
+        except BaseException as error:
+            if isinstance(error, Exception):
+                self._failed(error)
+            ended(ends, error)
             raise
         self.breaker.succeeded()
+        ended(ends, None)
         return result
 
     async def arun_flow(self, operation: str, flow: Flow[T]) -> T:
         """``run_flow`` on the async transport."""
+        ends = self.observers.started(operation) if self.observers.observers else ()
         try:
             result = await self._transport.arun(operation, flow)
-        except Exception as error:
-            self._failed(error)
+        except BaseException as error:
+            if isinstance(error, Exception):
+                self._failed(error)
+            ended(ends, error)
             raise
         self.breaker.succeeded()
+        ended(ends, None)
         return result
 
     def claim(self, request: ClaimRequest) -> ClaimResult:

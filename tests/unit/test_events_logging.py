@@ -12,7 +12,13 @@ from idempotency_middleware.events import Reporter
 
 
 @dataclass(frozen=True)
+class Policy:
+    route: str | None = "/orders"
+
+
+@dataclass(frozen=True)
 class Attempt:
+    policy: Policy = Policy()
     method: str = "POST"
     route: str = "/orders"
     key_hash: str = "a1b2c3"

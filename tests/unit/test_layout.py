@@ -49,6 +49,7 @@ SUBPACKAGES = {
     "engine",
     "functions",
     "handler",
+    "observability",
     "policy",
     "stores",
     "web",
@@ -80,6 +81,7 @@ DOCUMENTED_PATHS = {
     "idempotency_middleware.stores.model": ["check_store_against_model"],
     "idempotency_middleware.consumers": ["IdempotentConsumer", "Outcome", "Verdict"],
     "idempotency_middleware.consumers.sqs_worker": ["fit_warnings"],
+    "idempotency_middleware.observability": ["OpenTelemetry", "Prometheus"],
 }
 THIN_MODULES = {
     "fastapi": "web.fastapi",

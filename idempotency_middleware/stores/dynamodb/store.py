@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...clock import SYSTEM_CLOCK, Clock
+from ...events import OnEvent
 from ..breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD
 from ..kit import KitStore, require_modules
 from .config import ClientSettings, DynamoDBConfig, OverflowSettings, Transport, lean_transport
@@ -20,6 +21,8 @@ class DynamoDBStoreBase(KitStore):
     for the request path), ``"sdk"``, or ``"auto"`` (lean unless a ``session``,
     ``client_kwargs`` or a proxy needs the SDK): see the DynamoDB page of the documentation.
     """
+
+    kind = "dynamodb"  # in metrics and traces (``idempotency.store``)
 
     # The client libraries a flavour needs, the extra that installs them, its transport.
     _libraries: tuple[str, ...] = ()
@@ -47,6 +50,7 @@ class DynamoDBStoreBase(KitStore):
         clock: Clock = SYSTEM_CLOCK,
         breaker_threshold: int = DEFAULT_THRESHOLD,
         breaker_cooldown_seconds: float = DEFAULT_COOLDOWN_SECONDS,
+        on_event: OnEvent = None,
         transport: Transport = "auto",
     ) -> None:
         require_modules(type(self).__name__, self._libraries, self._extra)
@@ -60,7 +64,10 @@ class DynamoDBStoreBase(KitStore):
         self.layout = TableLayout(table_name, key_attribute, ttl_attribute)
         breaker = (clock, breaker_threshold, breaker_cooldown_seconds)
         super().__init__(
-            DynamoDBOps(self.layout, overflow, clock), self._transport_class(config), *breaker
+            DynamoDBOps(self.layout, overflow, clock),
+            self._transport_class(config),
+            *breaker,
+            on_event,
         )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...clock import DEFAULT_CLOCK_SKEW_SECONDS, SYSTEM_CLOCK, Clock
+from ...events import OnEvent
 from ..breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD
 from ..kit import KitStore, require_modules
 from ..wakeups import Wakeups
@@ -30,6 +31,8 @@ class PostgresStore(KitStore):
     ``purge_batch_size`` rows rides on a write at most once per ``purge_interval_seconds``.
     """
 
+    kind = "postgresql"  # in metrics and traces (``idempotency.store``)
+
     _ops: PostgresOps
     _transport: PostgresTransport
 
@@ -52,6 +55,7 @@ class PostgresStore(KitStore):
         clock: Clock = SYSTEM_CLOCK,
         breaker_threshold: int = DEFAULT_THRESHOLD,
         breaker_cooldown_seconds: float = DEFAULT_COOLDOWN_SECONDS,
+        on_event: OnEvent = None,
     ) -> None:
         require_modules(type(self).__name__, ("psycopg", "psycopg_pool"), "postgres")
         import psycopg
@@ -110,7 +114,7 @@ class PostgresStore(KitStore):
         config = PostgresConfig(dsn, self.where, table, self.connect_kwargs, *limits, *pools)
         ops = PostgresOps(sql, max_response_bytes, purge_interval_seconds, purge_batch_size, clock)
         breaker = (clock, breaker_threshold, breaker_cooldown_seconds)
-        super().__init__(ops, PostgresTransport(config), *breaker)
+        super().__init__(ops, PostgresTransport(config), *breaker, on_event)
         self.wakeups = Wakeups(listener(config, sql.channel), sql.channel, repr(self))
 
     def __repr__(self) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...clock import SYSTEM_CLOCK, Clock
+from ...events import OnEvent
 from ..breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD
 from ..kit import KitStore, require_modules
 from ..wakeups import Wakeups
@@ -31,6 +32,8 @@ class RedisStore(KitStore):
     its key without being kept.
     """
 
+    kind = "redis"  # in metrics and traces (``idempotency.store``)
+
     def __init__(
         self,
         url: str | None = None,
@@ -46,6 +49,7 @@ class RedisStore(KitStore):
         clock: Clock = SYSTEM_CLOCK,
         breaker_threshold: int = DEFAULT_THRESHOLD,
         breaker_cooldown_seconds: float = DEFAULT_COOLDOWN_SECONDS,
+        on_event: OnEvent = None,
         **client_options: Any,
     ) -> None:
         require_modules(type(self).__name__, ("redis",), "redis")
@@ -62,7 +66,7 @@ class RedisStore(KitStore):
         self._where = transport.where
         breaker = (clock, breaker_threshold, breaker_cooldown_seconds)
         ops = RedisOps(prefix, self.ttl_grace_seconds, max_response_bytes)
-        super().__init__(ops, transport, *breaker)
+        super().__init__(ops, transport, *breaker, on_event)
         listen = transport.listener(ops.channel, prefix)
         self.wakeups = None if listen is None else Wakeups(listen, ops.channel, repr(self))
 

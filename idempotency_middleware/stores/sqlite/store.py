@@ -7,6 +7,7 @@ import re
 import sqlite3
 
 from ...clock import DEFAULT_CLOCK_SKEW_SECONDS, SYSTEM_CLOCK, Clock
+from ...events import OnEvent
 from ..breaker import DEFAULT_COOLDOWN_SECONDS, DEFAULT_THRESHOLD
 from ..kit import KitStore, PurgeSchedule
 from .ops import SQLiteOps, Statements
@@ -35,6 +36,8 @@ class SQLiteStore(KitStore):
     most once per ``purge_interval_seconds`` (``None``: never; :meth:`purge_expired`: now).
     """
 
+    kind = "sqlite"  # in metrics and traces (``idempotency.store``)
+
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -51,6 +54,7 @@ class SQLiteStore(KitStore):
         clock: Clock = SYSTEM_CLOCK,
         breaker_threshold: int = DEFAULT_THRESHOLD,
         breaker_cooldown_seconds: float = DEFAULT_COOLDOWN_SECONDS,
+        on_event: OnEvent = None,
     ) -> None:
         if sqlite3.sqlite_version_info < _UPSERT_VERSION:
             raise RuntimeError(
@@ -93,7 +97,7 @@ class SQLiteStore(KitStore):
             path, busy_timeout_seconds, synchronous, max_idle_connections, async_threads, inline
         )
         breaker = (clock, breaker_threshold, breaker_cooldown_seconds)
-        super().__init__(ops, SQLiteTransport(settings, ops.sql.schema), *breaker)
+        super().__init__(ops, SQLiteTransport(settings, ops.sql.schema), *breaker, on_event)
         self._ops: SQLiteOps = ops
         self._transport: SQLiteTransport
 
