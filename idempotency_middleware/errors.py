@@ -71,7 +71,8 @@ MISCONFIGURED_CAUSES = frozenset(
 
 # What to do about each misconfiguration, for the message of a failed ``store.check()``.
 FIXES: dict[str, str] = {
-    "no_table": "create it: store.create_table(), or `idempotency-middleware create-table`",
+    # (A store that has one names the command line's create-table with its own table.)
+    "no_table": "create it: store.create_table()",
     "bad_schema": "point the store at a table made by its create_table(), or recreate it",
     "no_bucket": "create the S3 bucket, or fix s3_bucket",
     "no_credentials": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, "

@@ -74,8 +74,8 @@ class DynamoDBStoreBase(KitStore):
             if cause == "no_table":
                 return f"create it: {how}"
             return (
-                f"point the store at a table made by its create_table(), or delete table "
-                f"{self.layout.table_name!r} and create it again: {how}"
+                f"point the store at a table made by its create_table(), or recreate it: "
+                f"delete table {self.layout.table_name!r}, then {how}"
             )
         if cause == "no_bucket" and self._overflow is not None:
             return f"create the S3 bucket {self._overflow.bucket!r}, or fix s3_bucket"

@@ -128,8 +128,8 @@ class PostgresStore(KitStore):
             return f"create it: store.create_table(), or `{self.create_table_command()}`"
         if cause == "bad_schema":
             return (
-                f"point the store at a table made by its create_table(), or drop table "
-                f"{self.table!r} and run `{self.create_table_command()}`"
+                f"point the store at a table made by its create_table(), or recreate it: drop "
+                f"table {self.table!r}, then run `{self.create_table_command()}`"
             )
         if cause == "cannot_open":  # (no such database)
             return (
