@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Literal, NamedTuple
 
 from ..errors import (
-    CAUSES,
     KeyInProgressError,
     KeyReusedError,
     ResultNotStoredError,
@@ -120,7 +119,7 @@ def problem_for(refusal: Refusal) -> Problem:
     if reason == "commit_unavailable":
         return problems.commit_unavailable(refusal.retry_after or 1)
     if isinstance(refusal.error, StoreUnavailableError) and refusal.error.misconfigured:
-        return problems.store_misconfigured(CAUSES[refusal.error.cause])
+        return problems.store_misconfigured()
     return problems.store_unavailable(refusal.retry_after or 1)
 
 

@@ -399,7 +399,7 @@ def _problem_responses(
     yield 500, unreadable.title, [unreadable]
     unavailable = problems.store_unavailable(refusals.STORE_UNAVAILABLE_RETRY_AFTER)
     # (Retry-After is documented for the outage; the misconfiguration answers without it.)
-    misconfigured = problems.store_misconfigured("no such table")
+    misconfigured = problems.store_misconfigured()
     yield 503, unavailable.title, [unavailable, misconfigured]
 
 

@@ -53,7 +53,7 @@ GENERIC_503 = refusals.problem_for(decisions.STORE_UNAVAILABLE).body()
 def expected_503(cause: str) -> bytes:
     """The body of the 503 a claim failing for ``cause`` answers."""
     if cause in MISCONFIGURED_CAUSES:
-        return problems.store_misconfigured(CAUSES[cause]).body()
+        return problems.store_misconfigured().body()
     return GENERIC_503
 
 

@@ -287,7 +287,10 @@ def test_the_redrive_commands_of_the_consumers_page_do_what_it_shows(
 
     show, delete = (shlex.split(command)[1:] for command in commands)
     assert main(show) == EXIT_OK
-    assert orjson.loads(capsys.readouterr().out)["status"] == "completed"
+    printed = capsys.readouterr().out
+    shown_lines = snippet.read_text().splitlines()[1:5]
+    assert printed.splitlines()[:4] == shown_lines
+    assert orjson.loads(printed)["status"] == "completed"
     assert main(delete) == EXIT_OK
     printed = capsys.readouterr().out.strip()
     assert printed == snippet.read_text().strip().splitlines()[-1]
