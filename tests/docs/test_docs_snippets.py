@@ -318,6 +318,46 @@ def test_the_command_line_refuses_a_missing_sqlite_file_as_its_page_shows(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_command_line_shows_a_function_and_a_consumer_record_as_its_page_shows(
+    tmp_path: Path,
+) -> None:
+    """operating-cli-4.txt: a function's result decoded, a consumer's verdict, the second
+    piped into ``head`` as the page pipes it ("…" stands for a hash or a time)."""
+    from idempotency_middleware import IdempotentConsumer, SQLiteStore, idempotent
+
+    with SQLiteStore(tmp_path / "billing.sqlite3") as store:
+
+        @idempotent(store=store, key="order", name="billing.charge")
+        def charge(order: str) -> dict[str, Any]:
+            return {"charged": order, "amount": 12}
+
+        charge("order-1")
+    with SQLiteStore(tmp_path / "orders.sqlite3") as store:
+        consumer = IdempotentConsumer(
+            lambda message: "shipped", store=store, key=lambda m: m["id"], name="orders.ship"
+        )
+        assert consumer.process({"id": "m-1"}).action == "ack"
+    text = (SNIPPETS / "operating-cli-4.txt").read_text()
+    for block in text.split("$ ")[1:]:
+        command, *shown = block.splitlines()
+        module = f"{shlex.quote(sys.executable)} -m idempotency_middleware"
+        result = subprocess.run(
+            ["/bin/sh", "-c", command.replace("idempotency-middleware", module, 1)],
+            cwd=tmp_path,
+            env=environment(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert (result.returncode, result.stderr) == (0, "")
+        printed = result.stdout.splitlines()
+        assert len(printed) == len(shown)
+        for line, expected in zip(printed, shown, strict=True):
+            pattern = ".+".join(re.escape(part) for part in expected.split("…"))
+            assert re.fullmatch(pattern, line), (line, expected)
+
+
 def shown_response(name: str) -> tuple[str, dict[str, str], dict[str, Any]]:
     """The status line, the headers and the JSON body of the response an .http snippet
     shows (after its request, when it shows one)."""
