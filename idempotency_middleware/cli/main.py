@@ -206,12 +206,10 @@ def describe_failure(
     """What the operator reads: what failed, and what to do about it."""
     cause = error.cause
     dynamodb = store if isinstance(store, DynamoDBStore) else None
-    if cause == "no_table" and arguments.postgres:
-        table = arguments.table or "idempotency"
-        return (
-            f"{error.reason}: create it with `idempotency-middleware create-table "
-            f"--postgres DSN --table {table}`"
-        )
+    create_table_command = getattr(store, "create_table_command", None)
+    if cause == "no_table" and arguments.postgres and callable(create_table_command):
+        # (The DSN without its password: PGPASSWORD or ~/.pgpass gives it, as to psql.)
+        return f"{error.reason}: create it with `{create_table_command()}`"
     if cause == "no_table" and dynamodb is not None:
         region, endpoint = _where(dynamodb)
         return (

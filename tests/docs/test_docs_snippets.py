@@ -62,7 +62,7 @@ SHELL = sorted(
     and path.parts[-2] != "run"
 )
 # Programs a page may name besides this project's own: servers, clients and tools.
-OTHER_PROGRAMS = {"cd", "curl", "git", "gunicorn", "moto_server", "echo", "python"}
+OTHER_PROGRAMS = {"cd", "curl", "git", "gunicorn", "moto_server", "echo", "head", "python"}
 
 
 def pages_and_readme() -> list[Path]:
@@ -132,7 +132,7 @@ def test_every_section_a_page_shows_is_in_its_file() -> None:
 
 def commands(text: str) -> list[list[str]]:
     """The commands of a shell snippet: continuations joined, prompts, comments, output
-    lines and leading variable assignments dropped, ``&&`` / ``&`` split."""
+    lines and leading variable assignments dropped, ``&&`` / ``&`` / ``|`` split."""
     found = []
     joined = text.replace("\\\n", " ")
     prompted = "$ " in joined
@@ -140,7 +140,7 @@ def commands(text: str) -> list[list[str]]:
         if prompted and not line.startswith("$ "):
             continue  # the output of the command above
         line = line.removeprefix("$ ")
-        for part in re.split(r"&&|&(?!\S)|;", line.split(" # ")[0].split("   #")[0]):
+        for part in re.split(r"&&|&(?!\S)|;|\|", line.split(" # ")[0].split("   #")[0]):
             words = shlex.split(part.replace("<the repository>", "REPOSITORY"))
             while words and re.match(r"^[A-Z_]+=", words[0]):
                 words.pop(0)
