@@ -71,7 +71,8 @@ MISCONFIGURED_CAUSES = frozenset(
 
 # What to do about each misconfiguration, for the message of a failed ``store.check()``.
 FIXES: dict[str, str] = {
-    "no_table": "create it: store.create_table(), or `idempotency-middleware create-table`",
+    # (A store that has one names the command line's create-table with its own table.)
+    "no_table": "create it: store.create_table()",
     "bad_schema": "point the store at a table made by its create_table(), or recreate it",
     "no_bucket": "create the S3 bucket, or fix s3_bucket",
     "no_credentials": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, "
@@ -80,6 +81,8 @@ FIXES: dict[str, str] = {
     "no_region": "pass region_name=, or set AWS_REGION",
     "access_denied": "grant the credentials (or this process's user) access to the table or file",
     "cannot_open": "create the directory, or fix the path",
+    "loop_closed": "use an async store on the event loop that serves the requests (make it, "
+    "or its first call, inside that loop)",
     "unreachable": "check the store's URL or endpoint, and that the server is running",
     "timed_out": "check that the server is running and reachable",
 }
@@ -91,7 +94,10 @@ class StoreUnavailableError(IdempotencyError):
     ``cause`` says why, one of :data:`CAUSES` (``"no_table"``, ``"no_credentials"``,
     ``"unreachable"``, ``"throttled"`` ...; ``"unknown"`` when the store did not say), and
     ``reason`` says it in words (``"no such table 'idempotency'"``). ``misconfigured`` is true
-    when fixing the configuration fixes it and retrying does not. ``code`` carries the
+    when fixing the configuration fixes it and retrying does not; ``fix`` then says what to
+    do, naming what the store was missing where it knows it (``"create it:
+    idempotency-middleware create-table --table orders-idem --region eu-west-1"``), else the
+    cause's general advice (:data:`FIXES`), and is empty for an outage. ``code`` carries the
     backend's error code when it sent one (``ThrottlingException``). ``retry_after`` is
     the seconds to wait before retrying when the store knows them (the circuit breaker's
     cool-down, cause ``"breaker_open"``), else ``None``.
@@ -108,6 +114,7 @@ class StoreUnavailableError(IdempotencyError):
         cause: str = "unknown",
         reason: str = "",
         retry_after: int | None = None,
+        fix: str = "",
     ) -> None:
         super().__init__(*args)
         # Instance attributes (not only class defaults), so a pickled error keeps them.
@@ -115,6 +122,8 @@ class StoreUnavailableError(IdempotencyError):
         self.cause = cause if cause in CAUSES else "unknown"
         self._reason = reason
         self.retry_after = retry_after
+        # (Set again by the store that raised it, which knows its table, file or server.)
+        self.fix = fix or (FIXES.get(self.cause, "") if self.cause in MISCONFIGURED_CAUSES else "")
 
     @property
     def reason(self) -> str:

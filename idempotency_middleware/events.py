@@ -336,6 +336,9 @@ def _store_failure(
         if isinstance(failure, StoreUnavailableError)
         else event.error or "no reason given"
     )
+    if isinstance(failure, StoreUnavailableError) and failure.misconfigured:
+        # (What the 503 and the function's exception tell the caller to wait for.)
+        reason = f"{reason}; the store is misconfigured, not retryable; fix: {failure.fix}"
     if note:
         reason = f"{reason}; {note}"
     operation = event.operation or "store call"

@@ -11,12 +11,17 @@ try:
 except StoreUnavailableError as error:
     print(error.cause)  # cannot_open
     print(error)  # SQLiteStore is not usable: directory '/var/lib/no-such-directory' (of ...
+    print(error.fix)  # create the directory '/var/lib/no-such-directory', or fix the path ...
     # --8<-- [end:show]
     assert error.cause == "cannot_open"
     assert str(error).startswith(
         "SQLiteStore is not usable: directory '/var/lib/no-such-directory'"
     )
-    assert str(error).endswith("; create the directory, or fix the path")
+    assert error.fix == (
+        "create the directory '/var/lib/no-such-directory', "
+        "or fix the path '/var/lib/no-such-directory/idempotency.sqlite3'"
+    )
+    assert str(error).endswith(f"; {error.fix}")
 else:
     raise AssertionError("the check passed")
 

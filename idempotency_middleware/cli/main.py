@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import logging
 import os
 import shlex
 import sys
 from collections.abc import Iterator, Sequence
-from datetime import datetime, timezone
 from typing import Protocol
 
 import orjson
@@ -28,8 +28,8 @@ from .. import __version__
 from ..policy.keys import InvalidKey, parse_idempotency_key, storage_key
 from ..stores.dynamodb import DynamoDBStore
 from ..stores.protocol import StoreUnavailable, SyncOperations
-from ..stores.records import Record, SealedResponse, UnreadableResponse
 from . import functions
+from .records import record_as_json
 
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1
@@ -178,47 +178,6 @@ def _storage_key(arguments: argparse.Namespace) -> str:
     return storage_key(arguments.method.upper(), arguments.route, arguments.scope, key)
 
 
-def iso_time(epoch_seconds: float) -> str:
-    """Epoch seconds as ISO 8601 UTC to the millisecond: ``2026-11-23T10:15:00.123Z``."""
-    moment = datetime.fromtimestamp(epoch_seconds, tz=timezone.utc)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def record_as_json(record: Record) -> dict[str, object]:
-    """A record as printable JSON: the body as text when it is UTF-8, else as hex; the
-    deadlines in ISO 8601 UTC."""
-    described: dict[str, object] = {
-        "key_hash": record.key_hash,
-        "status": record.status.value,
-        "fingerprint": record.fingerprint,
-        "lock_expires_at": iso_time(record.lock_expires_at),
-        "expires_at": iso_time(record.expires_at),
-        "response_size": record.response_size,
-        "response_not_stored": record.response_not_stored,
-    }
-    if type(record.response) is SealedResponse:
-        # The command line holds no key: it says so rather than print ciphertext as a body.
-        described["response"] = {"encrypted": True, "size": len(record.response.body)}
-    elif type(record.response) is UnreadableResponse:
-        described["response"] = {"unreadable": record.response.reason}
-    elif record.response is not None:
-        body = record.response.body
-        try:
-            text: str | None = body.decode("utf-8")
-        except UnicodeDecodeError:
-            text = None
-        described["response"] = {
-            "status": record.response.status,
-            "headers": [
-                [name.decode("latin-1"), value.decode("latin-1")]
-                for name, value in record.response.headers
-            ],
-            "body": text if text is not None else None,
-            "body_hex": body.hex() if text is None else None,
-        }
-    return described
-
-
 # What to do about the misconfigurations that have no message of their own above.
 _HINTS = {
     "cannot_open": "check that its directory exists and is writable",
@@ -247,12 +206,10 @@ def describe_failure(
     """What the operator reads: what failed, and what to do about it."""
     cause = error.cause
     dynamodb = store if isinstance(store, DynamoDBStore) else None
-    if cause == "no_table" and arguments.postgres:
-        table = arguments.table or "idempotency"
-        return (
-            f"{error.reason}: create it with `idempotency-middleware create-table "
-            f"--postgres DSN --table {table}`"
-        )
+    create_table_command = getattr(store, "create_table_command", None)
+    if cause == "no_table" and arguments.postgres and callable(create_table_command):
+        # (The DSN without its password: PGPASSWORD or ~/.pgpass gives it, as to psql.)
+        return f"{error.reason}: create it with `{create_table_command()}`"
     if cause == "no_table" and dynamodb is not None:
         region, endpoint = _where(dynamodb)
         return (
@@ -358,7 +315,7 @@ def _operate(store: OperatorStore, arguments: argparse.Namespace, key: str | Non
         return action_cli.run(store, arguments, not_found=EXIT_NOT_FOUND, refused=EXIT_REFUSED)
     if functions.applies(arguments):
         try:
-            return functions.operate(store, arguments, _print_record, EXIT_NOT_FOUND)
+            return functions.operate(store, arguments, print_json, EXIT_NOT_FOUND)
         except functions.FunctionUsageError as error:
             raise _UsageError(str(error)) from None
     assert key is not None  # (show and delete: _run parsed it)
@@ -367,7 +324,7 @@ def _operate(store: OperatorStore, arguments: argparse.Namespace, key: str | Non
         print(f"no record for key hash {key}", file=sys.stderr)
         return EXIT_NOT_FOUND
     if arguments.command == "show":
-        _print_record(record)
+        print_json(record_as_json(record))
         return EXIT_OK
     if not store.delete(key):
         # Gone between our read and our delete (released, or another operator).
@@ -377,9 +334,9 @@ def _operate(store: OperatorStore, arguments: argparse.Namespace, key: str | Non
     return EXIT_OK
 
 
-def _print_record(record: object) -> None:
-    assert isinstance(record, Record)
-    print(orjson.dumps(record_as_json(record), option=orjson.OPT_INDENT_2).decode())
+def print_json(document: dict[str, object]) -> None:
+    """Print ``document`` as indented JSON (what ``show`` prints)."""
+    print(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode())
 
 
 @contextlib.contextmanager
@@ -397,15 +354,36 @@ def _pool_log_silenced() -> Iterator[None]:
         pool_logger.disabled = was_disabled
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    arguments = parser.parse_args(argv)
+def _stop_writing_stdout() -> None:
+    """Point standard output at the null device: the reader closed the pipe, and the
+    interpreter's own flush at exit would otherwise report the same closed pipe again."""
     try:
-        with _pool_log_silenced():
-            return _run(arguments)
-    except _UsageError as error:
-        arguments.command_parser.error(str(error))  # exits with EXIT_USAGE
-    return EXIT_OK
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):
+        pass  # (not a file descriptor: a test's captured output, nothing left to flush)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default: ``sys.argv[1:]``); the exit code.
+
+    A reader that stops reading early (``show ... | head``) ends the command quietly with
+    status 0, as it ends ``cat``: what was asked was done, only the rest of its output is
+    unwanted."""
+    try:
+        parser = build_parser()
+        arguments = parser.parse_args(argv)
+        try:
+            with _pool_log_silenced():
+                code = _run(arguments)
+        except _UsageError as error:
+            arguments.command_parser.error(str(error))  # exits with EXIT_USAGE
+        # Flushed here, so a closed pipe is met inside this try, not at the interpreter's exit.
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _stop_writing_stdout()
+        return EXIT_OK
+    return code
 
 
 if __name__ == "__main__":  # pragma: no cover - python -m runs __main__.py, not this

@@ -151,6 +151,21 @@ def store_unavailable(retry_after: int) -> Problem:
     )
 
 
+def store_misconfigured() -> Problem:
+    # 503 as an outage is (the server cannot answer), but no Retry-After and another slug:
+    # retrying fails the same way until an operator fixes the configuration, so a client
+    # told "retry" would only spin. Which table or credentials is the server's log's to
+    # say (with the fix), never the client's.
+    return Problem(
+        503,
+        "store-misconfigured",
+        "Idempotency store misconfigured",
+        "The idempotency store is misconfigured, so the request was not processed. This is "
+        "not retryable: a retry fails the same way until the service's operators fix the "
+        "store's configuration (fix: the server's log names what is missing).",
+    )
+
+
 def commit_unavailable(retry_after: int) -> Problem:
     # The same slug as a claim's outage: a client treats both alike (retry with the key).
     return Problem(

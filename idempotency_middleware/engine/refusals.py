@@ -65,7 +65,8 @@ class Refusal(NamedTuple):
     input; ``not_stored``: completed, but its response (``size`` bytes) was not kept;
     ``unreadable``: completed, but its stored response cannot be read back (``error``
     says why);
-    ``unavailable``: the store failed on the claim; ``commit_unavailable``: it failed on a
+    ``unavailable``: the store failed on the claim (an outage, or a misconfiguration:
+    ``error.misconfigured``, answered as not retryable); ``commit_unavailable``: it failed on a
     transaction's commit, which then landed whole or not at all;
     ``transaction_conflict``: a condition of the handler's transaction failed, nothing was
     written; ``transaction_rejected``: DynamoDB cannot commit it as written (too large).
@@ -117,6 +118,8 @@ def problem_for(refusal: Refusal) -> Problem:
         return problems.transaction_rejected(getattr(refusal.error, "reason", ""))
     if reason == "commit_unavailable":
         return problems.commit_unavailable(refusal.retry_after or 1)
+    if isinstance(refusal.error, StoreUnavailableError) and refusal.error.misconfigured:
+        return problems.store_misconfigured()
     return problems.store_unavailable(refusal.retry_after or 1)
 
 
@@ -160,13 +163,18 @@ def error_for(refusal: Refusal, name: str) -> Exception:
         return unreadable
     error = refusal.error
     reason = getattr(error, "reason", "") or "the store failed"
+    fix = getattr(error, "fix", "") if getattr(error, "misconfigured", False) else ""
     unavailable = StoreUnavailableError(
-        f"idempotent function {name}: the idempotency store failed ({reason}), so the "
+        f"idempotent function {name}: the idempotency store is misconfigured ({reason}), so "
+        f"the function did not run; not retryable: it fails the same way until fixed; fix: {fix}"
+        if fix
+        else f"idempotent function {name}: the idempotency store failed ({reason}), so the "
         "function did not run; retry with the same key",
         code=getattr(error, "code", ""),
         cause=getattr(error, "cause", "unknown"),
         reason=getattr(error, "reason", ""),
         retry_after=getattr(error, "retry_after", None),
+        fix=fix,
     )
     unavailable.__cause__ = error
     return unavailable

@@ -212,10 +212,18 @@ UNUSED_KEY = "store-check"
 
 
 def unusable(store: object, error: StoreUnavailable) -> StoreUnavailable:
-    """``error`` as a failed check says it: which store, why, and the fix."""
-    fix = FIXES.get(error.cause)
+    """``error`` as a failed check says it: which store, why, and the fix (the store's own,
+    naming its table or file, when it has ``fix_for``)."""
+    fix_for = getattr(store, "fix_for", None)
+    fix = fix_for(error.cause) if callable(fix_for) else FIXES.get(error.cause, "")
     message = f"{type(store).__name__} is not usable: {error.reason}" + (f"; {fix}" if fix else "")
-    return StoreUnavailable(message, code=error.code, cause=error.cause, reason=error.reason)
+    return StoreUnavailable(
+        message,
+        code=error.code,
+        cause=error.cause,
+        reason=error.reason,
+        fix=fix if error.misconfigured else "",
+    )
 
 
 class ClosingStore:
@@ -269,8 +277,16 @@ class KitStore(ClosingStore, BreakerOwner):
         # Set by a backend that publishes its completions and releases (wakeups.py).
         self.wakeups: Wakeups | None = None
 
+    def fix_for(self, cause: str) -> str:
+        """What fixes a misconfiguration of ``cause`` (``errors.FIXES``), for this store: a
+        backend names what it was missing (its table, file, database) where it knows it."""
+        return FIXES.get(cause, "")
+
     def _failed(self, error: Exception) -> None:
         if isinstance(error, StoreUnavailable):
+            if error.misconfigured:
+                # Said where every door reads it: the 503's log line, a function's exception.
+                error.fix = self.fix_for(error.cause) or error.fix
             self.breaker.failed(error)
         elif isinstance(error, IdempotencyError):
             self.breaker.succeeded()  # refused as written: an answer

@@ -398,7 +398,9 @@ def _problem_responses(
     unreadable = problems.stored_response_unreadable()
     yield 500, unreadable.title, [unreadable]
     unavailable = problems.store_unavailable(refusals.STORE_UNAVAILABLE_RETRY_AFTER)
-    yield 503, unavailable.title, [unavailable]
+    # (Retry-After is documented for the outage; the misconfiguration answers without it.)
+    misconfigured = problems.store_misconfigured()
+    yield 503, unavailable.title, [unavailable, misconfigured]
 
 
 def _add_response(

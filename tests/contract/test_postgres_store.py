@@ -449,7 +449,10 @@ def test_a_missing_table_says_how_to_create_it(postgres_dsn: str) -> None:
     with store, pytest.raises(StoreUnavailable) as missing:
         store.claim(request(key()))
     assert missing.value.cause == "no_table" and missing.value.code == "42P01"
-    assert "store.create_table()" in missing.value.reason
+    assert missing.value.reason.startswith("no such table 'no_such_idem_table' on ")
+    assert missing.value.fix == (
+        f"create it: store.create_table(), or `{store.create_table_command()}`"
+    )
     assert store.breaker_state == "closed"  # a misconfiguration is no outage
 
 

@@ -208,7 +208,10 @@ def test_sqlite_check_names_a_missing_directory(tmp_path: Path) -> None:
     assert (
         error.reason == f"directory {str(tmp_path / 'missing')!r} (of {str(path)!r}) does not exist"
     )
-    assert "create the directory, or fix the path" in str(error)
+    assert error.fix == (
+        f"create the directory {str(tmp_path / 'missing')!r}, or fix the path {str(path)!r}"
+    )
+    assert str(error).endswith(f"; {error.fix}")
     assert not (tmp_path / "missing").exists()
 
 
@@ -239,7 +242,10 @@ def test_sqlite_check_refuses_a_directory_it_cannot_write(tmp_path: Path) -> Non
         error = failure(store.check)
     assert error.cause == "access_denied"
     assert error.reason == f"{str(folder)!r} is not writable by this process"
-    assert "grant the credentials (or this process's user) access" in str(error)
+    assert str(error).endswith(
+        f"; make {str(folder / 'idempotency.sqlite3')!r} and its directory {str(folder)!r} "
+        "writable by this process"
+    )
 
 
 # --- the default check of a store on the kit or on ThreadedStore --------------------------

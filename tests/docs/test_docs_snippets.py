@@ -66,7 +66,7 @@ SHELL = sorted(
     and path.parts[-2] != "run"
 )
 # Programs a page may name besides this project's own: servers, clients and tools.
-OTHER_PROGRAMS = {"aws", "cd", "curl", "git", "gunicorn", "moto_server", "echo", "python"}
+OTHER_PROGRAMS = {"aws", "cd", "curl", "git", "gunicorn", "moto_server", "echo", "head", "python"}
 
 
 def pages_and_readme() -> list[Path]:
@@ -136,7 +136,7 @@ def test_every_section_a_page_shows_is_in_its_file() -> None:
 
 def commands(text: str) -> list[list[str]]:
     """The commands of a shell snippet: continuations joined, prompts, comments, output
-    lines and leading variable assignments dropped, ``&&`` / ``&`` split."""
+    lines and leading variable assignments dropped, ``&&`` / ``&`` / ``|`` split."""
     found = []
     joined = text.replace("\\\n", " ")
     prompted = "$ " in joined
@@ -144,7 +144,7 @@ def commands(text: str) -> list[list[str]]:
         if prompted and not line.startswith("$ "):
             continue  # the output of the command above
         line = line.removeprefix("$ ")
-        for part in re.split(r"&&|&(?!\S)|;", line.split(" # ")[0].split("   #")[0]):
+        for part in re.split(r"&&|&(?!\S)|;|\|", line.split(" # ")[0].split("   #")[0]):
             words = shlex.split(part.replace("<the repository>", "REPOSITORY"))
             while words and re.match(r"^[A-Z_]+=", words[0]):
                 words.pop(0)
@@ -320,6 +320,46 @@ def test_the_command_line_refuses_a_missing_sqlite_file_as_its_page_shows(
     assert (result.stdout + result.stderr).strip() == message
     assert result.returncode == int(status)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_command_line_shows_a_function_and_a_consumer_record_as_its_page_shows(
+    tmp_path: Path,
+) -> None:
+    """operating-cli-4.txt: a function's result decoded, a consumer's verdict, the second
+    piped into ``head`` as the page pipes it ("…" stands for a hash or a time)."""
+    from idempotency_middleware import IdempotentConsumer, SQLiteStore, idempotent
+
+    with SQLiteStore(tmp_path / "billing.sqlite3") as store:
+
+        @idempotent(store=store, key="order", name="billing.charge")
+        def charge(order: str) -> dict[str, Any]:
+            return {"charged": order, "amount": 12}
+
+        charge("order-1")
+    with SQLiteStore(tmp_path / "orders.sqlite3") as store:
+        consumer = IdempotentConsumer(
+            lambda message: "shipped", store=store, key=lambda m: m["id"], name="orders.ship"
+        )
+        assert consumer.process({"id": "m-1"}).action == "ack"
+    text = (SNIPPETS / "operating-cli-4.txt").read_text()
+    for block in text.split("$ ")[1:]:
+        command, *shown = block.splitlines()
+        module = f"{shlex.quote(sys.executable)} -m idempotency_middleware"
+        result = subprocess.run(
+            ["/bin/sh", "-c", command.replace("idempotency-middleware", module, 1)],
+            cwd=tmp_path,
+            env=environment(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert (result.returncode, result.stderr) == (0, "")
+        printed = result.stdout.splitlines()
+        assert len(printed) == len(shown)
+        for line, expected in zip(printed, shown, strict=True):
+            pattern = ".+".join(re.escape(part) for part in expected.split("…"))
+            assert re.fullmatch(pattern, line), (line, expected)
 
 
 def shown_response(name: str) -> tuple[str, dict[str, str], dict[str, Any]]:

@@ -86,7 +86,8 @@ def assert_replayed(first: str, retry: str) -> None:
 @pytest.mark.skipif(shutil.which("curl") is None, reason="no curl on this machine")
 def test_the_fastapi_quick_start_replays_a_retry(tmp_path: Path) -> None:
     save_as_app("fastapi_app.py", tmp_path)
-    command = [sys.executable, "-m", "uvicorn", "app:app", "--host", HOST, "--port", "0"]
+    command = [sys.executable, "-m", "uvicorn", "app:app", "--lifespan", "on"]
+    command += ["--host", HOST, "--port", "0"]
     with server_process(
         command,
         env=dict(os.environ),

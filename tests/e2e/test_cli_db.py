@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import shlex
 import subprocess
 import sys
 import time
@@ -23,6 +25,14 @@ from idempotency_middleware.stores.records import StoredResponse
 from tests.support.db_stores import location, new_store
 from tests.support.servers import free_port
 from tests.support.store_kinds import DB_SERVERS
+
+
+def shown_dsn(dsn: str) -> str:
+    """``dsn`` as a hint prints it: in key=value form, without the password."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    parts = conninfo_to_dict(dsn)
+    return make_conninfo("", **{name: value for name, value in parts.items() if name != "password"})
 
 
 def store_options(kind: str, where: str, store: object) -> list[str]:
@@ -65,7 +75,8 @@ def test_create_table_makes_the_postgres_table_and_a_missing_one_names_the_comma
 
     assert main(["show", "k", "--route", "/orders", *options]) == EXIT_MISCONFIGURED
     error = capsys.readouterr().err
-    assert f"create-table --postgres DSN --table {table}" in error
+    [command] = re.findall(r"`(idempotency-middleware create-table [^`]*)`", error)
+    assert shlex.split(command)[2:] == ["--postgres", shown_dsn(dsn), "--table", table]
 
     assert main(["create-table", *options]) == EXIT_OK
     assert f"table={table!r}" in capsys.readouterr().out

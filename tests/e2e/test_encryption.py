@@ -375,7 +375,7 @@ def test_with_encryption_a_pickle_serializer_does_not_warn() -> None:
 
 
 def test_show_says_a_record_is_encrypted_or_unreadable_instead_of_printing_bytes() -> None:
-    from idempotency_middleware.cli.main import record_as_json
+    from idempotency_middleware.cli.records import record_as_json
     from idempotency_middleware.stores.records import UnreadableResponse
 
     store = MemoryStore()

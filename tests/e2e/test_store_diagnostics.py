@@ -1,6 +1,7 @@
 """Every store failure says why: a cause on the error and the event, and a log line naming
-the operation, the cause and the key hash, readable with default logging; the 503 body stays
-the same generic problem whatever the cause.
+the operation, the cause and the key hash, readable with default logging; the 503 body is
+the generic outage problem (retry with the same key, ``Retry-After``) for an outage, and the
+misconfiguration problem (not retryable, no ``Retry-After``) for a misconfiguration.
 
 Each cause is produced for real, through a real request to a served middleware (uvicorn with
 ``AsyncDynamoDBStore``, waitress with ``DynamoDBStore``) or an ``idempotent`` call: moto
@@ -35,8 +36,8 @@ from idempotency_middleware import (
     StoreUnavailableError,
     idempotent,
 )
-from idempotency_middleware.engine import decisions, refusals
-from idempotency_middleware.errors import CAUSES
+from idempotency_middleware.engine import decisions, problems, refusals
+from idempotency_middleware.errors import CAUSES, MISCONFIGURED_CAUSES
 from idempotency_middleware.policy.keys import storage_key
 from idempotency_middleware.stores.dynamodb import errors as ddb
 from idempotency_middleware.stores.sqlite.errors import unavailable as sqlite_unavailable
@@ -45,8 +46,17 @@ from tests.support.diag_aws import RejectingEndpoint, aws_environment, use_envir
 from tests.support.faultproxy import Adapter, FaultProxy, Served, serve_workload
 from tests.support.servers import HOST, free_port
 
-# The one 503 body every store failure gets, whatever its cause.
+# The one 503 body every outage gets, whatever its cause.
 GENERIC_503 = refusals.problem_for(decisions.STORE_UNAVAILABLE).body()
+
+
+def expected_503(cause: str) -> bytes:
+    """The body of the 503 a claim failing for ``cause`` answers."""
+    if cause in MISCONFIGURED_CAUSES:
+        return problems.store_misconfigured().body()
+    return GENERIC_503
+
+
 ONE_FAST_ATTEMPT: dict[str, Any] = {"max_attempts": 1, "connect_timeout": 1, "read_timeout": 1}
 
 
@@ -74,13 +84,15 @@ def served(
 def assert_diagnosed(
     running: Served, caplog: pytest.LogCaptureFixture, cause: str, phrase: str
 ) -> logging.LogRecord:
-    """POST one new key: 503 with the generic body, the handler not run, one store_error
-    event with ``cause``, and a log line naming the claim, ``phrase`` and the key hash."""
+    """POST one new key: 503 with the cause's body (and Retry-After only for an outage), the
+    handler not run, one store_error event with ``cause``, and a log line naming the claim,
+    ``phrase`` and the key hash."""
     key = f"diag-{cause}-{uuid.uuid4().hex[:8]}"
     with caplog.at_level(logging.ERROR, logger="idempotency_middleware"):
         response = running.post("/ok", key)
     assert response.status_code == 503
-    assert response.content == GENERIC_503
+    assert response.content == expected_503(cause)
+    assert ("retry-after" in response.headers) is (cause not in MISCONFIGURED_CAUSES)
     assert running.workload.runs("/ok") == 0
     [event] = running.events.of("store_error")
     assert event.cause == cause
@@ -225,8 +237,11 @@ def test_fail_open_names_the_cause_too(
     [record] = [r for r in caplog.records if getattr(r, "idempotency_event", "") == "fail_open"]
     hashed = storage_key("POST", "/ok", None, "fail-open-diag")
     assert record.getMessage() == (
-        f"idempotency store failed on claim: no such table '{table}'; handler run WITHOUT "
-        f"idempotency protection (key {hashed}; POST /ok)"
+        f"idempotency store failed on claim: no such table '{table}'; the store is "
+        "misconfigured, not retryable; fix: create it: store.create_table(), or "
+        f"`idempotency-middleware create-table --table {table} --region {REGION} "
+        f"--endpoint-url {moto_endpoint}`; handler run WITHOUT idempotency protection "
+        f"(key {hashed}; POST /ok)"
     )
 
 
@@ -256,8 +271,13 @@ def call_failing(store: SQLiteStore, caplog: pytest.LogCaptureFixture) -> StoreU
     [event] = [event for event in events if event.kind == "store_error"]
     assert event.cause == store_error.cause
     [record] = [r for r in caplog.records if getattr(r, "idempotency_event", "") == "store_error"]
+    misconfigured = (
+        f"; the store is misconfigured, not retryable; fix: {store_error.fix}"
+        if store_error.misconfigured
+        else ""
+    )
     assert record.getMessage() == (
-        f"idempotency store failed: claim: {store_error.reason} "
+        f"idempotency store failed: claim: {store_error.reason}{misconfigured} "
         f"(key {event.key_hash}; CALL diag.work)"
     )
     return store_error

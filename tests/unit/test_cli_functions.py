@@ -1,6 +1,7 @@
-"""The command line on function and consumer keys (``--function NAME``), on SQLite files
-written by real ``idempotent`` functions and consumers: ``show``, ``delete``, and ``delete
---keys-from`` for a dead-letter redrive."""
+"""The command line on function and consumer keys (``--function NAME``, ``--consumer
+NAME``), on SQLite files written by real ``idempotent`` functions and consumers: ``show``
+(a function's result decoded, a consumer's verdict), ``delete``, and ``delete --keys-from``
+for a dead-letter redrive."""
 
 from __future__ import annotations
 
@@ -45,8 +46,98 @@ def test_show_function_prints_the_record_of_a_functions_key(
     assert main(["show", "o-1", "--function", "billing.charge", "--sqlite", str(path)]) == EXIT_OK
 
     shown = orjson.loads(capsys.readouterr().out)
+    assert shown["function"] == "billing.charge"
+    assert shown["key"] == "o-1"
     assert shown["status"] == "completed"
-    assert shown["response"]["body"] == '"charged o-1"'
+    assert shown["result"] == "charged o-1"
+    assert "response" not in shown  # (no HTTP status, headers and body: it is a result)
+
+
+def test_show_function_prints_a_structured_result_as_json(
+    path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with SQLiteStore(path) as store:
+
+        @idempotent(store=store, key="order", name="billing.quote")
+        def quote(order: str) -> dict[str, Any]:
+            return {"order": order, "amount": 12, "lines": [1, 2]}
+
+        quote("o-1")
+
+    assert main(["show", "o-1", "--function", "billing.quote", "--sqlite", str(path)]) == EXIT_OK
+    shown = orjson.loads(capsys.readouterr().out)
+    assert shown["result"] == {"order": "o-1", "amount": 12, "lines": [1, 2]}
+
+
+def test_show_function_prints_a_serializers_bytes_as_hex_without_loading_them(
+    path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with SQLiteStore(path) as store:
+
+        @idempotent(
+            store=store,
+            key="order",
+            name="billing.raw",
+            serializer=(lambda value: b"\x80raw", lambda data: "never loaded here"),
+        )
+        def raw(order: str) -> str:
+            return "never loaded here"
+
+        raw("o-1")
+
+    assert main(["show", "o-1", "--function", "billing.raw", "--sqlite", str(path)]) == EXIT_OK
+    shown = orjson.loads(capsys.readouterr().out)
+    assert shown["result_hex"] == b"\x80raw".hex()
+    assert "result" not in shown
+
+
+def consume_once(path: Path, message: dict[str, Any]) -> str:
+    """Process ``message`` with the ``orders.ship`` consumer; its verdict."""
+    with SQLiteStore(path) as store:
+        consumer = IdempotentConsumer(
+            lambda message: {"shipped": message["id"]},
+            store=store,
+            key=lambda message: message["id"],
+            name="orders.ship",
+        )
+        return consumer.process(message).action
+
+
+def test_show_consumer_prints_the_verdict_a_redelivery_gets(
+    path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert consume_once(path, {"id": "m-1"}) == "ack"
+
+    assert main(["show", "m-1", "--consumer", "orders.ship", "--sqlite", str(path)]) == EXIT_OK
+
+    shown = orjson.loads(capsys.readouterr().out)
+    assert shown["consumer"] == "orders.ship"
+    assert shown["verdict"] == "ack"
+    assert shown["verdict_means"].startswith("a redelivery is acknowledged with the stored result")
+    assert shown["result"] == {"shipped": "m-1"}
+    assert "function" not in shown
+
+
+def test_show_consumer_of_a_delivery_in_progress_says_retry(
+    path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with SQLiteStore(path) as store:
+        seen: list[int] = []
+
+        def handle(message: dict[str, Any]) -> str:
+            # The first delivery still running: what the operator sees meanwhile.
+            seen.append(main(["show", "m-1", "--consumer", "orders.ship", "--sqlite", str(path)]))
+            return "shipped"
+
+        consumer = IdempotentConsumer(
+            handle, store=store, key=lambda message: message["id"], name="orders.ship"
+        )
+        assert consumer.process({"id": "m-1"}).action == "ack"
+
+    assert seen == [EXIT_OK]
+    shown = orjson.loads(capsys.readouterr().out)
+    assert (shown["status"], shown["verdict"]) == ("in_progress", "retry")
+    assert "result" not in shown
 
 
 def test_show_function_of_an_unknown_key_exits_1(
@@ -157,9 +248,18 @@ def test_keys_from_standard_input(
         (["delete", "o-1", "--function", "f", "--keys-from", "-"], "not both"),
         (["show", "--function", "f"], "give the KEY"),
         (["show", "o-1", "--function", "f", "--route", "/orders"], "drop --route"),
+        (["show", "o-1", "--function", "f", "--consumer", "f"], "not both"),
         (["delete", "--function", "f", "--keys-from", "/nonexistent/keys"], "cannot read"),
     ],
-    ids=["no-route", "keys-from-alone", "key-and-file", "no-key", "route-too", "no-file"],
+    ids=[
+        "no-route",
+        "keys-from-alone",
+        "key-and-file",
+        "no-key",
+        "route-too",
+        "function-and-consumer",
+        "no-file",
+    ],
 )
 def test_options_that_address_no_key_are_usage_errors(
     path: Path, arguments: list[str], message: str, capsys: pytest.CaptureFixture[str]
@@ -189,7 +289,10 @@ def test_the_redrive_commands_of_the_consumers_page_do_what_it_shows(
 
     show, delete = (shlex.split(command)[1:] for command in commands)
     assert main(show) == EXIT_OK
-    assert orjson.loads(capsys.readouterr().out)["status"] == "completed"
+    printed = capsys.readouterr().out
+    shown_lines = snippet.read_text().splitlines()[1:5]
+    assert printed.splitlines()[:4] == shown_lines
+    assert orjson.loads(printed)["status"] == "completed"
     assert main(delete) == EXIT_OK
     printed = capsys.readouterr().out.strip()
     assert printed == lines[lines.index(f"$ {commands[1]}") + 1]

@@ -81,12 +81,15 @@ def test_a_store_failure_gives_the_event_and_the_log_line_its_cause_and_reason(
 
     assert [event.cause for event in received] == ["no_table"] * 3
     assert received[0].error == repr(failure)
+    why = (
+        "no such table 'orders'; the store is misconfigured, not retryable; "
+        "fix: create it: store.create_table()"
+    )
     assert [record.message for record in caplog.records] == [
-        "idempotency store failed: claim: no such table 'orders' (key a1b2c3; POST /orders)",
-        "idempotency store failed on claim: no such table 'orders'; handler run WITHOUT "
+        f"idempotency store failed: claim: {why} (key a1b2c3; POST /orders)",
+        f"idempotency store failed on claim: {why}; handler run WITHOUT "
         "idempotency protection (key a1b2c3; POST /orders)",
-        "idempotency store failed: complete: no such table 'orders'; gave up "
-        "(key a1b2c3; POST /orders)",
+        f"idempotency store failed: complete: {why}; gave up (key a1b2c3; POST /orders)",
     ]
     assert all(record.__dict__["idempotency_cause"] == "no_table" for record in caplog.records)
 

@@ -8,4 +8,4 @@ MIDDLEWARE = [
     # ... the rest of your middleware, and your views: unchanged
 ]
 
-IDEMPOTENCY = {"store": SQLiteStore("idempotency.sqlite3")}
+IDEMPOTENCY = {"store": SQLiteStore("idempotency.sqlite3"), "check_store": True}

@@ -5,7 +5,8 @@ from fastapi import FastAPI
 from idempotency_middleware import IdempotencyMiddleware, SQLiteStore
 
 app = FastAPI()
-app.add_middleware(IdempotencyMiddleware, store=SQLiteStore("idempotency.sqlite3"))
+store = SQLiteStore("idempotency.sqlite3")
+app.add_middleware(IdempotencyMiddleware, store=store, check_store=True)  # checked at start-up
 
 
 @app.post("/orders", status_code=201)

@@ -4,6 +4,7 @@ from idempotency_middleware import SQLiteStore
 from idempotency_middleware.faststream import IdempotencyFastStreamMiddleware
 
 store = SQLiteStore("idempotency.sqlite3")
+store.check()  # a store that cannot work fails here, not at the first message
 broker = RabbitBroker(middlewares=[IdempotencyFastStreamMiddleware(store=store)])
 
 

@@ -6,10 +6,10 @@ from idempotency_middleware import IdempotencyWSGIMiddleware, SQLiteStore
 
 app = Flask(__name__)
 store = SQLiteStore("idempotency.sqlite3")
-app.wsgi_app = IdempotencyWSGIMiddleware(app.wsgi_app, store=store)  # type: ignore[method-assign]
+middleware = IdempotencyWSGIMiddleware(app.wsgi_app, store=store, check_store=True)
+app.wsgi_app = middleware  # type: ignore[method-assign]
 
 
-@app.post("/orders")
+@app.post("/orders")  # runs once per Idempotency-Key: a retry gets this response back
 def create_order() -> tuple[dict, int]:
-    # Runs once per Idempotency-Key: a retry gets this response back, the same order_id.
     return {"order_id": uuid4().hex, **request.get_json()}, 201

@@ -1,6 +1,7 @@
 from idempotency_middleware import SQLiteStore, idempotent
 
 store = SQLiteStore("idempotency.sqlite3")
+store.check()  # a store that cannot work fails here, not at the first call
 
 
 @idempotent(store=store, key=lambda message: message["id"])

@@ -3,6 +3,7 @@ for the ASGI middleware): the kit's store over the flows of ``ops.py`` and a tra
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from ...clock import SYSTEM_CLOCK, Clock
@@ -62,6 +63,7 @@ class DynamoDBStoreBase(KitStore):
             table_name, settings, overflow, clock, lean, session, dict(client_kwargs or {})
         )
         self.layout = TableLayout(table_name, key_attribute, ttl_attribute)
+        self._settings, self._overflow, self._session = settings, overflow, session
         breaker = (clock, breaker_threshold, breaker_cooldown_seconds)
         super().__init__(
             DynamoDBOps(self.layout, overflow, clock),
@@ -69,6 +71,50 @@ class DynamoDBStoreBase(KitStore):
             *breaker,
             on_event,
         )
+
+    def fix_for(self, cause: str) -> str:
+        """The kit's advice, naming this store's table, region and endpoint: the command
+        that creates the table this store reads, not one of the command line's choosing."""
+        if cause in ("no_table", "bad_schema"):
+            command = self.create_table_command()
+            how = f"store.create_table(), or `{command}`" if command else "store.create_table()"
+            if cause == "no_table":
+                return f"create it: {how}"
+            return (
+                f"point the store at a table made by its create_table(), or recreate it: "
+                f"delete table {self.layout.table_name!r}, then {how}"
+            )
+        if cause == "no_bucket" and self._overflow is not None:
+            return f"create the S3 bucket {self._overflow.bucket!r}, or fix s3_bucket"
+        return super().fix_for(cause)
+
+    def create_table_command(self) -> str | None:
+        """The ``idempotency-middleware create-table`` command line that creates this
+        store's table where this store looks for it (its region and endpoint); ``None``
+        for a store whose ``key_attribute`` or ``ttl_attribute`` is not the command's
+        (``pk``, ``ttl``): its own ``create_table()`` makes that table."""
+        if (self.layout.key_attribute, self.layout.ttl_attribute) != ("pk", "ttl"):
+            return None
+        command = ["idempotency-middleware", "create-table", "--table", self.layout.table_name]
+        region = self._region()
+        if region:
+            command += ["--region", region]
+        if self._settings.endpoint_url:
+            command += ["--endpoint-url", self._settings.endpoint_url]
+        return shlex.join(command)
+
+    def _region(self) -> str | None:
+        """The region the store's client uses: the one it was given, else its session's
+        (boto3's and aioboto3's sessions have ``region_name``), else the AWS configuration's
+        as botocore reads it; ``None`` when there is none."""
+        if self._settings.region_name:
+            return self._settings.region_name
+        if self._session is not None:
+            return getattr(self._session, "region_name", None) or None
+        import botocore.session
+
+        region = botocore.session.get_session().get_config_variable("region")
+        return str(region) if region else None
 
 
 class DynamoDBStore(DynamoDBStoreBase):

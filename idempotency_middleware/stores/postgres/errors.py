@@ -86,9 +86,7 @@ def unavailable(operation: str, error: BaseException, where: str, table: str) ->
     detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     reasons = {
         "no_table": (
-            f"no such table {table!r} on {where} (create it: store.create_table())"
-            if sqlstate == "42P01"
-            else f"{detail} on {where}"
+            f"no such table {table!r} on {where}" if sqlstate == "42P01" else f"{detail} on {where}"
         ),
         "unreachable": f"cannot reach PostgreSQL at {where} ({detail})",
         "timed_out": f"PostgreSQL at {where} did not answer in time ({detail})",

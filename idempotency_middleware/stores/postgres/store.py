@@ -3,6 +3,7 @@ its decisions are in ``ops.py``, the pools in ``transport.py``; the rest is ``Ki
 
 from __future__ import annotations
 
+import shlex
 from typing import TYPE_CHECKING, Any
 
 from ...clock import DEFAULT_CLOCK_SKEW_SECONDS, SYSTEM_CLOCK, Clock
@@ -59,7 +60,7 @@ class PostgresStore(KitStore):
     ) -> None:
         require_modules(type(self).__name__, ("psycopg", "psycopg_pool"), "postgres")
         import psycopg
-        from psycopg.conninfo import conninfo_to_dict
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
         from .transport import PostgresConfig, PostgresTransport, listener
 
@@ -88,6 +89,11 @@ class PostgresStore(KitStore):
             f"{parts.get('host') or 'localhost'}:{parts.get('port') or 5432}"
             f"/{parts.get('dbname') or parts.get('user') or ''}"
         )
+        # The DSN an operator's command may name: the password left to PGPASSWORD or ~/.pgpass.
+        self._shown_dsn = make_conninfo(
+            "", **{name: value for name, value in parts.items() if name != "password"}
+        )
+        self._database, self._user = parts.get("dbname"), parts.get("user")
         sql = Statements(table)  # (checks the name)
         self.table, self.min_size, self.max_size = table, min_size, max_size
         self.pool_timeout_seconds, self.connect_timeout = pool_timeout_seconds, connect_timeout
@@ -119,6 +125,35 @@ class PostgresStore(KitStore):
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.where!r}, table={self.table!r})"
+
+    def fix_for(self, cause: str) -> str:
+        """The kit's advice, naming this store's table, database and server."""
+        if cause == "no_table":
+            return f"create it: store.create_table(), or `{self.create_table_command()}`"
+        if cause == "bad_schema":
+            return (
+                f"point the store at a table made by its create_table(), or recreate it: drop "
+                f"table {self.table!r}, then run `{self.create_table_command()}`"
+            )
+        if cause == "cannot_open":  # (no such database)
+            return (
+                f"create the database {self._database or self._user or ''!r} on {self.where}, "
+                "or fix the DSN's dbname"
+            )
+        if cause == "bad_credentials":
+            return "check the DSN's user and password (or PGPASSWORD, ~/.pgpass)"
+        if cause == "access_denied":
+            return (
+                f"grant the DSN's user {self._user or ''!r} access to table {self.table!r} "
+                f"(or a pg_hba.conf entry on {self.where})"
+            )
+        return super().fix_for(cause)
+
+    def create_table_command(self) -> str:
+        """The ``idempotency-middleware create-table`` command line that creates this
+        store's table on its server (the DSN without its password)."""
+        command = ["idempotency-middleware", "create-table", "--postgres", self._shown_dsn]
+        return shlex.join([*command, "--table", self.table])
 
     def purge_expired(
         self, now: float | None = None, *, clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS

@@ -104,6 +104,15 @@ class SQLiteStore(KitStore):
     def __repr__(self) -> str:
         return f"SQLiteStore({self.path!r}, table_name={self.table_name!r})"
 
+    def fix_for(self, cause: str) -> str:
+        """The kit's advice, naming this store's file and its directory."""
+        folder = os.path.dirname(os.path.abspath(self.path))
+        if cause == "cannot_open":
+            return f"create the directory {folder!r}, or fix the path {self.path!r}"
+        if cause == "access_denied":
+            return f"make {self.path!r} and its directory {folder!r} writable by this process"
+        return super().fix_for(cause)
+
     def purge_expired(
         self, now: float | None = None, *, clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS
     ) -> int:
