@@ -259,6 +259,7 @@ class KitStore(ClosingStore, BreakerOwner):
         self.clock = clock
         # Set by a backend that publishes its completions and releases (wakeups.py).
         self.wakeups: Wakeups | None = None
+        self._probes: set[asyncio.Task[None]] = set()  # the breaker's background probes
 
     def _failed(self, error: Exception) -> None:
         if isinstance(error, StoreUnavailable):
@@ -288,8 +289,51 @@ class KitStore(ClosingStore, BreakerOwner):
         self.breaker.succeeded()
         return result
 
+    def _admit(self) -> bool:
+        """The breaker's ``admit``; a claim it refuses starts a background probe (see
+        ``breaker.py``), so the breaker closes as soon as the store answers again."""
+        try:
+            return self.breaker.admit()
+        except StoreUnavailable:
+            if self.breaker.background_probe_due():
+                threading.Thread(
+                    target=self._probe, name="idempotency-breaker-probe", daemon=True
+                ).start()
+            raise
+
+    async def _aadmit(self) -> bool:
+        """:meth:`_admit` for an async claim: its probe is a task on the running loop."""
+        try:
+            return self.breaker.admit()
+        except StoreUnavailable:
+            if self.breaker.background_probe_due():
+                task = asyncio.get_running_loop().create_task(self._aprobe())
+                self._probes.add(task)  # (a task nobody holds may be collected mid-run)
+                task.add_done_callback(self._probes.discard)
+            raise
+
+    def _probe(self) -> None:
+        try:
+            self._transport.run("check", self._check_flow())
+        except Exception as error:
+            logger.debug("circuit breaker probe failed: %r", error)
+        else:
+            self.breaker.succeeded()
+        finally:
+            self.breaker.background_probe_ended()
+
+    async def _aprobe(self) -> None:
+        try:
+            await self._transport.arun("check", self._check_flow())
+        except Exception as error:
+            logger.debug("circuit breaker probe failed: %r", error)
+        else:
+            self.breaker.succeeded()
+        finally:
+            self.breaker.background_probe_ended()
+
     def claim(self, request: ClaimRequest) -> ClaimResult:
-        if self.breaker.admit():  # the half-open breaker's probe
+        if self._admit():  # the half-open breaker's probe
             try:
                 return self.run_flow("claim", self._ops.claim(request))
             finally:
@@ -297,7 +341,7 @@ class KitStore(ClosingStore, BreakerOwner):
         return self.run_flow("claim", self._ops.claim(request))
 
     async def aclaim(self, request: ClaimRequest) -> ClaimResult:
-        if self.breaker.admit():
+        if await self._aadmit():
             try:
                 return await self.arun_flow("claim", self._ops.claim(request))
             finally:
