@@ -74,6 +74,11 @@ def crash(process: subprocess.Popen[bytes]) -> None:
     process.wait()
 
 
+def _stop_all(processes: dict[Any, subprocess.Popen[bytes]]) -> None:
+    for process in processes.values():
+        _stop(process, signal.SIGKILL)
+
+
 # --- a TCP proxy that delays --------------------------------------------------------------
 
 
@@ -107,6 +112,11 @@ class LagProxy:
             self._loop.run_forever()
         finally:
             server.close()
+            tasks = asyncio.all_tasks(self._loop)
+            for task in tasks:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            self._loop.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -185,13 +195,16 @@ class SentinelSet:
 
         options.setdefault("socket_timeout", 1.0)
         addresses = [(HOST, port) for port in self.sentinel_ports]
-        return Sentinel(addresses, sentinel_kwargs={"socket_timeout": 1.0}, **options)
+        return Sentinel(  # type: ignore[no-untyped-call]
+            addresses, sentinel_kwargs={"socket_timeout": 1.0}, **options
+        )
 
     def primary_now(self) -> int:
         """The primary's port, as the Sentinels' majority says it."""
         from redis.sentinel import Sentinel
 
-        return int(Sentinel([(HOST, p) for p in self.sentinel_ports]).discover_master(SERVICE)[1])
+        sentinel: Any = Sentinel([(HOST, p) for p in self.sentinel_ports])  # type: ignore[no-untyped-call]
+        return int(sentinel.discover_master(SERVICE)[1])
 
     def crash_primary(self) -> int:
         """SIGKILL the current primary; its port."""
@@ -218,7 +231,7 @@ def redis_sentinel_set(lag_seconds: float = 0.0) -> Iterator[SentinelSet]:
     ):
         directory = Path(name)
         servers = SentinelSet(directory)
-        stack.callback(lambda: [_stop(p, signal.SIGKILL) for p in servers.processes.values()])
+        stack.callback(_stop_all, servers.processes)
         servers.primary_port, servers.replica_port = _free_port(), _free_port()
         follow = servers.primary_port
         if lag_seconds:
@@ -310,7 +323,7 @@ class ClusterSet:
     def client(self, **options: Any) -> Any:
         from redis.cluster import ClusterNode, RedisCluster
 
-        nodes = [ClusterNode(HOST, port) for port in self.ports]
+        nodes = [ClusterNode(HOST, port) for port in self.ports]  # type: ignore[no-untyped-call]
         options.setdefault("socket_timeout", 2.0)
         return RedisCluster(startup_nodes=nodes, **options)
 
@@ -469,7 +482,7 @@ def postgres_pair(lag_seconds: float = 0.0) -> Iterator[PostgresPair]:
             entry = pwd.getpwnam(user)
             os.chown(directory, entry.pw_uid, entry.pw_gid)
         pair = PostgresPair(directory, user, _free_port(), _free_port())
-        stack.callback(lambda: [_stop(p, signal.SIGKILL) for p in pair.processes.values()])
+        stack.callback(_stop_all, pair.processes)
         primary, standby = directory / "primary", directory / "standby"
         initdb = [str(bin_directory / "initdb"), "-D", str(primary), "-U", "postgres"]
         initdb += ["-A", "trust", "-E", "UTF8", "--no-sync"]

@@ -115,7 +115,7 @@ class PostgresStore(KitStore):
         }
         # Startup options, not a SET after connecting: no extra round trip per connection,
         # and a connection is ready as soon as it is made.
-        options = parts.get("options") or ""
+        options = str(parts.get("options") or "")
         if statement_timeout_seconds is not None:
             milliseconds = max(1, round(statement_timeout_seconds * 1000))
             options += f" -c statement_timeout={milliseconds}"
