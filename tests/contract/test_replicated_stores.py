@@ -156,7 +156,7 @@ def test_an_async_sentinel_client_waits_for_the_replica_too(sentinels: SentinelS
 
     async def main() -> None:
         addresses = [("127.0.0.1", port) for port in sentinels.sentinel_ports]
-        client = Sentinel(addresses).master_for("mymaster", socket_timeout=2.0)
+        client = Sentinel(addresses).master_for("mymaster", socket_timeout=2.0)  # type: ignore[no-untyped-call]
         prefix = f"t{uuid.uuid4().hex[:8]}:"
         async with RedisStore(async_client=client, prefix=prefix, replicas=1) as store:
             key_hash = key()
