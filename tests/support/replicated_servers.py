@@ -221,9 +221,9 @@ class SentinelSet:
 
 
 @contextlib.contextmanager
-def redis_sentinel_set(lag_seconds: float = 0.0) -> Iterator[SentinelSet]:
-    """A :class:`SentinelSet` for the block; its replica through a :class:`LagProxy` when
-    ``lag_seconds``."""
+def redis_sentinel_set(lag_seconds: float = 0.0, replicas: int = 1) -> Iterator[SentinelSet]:
+    """A :class:`SentinelSet` for the block (``replicas`` of them: ``replica_port`` is the
+    first's); its replicas through a :class:`LagProxy` when ``lag_seconds``."""
     refuse_in_an_in_process_run("A Redis Sentinel set")
     with (
         tempfile.TemporaryDirectory(prefix="idem-sentinel-") as name,
@@ -233,21 +233,22 @@ def redis_sentinel_set(lag_seconds: float = 0.0) -> Iterator[SentinelSet]:
         servers = SentinelSet(directory)
         stack.callback(_stop_all, servers.processes)
         servers.primary_port, servers.replica_port = _free_port(), _free_port()
+        replica_ports = [servers.replica_port, *(_free_port() for _ in range(replicas - 1))]
         follow = servers.primary_port
         if lag_seconds:
             follow = stack.enter_context(LagProxy(servers.primary_port, lag_seconds)).port
-        for port, more in (
-            (servers.primary_port, ()),
-            (servers.replica_port, ("--replicaof", HOST, str(follow))),
-        ):
+        nodes: list[tuple[int, tuple[str, ...]]] = [(servers.primary_port, ())]
+        nodes += [(port, ("--replicaof", HOST, str(follow))) for port in replica_ports]
+        for port, more in nodes:
             log = directory / f"redis-{port}.log"
             process = _spawn(_redis_args(port, directory, *more), log)
             servers.processes[port] = process
             _wait_until(lambda port=port: _redis_ping(port), process, log)  # type: ignore[misc]
-        wait_for(
-            lambda: _redis(servers.replica_port).info("replication")["master_link_status"] == "up",
-            "the replica in sync",
-        )
+        for port in replica_ports:
+            wait_for(
+                lambda port=port: _redis(port).info("replication")["master_link_status"] == "up",  # type: ignore[misc]
+                "the replicas in sync",
+            )
         for _ in range(3):
             port = _free_port()
             config = directory / f"sentinel-{port}.conf"
@@ -267,8 +268,8 @@ def redis_sentinel_set(lag_seconds: float = 0.0) -> Iterator[SentinelSet]:
             for port in servers.sentinel_ports:
                 sentinel = _redis(port)
                 others = sentinel.execute_command("SENTINEL", "SENTINELS", SERVICE)
-                replicas = sentinel.execute_command("SENTINEL", "REPLICAS", SERVICE)
-                if len(others) < 2 or len(replicas) < 1:
+                known = sentinel.execute_command("SENTINEL", "REPLICAS", SERVICE)
+                if len(others) < 2 or len(known) < len(replica_ports):
                     return False
             return True
 
