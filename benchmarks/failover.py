@@ -191,6 +191,7 @@ def workers(settings: dict[str, Any]) -> Iterator[tuple[list[int], Any, Any]]:
             ],
             env=environment,
             cwd=root,
+            stderr=subprocess.DEVNULL,  # (their store errors are counted, not read)
         )
         for port in ports
     ]
@@ -286,6 +287,66 @@ def report(results: dict[tuple[str, bool], Result]) -> str:
     return table("Failover under load (primary SIGKILLed halfway)", headers, rows)
 
 
+def _price(store: Any, requests: int) -> list[float]:
+    """Seconds per request (a claim and its completion), ``requests`` of them, sorted."""
+    from idempotency_middleware.stores.protocol import ClaimRequest, Completion
+    from idempotency_middleware.stores.records import StoredResponse
+
+    response = StoredResponse(201, [(b"content-type", b"application/json")], b'{"id": 1}')
+    took = []
+    for _ in range(requests):
+        key_hash, now = uuid.uuid4().hex * 2, time.time()
+        started = time.perf_counter()
+        store.claim(ClaimRequest(key_hash, "f" * 64, "owner-1", now, now + 30, now - 1))
+        store.complete(Completion(key_hash, "owner-1", now, 3600.0, response))
+        took.append(time.perf_counter() - started)
+    return sorted(took)
+
+
+def price(requests: int) -> str:
+    """The latency price of the option per request, off and on, on each set-up (healthy)."""
+    from redis.sentinel import Sentinel
+
+    from idempotency_middleware import PostgresStore, RedisStore
+
+    rows = []
+    for setup, (name, lag) in SETUPS.items():
+        with contextlib.ExitStack() as stack:
+            stores: list[tuple[str, Any]] = []
+            if setup.startswith("redis"):
+                servers = stack.enter_context(redis_sentinel_set(lag_seconds=lag, replicas=2))
+                addresses = [("127.0.0.1", port) for port in servers.sentinel_ports]
+                watchers: Any = Sentinel(addresses)  # type: ignore[no-untyped-call]
+                for on in (0, 1):
+                    client = watchers.master_for("mymaster", socket_timeout=2.0)
+                    stores.append(("on" if on else "off", RedisStore(client=client, replicas=on)))
+            else:
+                pair = stack.enter_context(postgres_pair(lag_seconds=lag))
+                pair.set_synchronous_standby("standby")
+                for option in (None, "on"):
+                    made = PostgresStore(pair.dsn, synchronous_commit=option)
+                    made.create_table()
+                    stores.append(("on" if option else "off", made))
+            for label, store in stores:
+                with store:
+                    _price(store, 20)  # (warm: connections, scripts)
+                    took = _price(store, requests)
+                rows.append([name, label, _ms(quantile(took, 0.5)), _ms(quantile(took, 0.99))])
+    headers = ["set-up", "option", "p50 (ms)", "p99 (ms)"]
+    return table(
+        f"The failover option's price: a claim and its completion ({requests})", headers, rows
+    )
+
+
+def price_main(argv: Sequence[str] | None = None) -> None:
+    """``make bench``'s part: the latency price only (no crash)."""
+    parser = argparse.ArgumentParser(description="the failover option's latency price")
+    parser.add_argument("--requests", type=int, default=300)
+    arguments = parser.parse_args(argv)
+    heading("Failover option: latency price")
+    print(price(arguments.requests))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keys", type=int, default=600)
@@ -304,6 +365,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 flush=True,
             )
     print(report(results))
+    print()
+    print(price(300))
 
 
 if __name__ == "__main__":
