@@ -259,7 +259,6 @@ class KitStore(ClosingStore, BreakerOwner):
         self.clock = clock
         # Set by a backend that publishes its completions and releases (wakeups.py).
         self.wakeups: Wakeups | None = None
-        self._probes: set[asyncio.Task[None]] = set()  # the breaker's background probes
 
     def _failed(self, error: Exception) -> None:
         if isinstance(error, StoreUnavailable):
@@ -291,7 +290,10 @@ class KitStore(ClosingStore, BreakerOwner):
 
     def _admit(self) -> bool:
         """The breaker's ``admit``; a claim it refuses starts a background probe (see
-        ``breaker.py``), so the breaker closes as soon as the store answers again."""
+        ``breaker.py``), so the breaker closes as soon as the store answers again. The probe
+        runs on a thread of its own through the sync transport, for async claims too: on
+        the claims' event loop it would compete with the requests the breaker is refusing
+        fast (a store with no sync client is not probed; its breaker waits its cool-down)."""
         try:
             return self.breaker.admit()
         except StoreUnavailable:
@@ -301,30 +303,9 @@ class KitStore(ClosingStore, BreakerOwner):
                 ).start()
             raise
 
-    async def _aadmit(self) -> bool:
-        """:meth:`_admit` for an async claim: its probe is a task on the running loop."""
-        try:
-            return self.breaker.admit()
-        except StoreUnavailable:
-            if self.breaker.background_probe_due():
-                task = asyncio.get_running_loop().create_task(self._aprobe())
-                self._probes.add(task)  # (a task nobody holds may be collected mid-run)
-                task.add_done_callback(self._probes.discard)
-            raise
-
     def _probe(self) -> None:
         try:
             self._transport.run("check", self._check_flow())
-        except Exception as error:
-            logger.debug("circuit breaker probe failed: %r", error)
-        else:
-            self.breaker.succeeded()
-        finally:
-            self.breaker.background_probe_ended()
-
-    async def _aprobe(self) -> None:
-        try:
-            await self._transport.arun("check", self._check_flow())
         except Exception as error:
             logger.debug("circuit breaker probe failed: %r", error)
         else:
@@ -341,7 +322,7 @@ class KitStore(ClosingStore, BreakerOwner):
         return self.run_flow("claim", self._ops.claim(request))
 
     async def aclaim(self, request: ClaimRequest) -> ClaimResult:
-        if await self._aadmit():
+        if self._admit():
             try:
                 return await self.arun_flow("claim", self._ops.claim(request))
             finally:
