@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install servers demo test check check-tests durations simulate pythons lint typecheck docs docs-serve unit test-dynamodb-local collect coverage bench bench-functions bench-transport bench-floor bench-instructions profile clean
+.PHONY: install servers demo test check check-tests durations simulate pythons lint typecheck docs docs-serve unit test-dynamodb-local collect coverage bench bench-failover bench-functions bench-transport bench-floor bench-instructions profile clean
 
 # Bytecode is written (an environment may set PYTHONDONTWRITEBYTECODE): one make test runs
 # many Python processes that import the same modules (the pytest workers, the DynamoDB Local
@@ -205,6 +205,13 @@ bench: $(BENCH_STAMP) servers
 	@mkdir -p .cache
 	bash scripts/dynamodb-local.sh --exec $(PY) -m benchmarks.run_all | tee .cache/bench.out
 	@grep -q '^# idempotency-middleware benchmarks' .cache/bench.out || $(PY) -m benchmarks.run_all
+
+# Failover under load (not in make bench: it starts replicated servers and SIGKILLs their
+# primaries, several minutes): Redis + Sentinel and PostgreSQL + standby, local and 30 ms
+# behind, the failover option off and on; keys run twice, 503s, recovery, p50/p99.
+FAILOVER_KEYS ?= 600
+bench-failover: $(BENCH_STAMP) servers
+	$(PY) -m benchmarks.failover --keys $(FAILOVER_KEYS)
 
 # idempotent against Powertools' idempotent_function, both on Amazon's DynamoDB Local.
 bench-functions: $(BENCH_STAMP)

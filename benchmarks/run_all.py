@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from benchmarks import (
     dynamodb_requests,
     encryption,
+    failover,
     functions,
     memory,
     observability,
@@ -55,6 +56,8 @@ BENCHMARKS: list[tuple[str, Callable[[Sequence[str] | None], None], bool]] = [
     ("wsgi_overhead", wsgi_overhead.main, False),
     ("roundtrips", roundtrips.main, False),
     ("memory", memory.main, False),
+    # The failover option's latency price; the failover itself is make bench-failover.
+    ("failover_price", failover.price_main, False),
     # Its DynamoDB Local table runs when the variable is set; the MemoryStore one always.
     ("encryption", encryption.main, False),
     ("observability", observability.main, False),

@@ -49,6 +49,7 @@ CAUSES: dict[str, str] = {
     "io_error": "the database could not be read or written",
     "write_conflict": "another write to the same item was in progress",
     "breaker_open": "the store failed repeatedly and the circuit breaker is open",
+    "not_replicated": "the write was not acknowledged by the store's replicas in time",
     "unknown": "the store failed",
 }
 

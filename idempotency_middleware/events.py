@@ -33,6 +33,7 @@ EventKind = Literal[
     "fail_open",  # the claim failed and on_store_error="run" ran the handler unprotected
     "breaker_open",  # the store's circuit breaker opened: claims answer 503 without a call
     "breaker_closed",  # the store answered again: the breaker closed
+    "not_replicated",  # a completion landed on the primary, not on enough replicas in time
 ]
 
 _LEVELS: dict[str, int] = {
@@ -53,6 +54,7 @@ _LEVELS: dict[str, int] = {
     "fail_open": logging.ERROR,
     "breaker_open": logging.ERROR,
     "breaker_closed": logging.WARNING,
+    "not_replicated": logging.WARNING,
 }
 
 # The kinds logged at DEBUG, those of an attempt's usual path (claimed, completed ...):
@@ -237,10 +239,18 @@ class Reporter:
         would ask about each of its usual events (two on a new key, nobody listening)."""
         return self._hook is not None or logger.isEnabledFor(logging.DEBUG)
 
-    def report_store(self, kind: EventKind, *, failure: BaseException | None = None) -> None:
-        """Hand on an event about the store itself (the breaker's), which has no request:
-        its ``key_hash``, ``method`` and ``route`` are empty. Not logged here: the breaker
-        logs each transition once, however many doors share the store."""
+    def report_store(
+        self,
+        kind: EventKind,
+        *,
+        failure: BaseException | None = None,
+        key_hash: str = _NO_KEY,
+        operation: str | None = None,
+    ) -> None:
+        """Hand on an event about the store itself (the breaker's, a write not replicated),
+        which has no request: its ``method`` and ``route`` are empty, and so is its
+        ``key_hash`` unless one key is concerned. Not logged here: the store logs it once,
+        however many doors share the store."""
         if self._hook is None:
             return
         cause = None
@@ -248,9 +258,10 @@ class Reporter:
             cause = failure.cause if isinstance(failure, StoreUnavailableError) else "unknown"
         event = IdempotencyEvent(
             kind,
+            key_hash,
             _NO_KEY,
             _NO_KEY,
-            _NO_KEY,
+            operation=operation,
             error=repr(failure) if failure is not None else None,
             cause=cause,
             door=self._door,

@@ -13,6 +13,11 @@ still sent (and their answers count), so nothing that ran is abandoned by the br
 The breaker belongs to the store object, so every door using that store shares it. Its
 transitions are logged once and reported as ``breaker_open`` / ``breaker_closed`` events to
 the ``on_event`` hook of every door using the store.
+
+While it is open, a refused claim also starts a probe of the store (its ``check``, at most
+one at a time, at most one per ``PROBE_INTERVAL_SECONDS``, off the refused request's path):
+the first probe the store answers closes the breaker, so claims go through again as soon as
+the store is back (a failover's new primary found) rather than only after the cool-down.
 """
 
 from __future__ import annotations
@@ -36,12 +41,19 @@ BreakerState = Literal["closed", "open", "half_open"]
 DEFAULT_THRESHOLD = 5
 DEFAULT_COOLDOWN_SECONDS = 5.0
 
+# How often an open breaker's store is probed (while claims keep coming): a failover's new
+# primary answers within about this much of being found. A probe is one read.
+PROBE_INTERVAL_SECONDS = 0.2
+
 # The failures that count: the store is down, slow or shedding load. A misconfiguration
 # (no table, no credentials) already fails fast and says so, contention on one item or file
 # (``busy``, ``write_conflict``) says nothing about the store's health, and neither does a
 # request the store refused as written (``unknown``: a 4xx it has no cause for): none of them
 # counts, nor closes the breaker.
-OUTAGE_CAUSES = frozenset({"unreachable", "timed_out", "throttled", "server_error", "io_error"})
+# ``not_replicated`` counts: no claim can be kept durably while the replicas lag or are gone.
+OUTAGE_CAUSES = frozenset(
+    {"unreachable", "timed_out", "throttled", "server_error", "io_error", "not_replicated"}
+)
 
 
 class CircuitBreaker:
@@ -57,8 +69,10 @@ class CircuitBreaker:
         "_failures",
         "_last_failure",
         "_lock",
+        "_next_probe",
         "_open_until",
         "_probe_started",
+        "_probing",
         "_report_lock",
         "_reporters",
         "_state",
@@ -95,6 +109,8 @@ class CircuitBreaker:
         self._failures = 0
         self._open_until = 0.0
         self._probe_started = 0.0
+        self._probing = False  # a background probe of the open breaker's store is running
+        self._next_probe = 0.0
         self._last_failure: StoreUnavailableError | None = None
         # Transitions are numbered, and reported one at a time under their own lock (hooks
         # run outside the state lock), so a report overtaken by a newer transition is dropped:
@@ -155,6 +171,26 @@ class CircuitBreaker:
         refused.__cause__ = last
         raise refused
 
+    def background_probe_due(self) -> bool:
+        """After a refused claim: whether to start a background probe of the store now (call
+        :meth:`background_probe_ended` when it is over, whatever came of it). At most one at
+        a time, one per ``PROBE_INTERVAL_SECONDS``; none unless the breaker is open."""
+        if self._state == "closed" or self._probing:
+            return False
+        with self._lock:
+            now = self._clock.now()
+            if self._probing or now < self._next_probe or self.state == "closed":
+                return False
+            self._probing = True
+            self._next_probe = now + PROBE_INTERVAL_SECONDS
+            return True
+
+    def background_probe_ended(self) -> None:
+        """The probe :meth:`background_probe_due` allowed is over (its success closed the
+        breaker through :meth:`succeeded` already)."""
+        with self._lock:
+            self._probing = False
+
     def end_probe(self) -> None:
         """The probe's call is over. When it settled nothing (it failed for a reason that
         does not count, such as contention, or was cancelled), the next claim probes."""
@@ -204,6 +240,13 @@ class CircuitBreaker:
                 return  # overtaken: a newer transition is (or was) reported instead
             self._deliver(kind, error)
 
+    def tell(
+        self, kind: EventKind, error: BaseException | None, key_hash: str, operation: str
+    ) -> None:
+        """Hand an event about the store (not a transition: the store has logged it) to the
+        hooks of the doors using it, each hook once."""
+        self._hand_on(kind, error, key_hash=key_hash, operation=operation)
+
     def _deliver(self, kind: EventKind, error: BaseException | None) -> None:
         if kind == "breaker_open":
             logger.error(
@@ -219,16 +262,25 @@ class CircuitBreaker:
                 "idempotency store circuit breaker closed: the store answers again",
                 extra={"idempotency_event": kind},
             )
+        self._hand_on(kind, error)
+
+    def _hand_on(
+        self,
+        kind: EventKind,
+        error: BaseException | None,
+        key_hash: str = "",
+        operation: str | None = None,
+    ) -> None:
         with self._lock:
             reporters = list(self._reporters)
         hooks: list[object] = []
         for reporter in reporters:
-            # Two doors sharing one hook hear of a transition once (compared by equality:
+            # Two doors sharing one hook hear of an event once (compared by equality:
             # ``obj.method`` is a new bound-method object each time it is read).
             if reporter.hook in hooks:
                 continue
             hooks.append(reporter.hook)
-            reporter.report_store(kind, failure=error)
+            reporter.report_store(kind, failure=error, key_hash=key_hash, operation=operation)
 
 
 class BreakerOwner:
@@ -246,6 +298,7 @@ __all__ = [
     "DEFAULT_COOLDOWN_SECONDS",
     "DEFAULT_THRESHOLD",
     "OUTAGE_CAUSES",
+    "PROBE_INTERVAL_SECONDS",
     "BreakerOwner",
     "BreakerState",
     "CircuitBreaker",

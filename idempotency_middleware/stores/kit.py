@@ -322,8 +322,33 @@ class KitStore(ClosingStore, BreakerOwner):
         ended(ends, None)
         return result
 
+    def _admit(self) -> bool:
+        """The breaker's ``admit``; a claim it refuses starts a background probe (see
+        ``breaker.py``), so the breaker closes as soon as the store answers again. The probe
+        runs on a thread of its own through the sync transport, for async claims too: on
+        the claims' event loop it would compete with the requests the breaker is refusing
+        fast (a store with no sync client is not probed; its breaker waits its cool-down)."""
+        try:
+            return self.breaker.admit()
+        except StoreUnavailable:
+            if self.breaker.background_probe_due():
+                threading.Thread(
+                    target=self._probe, name="idempotency-breaker-probe", daemon=True
+                ).start()
+            raise
+
+    def _probe(self) -> None:
+        try:
+            self._transport.run("check", self._check_flow())
+        except Exception as error:
+            logger.debug("circuit breaker probe failed: %r", error)
+        else:
+            self.breaker.succeeded()
+        finally:
+            self.breaker.background_probe_ended()
+
     def claim(self, request: ClaimRequest) -> ClaimResult:
-        if self.breaker.admit():  # the half-open breaker's probe
+        if self._admit():  # the half-open breaker's probe
             try:
                 return self.run_flow("claim", self._ops.claim(request))
             finally:
@@ -331,7 +356,7 @@ class KitStore(ClosingStore, BreakerOwner):
         return self.run_flow("claim", self._ops.claim(request))
 
     async def aclaim(self, request: ClaimRequest) -> ClaimResult:
-        if self.breaker.admit():
+        if self._admit():
             try:
                 return await self.arun_flow("claim", self._ops.claim(request))
             finally:

@@ -125,8 +125,9 @@ def test_every_outage_cause_counts(cause: str) -> None:
     assert state(target) == "open"
 
 
-def test_the_outage_causes_are_the_store_being_down_slow_or_shedding_load() -> None:
+def test_the_outage_causes_are_the_store_being_down_slow_shedding_load_or_unreplicated() -> None:
     expected = {"unreachable", "timed_out", "throttled", "server_error", "io_error"}
+    expected.add("not_replicated")  # (replicas lagging or gone: no claim can be kept durably)
     assert expected == OUTAGE_CAUSES
     # (unknown: a request the store refused as written, a 4xx it has no cause for)
     assert {"no_table", "access_denied", "busy", "write_conflict", "unknown"} <= set(NOT_OUTAGES)

@@ -13,6 +13,10 @@ from ..kit import KitStore, require_modules
 from ..wakeups import Wakeups
 from .ops import PostgresOps, Statements
 
+# What ``synchronous_commit=`` takes: the settings that wait for a standby (PostgreSQL's
+# "local" and "off" do not, and would lose claims in a failover).
+SYNCHRONOUS_COMMITS = ("on", "remote_write", "remote_apply")
+
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
@@ -30,6 +34,13 @@ class PostgresStore(KitStore):
     server is known reachable), ``statement_timeout_seconds`` each statement; your own
     ``pool=``/``async_pool=`` are used as they are and never closed. A purge of
     ``purge_batch_size`` rows rides on a write at most once per ``purge_interval_seconds``.
+
+    ``synchronous_commit`` (``"on"``, ``"remote_write"``, ``"remote_apply"``; ``None``: the
+    server's setting) is the store's connections' own, so claims and completions commit
+    only once a synchronous standby (the server's ``synchronous_standby_names``) has them:
+    a failover to it cannot lose them. A multi-host ``dsn``
+    (``postgresql://app@db1,db2/app?target_session_attrs=read-write``) reconnects to
+    whichever host is the primary after a failover.
     """
 
     kind = "postgresql"  # in metrics and traces (``idempotency.store``)
@@ -57,6 +68,7 @@ class PostgresStore(KitStore):
         breaker_threshold: int = DEFAULT_THRESHOLD,
         breaker_cooldown_seconds: float = DEFAULT_COOLDOWN_SECONDS,
         on_event: OnEvent = None,
+        synchronous_commit: str | None = None,
     ) -> None:
         require_modules(type(self).__name__, ("psycopg", "psycopg_pool"), "postgres")
         import psycopg
@@ -73,6 +85,12 @@ class PostgresStore(KitStore):
             raise ValueError("need 1 <= min_size <= max_size and a positive purge_batch_size")
         if pool_timeout_seconds <= 0 or connect_timeout <= 0:
             raise ValueError("pool_timeout_seconds and connect_timeout must be positive")
+        if synchronous_commit is not None and synchronous_commit not in SYNCHRONOUS_COMMITS:
+            raise ValueError(
+                f"synchronous_commit must be one of {', '.join(SYNCHRONOUS_COMMITS)} (or None "
+                f"for the server's setting), got {synchronous_commit!r}"
+            )
+        self.synchronous_commit = synchronous_commit
         self.dsn = dsn
         try:
             parts = conninfo_to_dict(dsn)
@@ -105,11 +123,15 @@ class PostgresStore(KitStore):
             "prepare_threshold": prepare_threshold,
             "connect_timeout": max(1, round(connect_timeout)),
         }
+        # Startup options, not a SET after connecting: no extra round trip per connection,
+        # and a connection is ready as soon as it is made.
+        options = str(parts.get("options") or "")
         if statement_timeout_seconds is not None:
-            # A startup option, not a SET after connecting: no extra round trip per
-            # connection, and a connection is ready as soon as it is made.
             milliseconds = max(1, round(statement_timeout_seconds * 1000))
-            options = f"{parts.get('options') or ''} -c statement_timeout={milliseconds}"
+            options += f" -c statement_timeout={milliseconds}"
+        if synchronous_commit is not None:
+            options += f" -c synchronous_commit={synchronous_commit}"
+        if options.strip():
             self.connect_kwargs["options"] = options.strip()
         # How long a statement's answer may take before its connection is broken off: the
         # server's own statement timeout (30 s where none is set) and a connection's time.

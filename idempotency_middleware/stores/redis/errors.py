@@ -37,6 +37,7 @@ _PHRASES = {
     "throttled": "the client's connection pool is exhausted",
     "loop_closed": "the client belongs to another event loop, or its loop is closed",
     "unknown": "request failed",
+    "not_replicated": "not acknowledged by enough replicas in time",
 }
 
 
@@ -89,10 +90,15 @@ def describe(client: Any) -> str:
     """Where a client points, for messages (never its password)."""
     kwargs: dict[str, Any] = {}
     pool = getattr(client, "connection_pool", None)
+    service = getattr(pool, "service_name", None)
+    if isinstance(service, str):  # a Sentinel client: the primary is wherever they say
+        return f"sentinel:{service}"
     if pool is not None:
         kwargs = dict(getattr(pool, "connection_kwargs", {}) or {})
-    else:  # a cluster client
-        kwargs = {"host": getattr(client, "host", None), "port": getattr(client, "port", None)}
+    else:  # a cluster client: the node it started from
+        node = getattr(client, "get_default_node", lambda: None)()
+        source = node if node is not None else client
+        kwargs = {"host": getattr(source, "host", None), "port": getattr(source, "port", None)}
     if kwargs.get("path"):
         return f"unix:{kwargs['path']}"
     return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"

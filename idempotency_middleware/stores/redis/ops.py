@@ -28,6 +28,40 @@ from ..protocol import (
 )
 from ..records import Record, Status, StoredResponse, record_from_fields
 
+NOT_REPLICATED = "not_replicated"
+
+
+class Replicated:
+    """A request sent with ``WAIT replicas timeout_ms`` after it on the same connection (a
+    write is waited for by the connection that made it); its reply is ``(reply, acks)``:
+    the request's own reply and how many replicas acknowledged it in time."""
+
+    __slots__ = ("key", "replicas", "request", "timeout_ms")
+
+    def __init__(self, request: tuple[Any, ...], key: str, replicas: int, timeout_ms: int):
+        self.request, self.key, self.replicas, self.timeout_ms = request, key, replicas, timeout_ms
+
+
+class Lapse:
+    """A notice yielded by a flow (no reply expected): ``operation`` on ``key_hash`` landed
+    on the primary but only ``acks`` of the ``replicas`` wanted acknowledged it in time."""
+
+    __slots__ = ("acks", "key_hash", "operation", "replicas")
+
+    def __init__(self, operation: str, key_hash: str, acks: int, replicas: int) -> None:
+        self.operation, self.key_hash, self.acks, self.replicas = (
+            operation,
+            key_hash,
+            acks,
+            replicas,
+        )
+
+    def describe(self) -> str:
+        return (
+            f"Redis {self.operation} of {self.key_hash!r} was acknowledged by {self.acks} of "
+            f"{self.replicas} replicas in time: a failover now could lose it"
+        )
+
 
 class Script:
     """A Lua script on one key, run with ``EVALSHA``; loaded when the server does not know
@@ -40,8 +74,10 @@ class Script:
         # Redis names a script by its SHA-1 (an identifier, not a security measure).
         self.sha = hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
 
-    def run(self, key: str, args: Sequence[Any]) -> Flow[Any]:
-        request = ("evalsha", self.sha, 1, key, *args)
+    def run(self, key: str, args: Sequence[Any], wait: tuple[int, int] | None = None) -> Flow[Any]:
+        """The script's reply; with ``wait`` (replicas, timeout in ms), ``(reply, acks)``."""
+        evalsha = ("evalsha", self.sha, 1, key, *args)
+        request: Any = evalsha if wait is None else Replicated(evalsha, key, *wait)
         try:
             return (yield request)
         except Exception as error:
@@ -190,8 +226,19 @@ class RedisOps:
 
     supports_deferral = True
 
-    def __init__(self, prefix: str, grace_seconds: float, max_response_bytes: int | None):
+    def __init__(
+        self,
+        prefix: str,
+        grace_seconds: float,
+        max_response_bytes: int | None,
+        replicas: int = 0,
+        replica_timeout_seconds: float = 0.5,
+    ):
         self.prefix = prefix
+        # WAIT's arguments after a claim or a completion; None: not waited for.
+        self.wait = (
+            (replicas, max(1, math.ceil(replica_timeout_seconds * 1000))) if replicas else None
+        )
         # Completions and releases are published (the full key) on one channel per prefix,
         # from the script itself: waiters are woken without another round trip.
         self.channel = prefix + "changes"
@@ -207,9 +254,23 @@ class RedisOps:
         key_hash, lock, now = request.key_hash, request.lock_expires_at, request.now
         ttl = ttl_ms(lock, now, self.grace_seconds)
         args = (request.fingerprint, request.owner, seconds(lock), seconds(now))
-        reply = yield from CLAIM.run(
-            self.prefix + key_hash, (*args, seconds(request.stale_before), ttl)
-        )
+        key = self.prefix + key_hash
+        reply = yield from CLAIM.run(key, (*args, seconds(request.stale_before), ttl), self.wait)
+        if self.wait is not None:
+            reply, acks = reply
+            if not isinstance(reply, list) and acks < self.wait[0]:
+                # Claimed, but a failover now would lose the claim and let a duplicate run:
+                # released (fenced), and refused as the store being unavailable.
+                yield from self._fenced(
+                    RELEASE, key_hash, (request.owner, "in_progress", self.channel)
+                )
+                raise StoreUnavailable(
+                    f"Redis claim of {key_hash!r} not replicated",
+                    code="WAIT",
+                    cause=NOT_REPLICATED,
+                    reason=Lapse("claim", key_hash, acks, self.wait[0]).describe()
+                    + f" within {self.wait[1]} ms; released",
+                )
         if isinstance(reply, list):
             record = record_from_hash(key_hash, pairs(reply))
             if record is None:  # pragma: no cover - the script read this very record
@@ -230,7 +291,14 @@ class RedisOps:
         # too_large, the TTL, the channel, the owner handed to, and the blob when kept.
         blob = kept_blob(response, streamed, self.max_response_bytes, MAX_BLOB_BYTES)
         args = [*head, "1" if blob is None else "0", ttl, self.channel, handed_to or ""]
-        return self._fenced(COMPLETE, key, args if blob is None else [*args, blob])
+        args = args if blob is None else [*args, blob]
+        if self.wait is None:
+            return (yield from self._fenced(COMPLETE, key, args))
+        reply, acks = yield from COMPLETE.run(self.prefix + key, args, self.wait)
+        if reply and acks < self.wait[0]:
+            # Landed on the primary: the response goes out; the lapse is logged and evented.
+            yield Lapse("complete", key, acks, self.wait[0])
+        return bool(reply)
 
     def complete(self, completion: Completion) -> Flow[bool]:
         c = completion

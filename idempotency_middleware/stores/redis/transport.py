@@ -6,6 +6,8 @@ its arguments; a call's failures become ``StoreUnavailable`` (``errors.py``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import sys
 import threading
 from collections.abc import Awaitable, Callable
@@ -15,6 +17,9 @@ from typing import Any, TypeVar
 from ..kit import Flow, LoopLocal, adrive, drive
 from ..wakeups import Listen
 from .errors import describe, translate
+from .ops import Lapse, Replicated
+
+logger = logging.getLogger("idempotency_middleware")
 
 T = TypeVar("T")
 
@@ -40,8 +45,108 @@ class RedisSettings:
     retries: int
 
 
-def _sender(client: Any) -> Callable[[tuple[Any, ...]], Any]:
-    return lambda request: getattr(client, request[0])(*request[1:])
+Notify = Callable[[Lapse], None]
+
+
+def _log_lapse(lapse: Lapse) -> None:
+    logger.warning(lapse.describe(), extra={"idempotency_event": "not_replicated"})
+
+
+def _sender(client: Any, notify: Notify) -> Callable[[Any], Any]:
+    """Sends a flow's requests on a sync client: a method call, a write followed by ``WAIT``
+    on its connection, or a notice handed to ``notify``."""
+
+    def send(request: Any) -> Any:
+        if type(request) is tuple:
+            return getattr(client, request[0])(*request[1:])
+        if type(request) is Replicated:
+            return _replicated(client, request)
+        notify(request)
+        return None
+
+    return send
+
+
+def _async_sender(client: Any, notify: Notify) -> Callable[[Any], Awaitable[Any]]:
+    """:func:`_sender` for an asyncio client."""
+
+    def send(request: Any) -> Awaitable[Any]:
+        if type(request) is tuple:
+            answer: Awaitable[Any] = getattr(client, request[0])(*request[1:])
+            return answer
+        if type(request) is Replicated:
+            return _areplicated(client, request)
+        notify(request)
+        return _nothing()
+
+    return send
+
+
+async def _nothing() -> None:
+    return None
+
+
+def _replicated(client: Any, request: Replicated) -> tuple[Any, int]:
+    """The request, then ``WAIT``, in one pipeline: ``WAIT`` counts the replicas that have
+    every write of its own connection, so both must go on one. On a cluster, on the
+    connection of the node holding the key (whose replicas are the ones that count)."""
+    import redis.cluster
+
+    target, cluster = client, None
+    if isinstance(client, redis.cluster.RedisCluster):
+        cluster = client
+        node = client.get_node_from_key(request.key)  # type: ignore[no-untyped-call]
+        target = client.get_redis_connection(node)
+    try:
+        pipe = target.pipeline(transaction=False)
+        pipe.execute_command(*_command(request.request))
+        pipe.execute_command("WAIT", request.replicas, request.timeout_ms)
+        reply, acks = pipe.execute()
+    except Exception:
+        if cluster is not None:  # (the node may have failed over: learn the new layout)
+            with contextlib.suppress(Exception):
+                cluster.nodes_manager.initialize()
+        raise
+    return reply, int(acks)
+
+
+async def _areplicated(client: Any, request: Replicated) -> tuple[Any, int]:
+    """:func:`_replicated` on an asyncio client."""
+    import redis.asyncio.cluster
+    import redis.exceptions
+
+    if not isinstance(client, redis.asyncio.cluster.RedisCluster):
+        pipe = client.pipeline(transaction=False)
+        pipe.execute_command(*_command(request.request))
+        pipe.execute_command("WAIT", request.replicas, request.timeout_ms)
+        reply, acks = await pipe.execute()
+        return reply, int(acks)
+    from redis.asyncio.cluster import PipelineCommand
+
+    try:
+        await client.initialize()
+        node = client.get_node_from_key(request.key)
+        if node is None:  # pragma: no cover - get_node_from_key raises for an uncovered slot
+            raise redis.exceptions.ClusterDownError(f"no node holds {request.key!r}")
+        commands = [
+            PipelineCommand(0, *_command(request.request)),
+            PipelineCommand(1, "WAIT", request.replicas, request.timeout_ms),
+        ]
+        await node.execute_pipeline(commands)
+        for command in commands:
+            if isinstance(command.result, Exception):
+                raise command.result
+    except Exception:
+        with contextlib.suppress(Exception):
+            await client.nodes_manager.initialize()
+        raise
+    waited: Any = commands[1].result
+    return commands[0].result, int(waited)
+
+
+def _command(request: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A flow's request (``("evalsha", sha, ...)``) as a raw command."""
+    return (request[0].upper(), *request[1:])
 
 
 @dataclass(frozen=True)
@@ -51,11 +156,11 @@ class _LoopClient:
     client: Any
     slots: asyncio.Semaphore
 
-    async def run(self, flow: Flow[T]) -> T:
+    async def run(self, flow: Flow[T], notify: Notify) -> T:
         # (Not redis-py's BlockingConnectionPool: its condition, timeout and context
         # managers on every command cost more CPU than a semaphore that is rarely full.)
         async with self.slots:
-            return await adrive(flow, _sender(self.client))
+            return await adrive(flow, _async_sender(self.client, notify))
 
 
 class RedisTransport:
@@ -73,6 +178,8 @@ class RedisTransport:
         self._loops: LoopLocal[_LoopClient] | None = None  # the store's own asyncio clients
         self._async_client: Any = None  # the caller's, on whatever loop the caller uses it
         self._call_timeout: float | None = None  # a caller's clients keep their own
+        # Told of a write the replicas did not acknowledge in time (the store reports it).
+        self.on_lapse: Notify = _log_lapse
         client, async_client = settings.client, settings.async_client
         self._owned = client is None and async_client is None
         if self._owned:
@@ -136,15 +243,16 @@ class RedisTransport:
                 "(aclaim ...), or pass a sync client (client=redis.Redis(...)) too, or a url"
             )
         try:
-            return drive(flow, _sender(self._sync_client))
+            return drive(flow, _sender(self._sync_client, self.on_lapse))
         except self._errors as error:
             raise translate(operation, error, self.where) from error
 
     async def arun(self, operation: str, flow: Flow[T]) -> T:
         if self._async_client is not None:
-            work = adrive(flow, _sender(self._async_client))  # bounded by the caller's pool
+            # (bounded by the caller's pool)
+            work = adrive(flow, _async_sender(self._async_client, self.on_lapse))
         elif self._loops is not None:
-            work = (await self._loops.get()).run(flow)
+            work = (await self._loops.get()).run(flow, self.on_lapse)
         else:
             raise TypeError(
                 "this RedisStore was given a sync redis client only: use its sync methods "

@@ -1,0 +1,24 @@
+"""A small ``make bench-failover``: Redis with two replicas 30 ms behind and three
+Sentinels, two uvicorn workers and a consumer process, two retrying senders per key, the
+primary SIGKILLed halfway. With ``replicas=1`` no key runs twice, counted from the handlers'
+own ledger, and both senders of every key get the same answer."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.failover import measure
+from tests.support.session_servers import ServerUnavailable, require_or_skip
+
+pytestmark = pytest.mark.servers
+
+
+def test_with_replicas_acknowledging_no_key_runs_twice_through_a_primary_crash() -> None:
+    try:
+        result = measure("redis-lag", on=True, keys=48)
+    except ServerUnavailable as error:
+        require_or_skip(f"Redis Sentinel set unavailable: {error}")
+    assert result.unanswered == 0
+    assert result.twice == 0
+    assert result.different == 0
+    assert result.recovery is not None  # (the run went on past the crash)
