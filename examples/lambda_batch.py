@@ -15,6 +15,7 @@ The store is built once per container, at import, from the function's environmen
 
 from __future__ import annotations
 
+# --8<-- [start:handler]
 import json
 import os
 from typing import Any
@@ -44,7 +45,6 @@ def send_welcome_email(record: dict[str, Any]) -> str:
     return f"sent to {address}"
 
 
-# --8<-- [start:handler]
 consumer = IdempotentConsumer(
     send_welcome_email,
     store=store,
@@ -65,8 +65,13 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
 def local_dynamodb() -> Any:
     """moto's DynamoDB on 127.0.0.1 for the run, through the AWS SDK's own variables (read
     when the store first connects); the server, to stop at the end."""
+    import logging
+
     from moto.server import ThreadedMotoServer
 
+    # Its HTTP server (werkzeug) logs every request to stderr unless told otherwise: the
+    # run's output is the example's own lines.
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()

@@ -74,8 +74,13 @@ def status_change(status: str, execution_input: dict[str, Any]) -> dict[str, Any
 
 def local_dynamodb() -> Any:
     """moto's DynamoDB on 127.0.0.1 for the run; the server, to stop at the end."""
+    import logging
+
     from moto.server import ThreadedMotoServer
 
+    # Its HTTP server (werkzeug) logs every request to stderr unless told otherwise: the
+    # run's output is the example's own lines.
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()

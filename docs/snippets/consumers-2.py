@@ -1,14 +1,14 @@
 """The consumers page's sizing example: TTL and lock timeout from the queue's settings."""
 
-from idempotency_middleware import IdempotentConsumer, MemoryStore
+# --8<-- [start:show]
+from idempotency_middleware import IdempotentConsumer, SQLiteStore
 
 
 def charge(message: dict[str, str]) -> None:
-    return None
+    """Charges the card of the payment in ``message``."""
 
 
-store = MemoryStore()
-# --8<-- [start:show]
+store = SQLiteStore("payments-idempotency.sqlite3")
 VISIBILITY_TIMEOUT = 300  # the queue's VisibilityTimeout, in seconds
 MAX_RECEIVE_COUNT = 5  # its redrive policy's maxReceiveCount
 MARGIN = 3600  # delays, backlogs, a message held by a slow consumer

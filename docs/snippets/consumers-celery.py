@@ -1,9 +1,9 @@
 """The consumers page's Celery example: a task that sends each receipt once. Run here with
 an in-memory broker and a worker thread (tests/e2e/test_celery.py runs it on Redis)."""
 
+# --8<-- [start:show]
 import os
 
-# --8<-- [start:show]
 from celery import Celery
 
 from idempotency_middleware import SQLiteStore

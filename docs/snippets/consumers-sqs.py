@@ -5,9 +5,9 @@ records three, deletes all four, and stops after the batch in hand when SIGTERM 
 """
 
 import os
-import signal
 import threading
 import time
+from signal import SIGTERM
 
 import boto3
 from moto.server import ThreadedMotoServer
@@ -23,7 +23,7 @@ os.environ.update(
     AWS_SECRET_ACCESS_KEY="local",
 )
 sqs = boto3.client("sqs")
-QUEUE_URL = sqs.create_queue(QueueName="payments")["QueueUrl"]
+QUEUE_URL = os.environ["QUEUE_URL"] = sqs.create_queue(QueueName="payments")["QueueUrl"]
 for body, key in [
     ("pay 10 to alice", "payment-1"),
     ("pay 10 to alice", "payment-1"),
@@ -32,20 +32,26 @@ for body, key in [
 ]:
     attributes = {"IdempotencyKey": {"DataType": "String", "StringValue": key}}
     sqs.send_message(QueueUrl=QUEUE_URL, MessageBody=body, MessageAttributes=attributes)
-payments: list[str] = []  # the side effect: a payment, an email, a row
 
 
 def terminate_once_a_payment_is_made() -> None:
     """What a deployment does to stop the worker: SIGTERM (here once it is busy)."""
-    while not payments:
+    while not globals().get("payments"):
         time.sleep(0.01)
-    os.kill(os.getpid(), signal.SIGTERM)
+    os.kill(os.getpid(), SIGTERM)
 
 
 threading.Thread(target=terminate_once_a_payment_is_made, daemon=True).start()
 
 # --8<-- [start:show]
+import os
+import signal
+import threading
+
 from idempotency_middleware import IdempotentConsumer, SQLiteStore, SQSWorker
+
+QUEUE_URL = os.environ["QUEUE_URL"]  # boto3's settings, AWS_ENDPOINT_URL_SQS for a local SQS
+payments: list[str] = []  # the side effect: a payment, an email, a row
 
 
 def record_payment(message: dict) -> int:
@@ -55,7 +61,7 @@ def record_payment(message: dict) -> int:
 
 def payment_key(message: dict) -> str:
     """The producer's key, the same on every send of one payment; else the MessageId."""
-    attribute = message["MessageAttributes"].get("IdempotencyKey")
+    attribute = message.get("MessageAttributes", {}).get("IdempotencyKey")
     return attribute["StringValue"] if attribute else message["MessageId"]
 
 

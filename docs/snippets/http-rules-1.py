@@ -1,6 +1,16 @@
 # --8<-- [start:rules]
-from idempotency_middleware import IdempotencyRule, scope_by_header
+from fastapi import FastAPI
+from flask import Flask
 
+from idempotency_middleware import (
+    IdempotencyMiddleware,
+    IdempotencyRule,
+    IdempotencyWSGIMiddleware,
+    SQLiteStore,
+    scope_by_header,
+)
+
+store = SQLiteStore("idempotency.sqlite3")
 rules = [
     IdempotencyRule("/internal/{rest:path}", enabled=False),
     IdempotencyRule(
@@ -8,15 +18,14 @@ rules = [
     ),
     IdempotencyRule("/orders/{order_id}/refunds", methods=["POST", "PUT"]),
 ]
+
+app = FastAPI()  # FastAPI, Starlette: the ASGI middleware
+app.add_middleware(IdempotencyMiddleware, store=store, rules=rules)
+
+flask_app = Flask(__name__)  # Flask: the WSGI middleware, the same rules
+flask_app.wsgi_app = IdempotencyWSGIMiddleware(flask_app.wsgi_app, store=store, rules=rules)
 # --8<-- [end:rules]
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from flask import Flask
-
-from idempotency_middleware import IdempotencyMiddleware, IdempotencyWSGIMiddleware, MemoryStore
-
-store = MemoryStore()
-app = FastAPI()
 
 
 @app.post("/payments")
@@ -24,12 +33,11 @@ def pay() -> dict[str, str]:
     return {"paid": "yes"}
 
 
-# --8<-- [start:asgi]
-app.add_middleware(IdempotencyMiddleware, store=store, rules=rules)
-# --8<-- [end:asgi]
+@flask_app.post("/payments")
+def flask_pay() -> dict[str, str]:
+    return {"paid": "yes"}
+
+
 # The rule at work: /payments requires a key.
 assert TestClient(app).post("/payments", headers={"X-Api-Key": "k"}).status_code == 400
-app = Flask(__name__)  # type: ignore[assignment]
-# --8<-- [start:wsgi]
-app.wsgi_app = IdempotencyWSGIMiddleware(app.wsgi_app, store=store, rules=rules)
-# --8<-- [end:wsgi]
+assert flask_app.test_client().post("/payments", headers={"X-Api-Key": "k"}).status_code == 400

@@ -4,7 +4,6 @@ replayed. (moto's Step Functions here run no state: only the start is shown.)"""
 
 import json
 import os
-from typing import Any
 
 import boto3
 from fastapi.testclient import TestClient
@@ -21,18 +20,23 @@ os.environ.update(
     AWS_ACCESS_KEY_ID="local",
     AWS_SECRET_ACCESS_KEY="local",
 )
-STATE_MACHINE_ARN = boto3.client("stepfunctions").create_state_machine(
+os.environ["STATE_MACHINE_ARN"] = boto3.client("stepfunctions").create_state_machine(
     name="orders",
     definition=json.dumps({"StartAt": "Work", "States": {"Work": {"Type": "Pass", "End": True}}}),
     roleArn="arn:aws:iam::123456789012:role/orders",
 )["stateMachineArn"]
 
 # --8<-- [start:show]
+import os
+from typing import Any
+
+import boto3
 from fastapi import FastAPI
 
 from idempotency_middleware import AsyncDynamoDBStore, IdempotencyMiddleware
 from idempotency_middleware.step_functions import start_execution
 
+STATE_MACHINE_ARN = os.environ["STATE_MACHINE_ARN"]
 stepfunctions = boto3.client("stepfunctions")
 store = AsyncDynamoDBStore("idempotency")
 app = FastAPI()

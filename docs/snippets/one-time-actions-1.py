@@ -1,17 +1,16 @@
-# --8<-- [start:setup]
-def send_email(url: str) -> None:
-    print("email:", url)
-
-
-def log_in(user_id: int) -> None:
-    print("logged in:", user_id)
-
-
-# --8<-- [end:setup]
 # --8<-- [start:show]
 from datetime import datetime, timezone
 
 from idempotency_middleware import ActionAlreadyUsedError, OneTimeActions, SQLiteStore
+
+
+def send_email(url: str) -> None:
+    print("email:", url)  # your mailer
+
+
+def log_in(user_id: int) -> None:
+    print("logged in:", user_id)  # your sessions
+
 
 actions = OneTimeActions(SQLiteStore("idempotency.sqlite3"))
 

@@ -1,15 +1,17 @@
+# --8<-- [start:generate]
 import os
 
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
-# --8<-- [start:generate]
 key = os.urandom(32)  # or AESGCM.generate_key(bit_length=256)
 print(key.hex())  # store it with your other secrets (a secrets manager, an env variable)
 # --8<-- [end:generate]
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
 assert len(AESGCM.generate_key(bit_length=256)) == 32
 os.environ["IDEMPOTENCY_KEY_2026_11"] = key.hex()
 
 # --8<-- [start:configure]
+import os
+
 from fastapi import FastAPI
 
 from idempotency_middleware import Encryption, IdempotencyMiddleware, MemoryStore, idempotent

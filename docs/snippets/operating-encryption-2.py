@@ -2,7 +2,10 @@ import os
 
 from idempotency_middleware import Encryption, MemoryStore, idempotent
 
-old_key, new_key = os.urandom(32), os.urandom(32)
+# The keys, as the instances read them (the Encryption page: an env variable).
+os.environ["IDEMPOTENCY_KEY_2026_10"] = os.urandom(32).hex()
+os.environ["IDEMPOTENCY_KEY_2026_11"] = os.urandom(32).hex()
+old_key = bytes.fromhex(os.environ["IDEMPOTENCY_KEY_2026_10"])
 store = MemoryStore()
 runs = []
 
@@ -21,8 +24,15 @@ charge("o-1")  # sealed under 2026-10
 
 # --8<-- [start:rotate]
 # Step 3: every instance lists both keys and encrypts new records with the new one.
+import os
+
+from idempotency_middleware import Encryption
+
 encryption = Encryption(
-    keys={"2026-10": old_key, "2026-11": new_key},
+    keys={
+        "2026-10": bytes.fromhex(os.environ["IDEMPOTENCY_KEY_2026_10"]),
+        "2026-11": bytes.fromhex(os.environ["IDEMPOTENCY_KEY_2026_11"]),
+    },
     current="2026-11",
 )
 # --8<-- [end:rotate]
@@ -33,7 +43,13 @@ assert runs == ["o-1", "o-2"]
 
 # --8<-- [start:retire]
 # Step 4, one ttl_seconds later: no record encrypted under 2026-10 is left to replay.
-encryption = Encryption(keys={"2026-11": new_key}, current="2026-11")
+import os
+
+from idempotency_middleware import Encryption
+
+encryption = Encryption(
+    keys={"2026-11": bytes.fromhex(os.environ["IDEMPOTENCY_KEY_2026_11"])}, current="2026-11"
+)
 # --8<-- [end:retire]
 charge = deploy(encryption)
 assert charge("o-2") == "charged o-2"

@@ -1,8 +1,9 @@
-# --8<-- [start:setup]
+# --8<-- [start:show]
 from fastapi import FastAPI
-from fastapi.testclient import TestClient
+from prometheus_client import make_asgi_app
 
 from idempotency_middleware import IdempotencyMiddleware, IdempotencyRule, MemoryStore
+from idempotency_middleware.observability import Prometheus
 
 app = FastAPI()
 
@@ -11,12 +12,6 @@ app = FastAPI()
 def create_order(order_id: str) -> dict[str, str]:
     return {"order": order_id}
 
-
-# --8<-- [end:setup]
-# --8<-- [start:show]
-from prometheus_client import make_asgi_app
-
-from idempotency_middleware.observability import Prometheus
 
 metrics = Prometheus()  # the default registry; Prometheus(registry=...) for another
 store = MemoryStore(on_event=metrics)  # the store's calls and its breaker
@@ -28,6 +23,8 @@ app.add_middleware(
 )
 app.mount("/metrics", make_asgi_app())
 # --8<-- [end:show]
+from fastapi.testclient import TestClient
+
 client = TestClient(app)
 for _ in range(2):
     client.post("/orders/17", json={}, headers={"Idempotency-Key": "order-17"})

@@ -1,6 +1,5 @@
-# --8<-- [start:setup]
-from fastapi import FastAPI
-from fastapi.testclient import TestClient
+# What the OpenTelemetry SDK (or its auto-instrumentation) sets up in a real service; the
+# shown part below also runs alone, on OpenTelemetry's no-op global providers.
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -8,14 +7,18 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from idempotency_middleware import IdempotencyMiddleware, IdempotencyRule, SQLiteStore
-
-# What the OpenTelemetry SDK (or its auto-instrumentation) sets up in a real service.
 reader, spans = InMemoryMetricReader(), InMemorySpanExporter()
 metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
 tracer_provider = TracerProvider()
 tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
 trace.set_tracer_provider(tracer_provider)
+
+# --8<-- [start:show]
+from fastapi import FastAPI
+
+from idempotency_middleware import IdempotencyMiddleware, IdempotencyRule, SQLiteStore
+from idempotency_middleware.observability import OpenTelemetry
+
 app = FastAPI()
 
 
@@ -23,10 +26,6 @@ app = FastAPI()
 def create_order(order_id: str) -> dict[str, str]:
     return {"order": order_id}
 
-
-# --8<-- [end:setup]
-# --8<-- [start:show]
-from idempotency_middleware.observability import OpenTelemetry
 
 telemetry = OpenTelemetry()  # the global providers; or tracer_provider=, meter_provider=
 app.add_middleware(
@@ -36,7 +35,7 @@ app.add_middleware(
     on_event=telemetry,
 )
 # --8<-- [end:show]
-
+from fastapi.testclient import TestClient
 
 # FastAPI opens a server span per request (so does the ASGI instrumentation for any app).
 TestClient(app).post("/orders/17", json={}, headers={"Idempotency-Key": "order-17"})

@@ -2,9 +2,9 @@ import asyncio
 import tempfile
 from pathlib import Path
 
-from idempotency_middleware import MemoryStore, SQLiteStore, StoreUnavailableError
-
 # --8<-- [start:show]
+from idempotency_middleware import SQLiteStore, StoreUnavailableError
+
 store = SQLiteStore("/var/lib/no-such-directory/idempotency.sqlite3")
 try:
     store.check()  # or, on an event loop: await store.acheck()
@@ -31,4 +31,6 @@ with tempfile.TemporaryDirectory() as folder:
     SQLiteStore(path).check()
     asyncio.run(SQLiteStore(path).acheck())
     assert not path.exists()
+from idempotency_middleware import MemoryStore
+
 MemoryStore().check()

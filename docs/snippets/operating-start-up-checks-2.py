@@ -1,3 +1,4 @@
+# --8<-- [start:show]
 from fastapi import FastAPI
 from flask import Flask
 
@@ -8,7 +9,6 @@ from idempotency_middleware import (
     SQLiteStore,
 )
 
-# --8<-- [start:show]
 # ASGI: the lifespan start-up runs `await store.acheck()`; a failure fails the start-up.
 app = FastAPI()
 app.add_middleware(IdempotencyMiddleware, store=AsyncDynamoDBStore("idempotency"), check_store=True)

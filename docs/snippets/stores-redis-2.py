@@ -1,13 +1,12 @@
-# --8<-- [start:setup]
+# --8<-- [start:show]
+import os
+
 from fastapi import FastAPI
 
-app = FastAPI()
-# --8<-- [end:setup]
-# --8<-- [start:show]
-from idempotency_middleware import IdempotencyMiddleware, RedisStore, idempotent
+from idempotency_middleware import IdempotencyMiddleware, RedisStore
 
-store = RedisStore("redis://cache.internal:6379/0")  # builds its own clients
+store = RedisStore(os.environ.get("REDIS_URL", "redis://localhost:6379/0"))  # its own clients
+app = FastAPI()
 app.add_middleware(IdempotencyMiddleware, store=store)  # ASGI: the asyncio client
 # WSGI (IdempotencyWSGIMiddleware) and @idempotent(store=store, ...) use the same object.
 # --8<-- [end:show]
-assert idempotent

@@ -13,6 +13,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -74,6 +75,30 @@ def test_the_batch_example_runs_with_the_commands_its_page_gives(name: str, tmp_
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert BATCH[name] in result.stdout
+
+
+# The batch examples that start moto's server for their run.
+ON_MOTO = ("lambda_batch", "sqs_consumer", "step_functions_status_change")
+# A line of werkzeug's access log, as moto's server writes it for each request.
+ACCESS_LOG = re.compile(r'"(GET|POST|PUT|DELETE|HEAD) \S+ HTTP/1\.[01]" \d{3}')
+
+
+@pytest.mark.parametrize("name", ON_MOTO)
+def test_the_batch_example_on_moto_writes_no_access_log(name: str, tmp_path: Path) -> None:
+    """Its output is its own lines: moto's server logs no request to it."""
+    result = subprocess.run(
+        [sys.executable, "-m", f"examples.{name}"],
+        cwd=ROOT,
+        env={**environment(tmp_path), "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert BATCH[name] in result.stdout
+    output = result.stdout + result.stderr
+    assert not ACCESS_LOG.search(output), output
 
 
 def listening(port: int) -> bool:

@@ -47,6 +47,8 @@ CHROMIUM_FLAGS = (
     "--disable-sync",
     "--disable-dev-shm-usage",
     "--remote-debugging-pipe",
+    # Every other host is unreachable: a page that needs one fails here as it would offline.
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
 )
 # A page of every section of the navigation, the API reference included: (path, title).
 PAGES = (
@@ -344,3 +346,33 @@ def test_the_site_search_finds_nothing_for_a_word_no_page_has(
     browser.navigate(base_url)
     hrefs = browser.evaluate(SEARCH % ("zqxjkvw", SEARCH_TIMEOUT_SECONDS * 1000), timeout=60)
     assert hrefs == []
+
+
+TYPED_RESULTS = """
+(async () => {
+  const deadline = Date.now() + %d;
+  while (Date.now() < deadline) {
+    const links = [...document.querySelectorAll('.md-search-result__item a')];
+    if (links.length) return links.map(a => a.getAttribute('href'));
+    await new Promise(resolve => setTimeout(resolve, 100));
+  }
+  return document.querySelector('.md-search-result__meta')?.textContent.trim() ?? '';
+})()
+"""
+
+
+def test_wait_seconds_typed_into_the_search_box_lists_its_page(
+    browser: Browser, base_url: str
+) -> None:
+    """Typed as a reader types (a key event per character, over HTTP as the site is served):
+    the search worker starts, and the result list shows the waiting page. A search that never
+    starts stays at "Initializing search", which the assertion shows."""
+    events = browser.navigate(base_url)
+    browser.evaluate("document.querySelector('.md-search__input').focus()")
+    for character in "wait_seconds":
+        browser.send("Input.dispatchKeyEvent", type="keyDown", key=character, text=character)
+        browser.send("Input.dispatchKeyEvent", type="keyUp", key=character)
+    found = browser.evaluate(TYPED_RESULTS % (SEARCH_TIMEOUT_SECONDS * 1000), timeout=60)
+    assert problems(events + browser.drain()) == []
+    assert isinstance(found, list), found
+    assert any("http/waiting/" in href for href in found), found

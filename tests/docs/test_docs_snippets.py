@@ -2,12 +2,22 @@
 writes code inline: tests/docs/test_readme_examples.py); this holds the snippet files to what
 they show.
 
-- **Python**: every snippet runs, as a script in an empty directory, to its end; a snippet
-  shows a section of its file (``--8<-- "file.py:show"``) when the rest sets it up or checks
-  what the shown part did (the Prometheus counters counted the replay, a rule refused a
-  request without a key). The quick starts run in tests/docs/test_readme_quickstarts.py and the
-  create-table snippet in tests/docs/test_quickstarts.py, the PostgreSQL one here on the test
-  server.
+- **Python, as pasted**: every Python include of every page, and every Python block of the
+  README, is run as exactly the text the reader sees (the named section, or the whole file, as
+  the site's extension extracts it) and nothing else: a program of its own in an empty
+  directory (tests/support/snippet_programs.py), which must run to its end. A name the shown
+  part uses without importing or defining it fails it. Its services are the tests': every
+  program gets moto's endpoint in the AWS SDK's variables (``AWS_ENDPOINT_URL``, test
+  credentials, the Region), and the snippets that reach PostgreSQL or SQS read the URL of the
+  test server from ``DATABASE_URL`` or create their queue there. The FastStream snippets
+  (``docs/snippets/consumers-faststream*``) need a broker each and run, per broker, in
+  tests/e2e/test_faststream_page.py. The SQS worker snippet runs until it is stopped: it is
+  run here on moto's SQS and stopped with SIGTERM once it consumed the queue.
+- **Python, whole files**: every snippet file also runs whole, to its end; a snippet shows a
+  section of its file (``--8<-- "file.py:show"``) when the rest checks what the shown part
+  did (the Prometheus counters counted the replay, a rule refused a request without a key).
+  The quick starts also run in tests/docs/test_readme_quickstarts.py and the create-table
+  snippet in tests/docs/test_quickstarts.py.
 - **Shell**: every command is one this project has: ``make`` targets of the Makefile, the
   package's extras in ``pip install``, the command line's sub-commands and options (parsed by
   its own parser), and apps that are examples. The commands that run an example are run in
@@ -29,8 +39,10 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from importlib import metadata
 from pathlib import Path
@@ -43,6 +55,8 @@ import yaml  # type: ignore[import-untyped]  # PyYAML, MkDocs' dependency
 from idempotency_middleware import DynamoDBStore
 from idempotency_middleware.cli.main import build_parser
 from tests.conftest import REGION
+from tests.support import snippet_programs
+from tests.support.snippet_programs import python_blocks, python_includes, shown_text
 
 ROOT = Path(__file__).resolve().parents[2]
 SNIPPETS = ROOT / "docs" / "snippets"
@@ -106,13 +120,194 @@ def run_snippet(name: str, tmp_path: Path, **extra_env: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+# --- Python snippets, as pasted ------------------------------------------------------------
+
+# Run per broker in tests/e2e/test_faststream_page.py.
+RUN_PER_BROKER = "docs/snippets/consumers-faststream"
+# Runs until stopped: test_the_sqs_worker_snippet_consumes_its_queue_and_stops_on_sigterm.
+RUNS_UNTIL_STOPPED = {"docs/snippets/consumers-sqs.py:show"}
+# The test server each reaches, through the variable the snippet reads.
+NEEDS_POSTGRES_SHOWN = {"docs/snippets/stores-postgres-2.py:show"}
+PROGRAM_SECONDS = 120.0
+
+
+def shown_programs() -> dict[str, str]:
+    """Each distinct text a reader can paste: by its include (or README block), in page order."""
+    programs: dict[str, str] = {}
+    for include in python_includes(pages_and_readme(), ROOT):
+        if include.path.startswith(RUN_PER_BROKER):
+            continue
+        text = shown_text(ROOT, include.path, include.section)
+        if text not in programs.values():
+            programs[include.name] = text
+    for number, block in enumerate(python_blocks(ROOT / "README.md"), 1):
+        if block not in programs.values():
+            programs[f"README.md:python-{number}"] = block
+    return programs
+
+
+SHOWN = shown_programs()
+SHOWN_WITHOUT_SERVERS = sorted(set(SHOWN) - RUNS_UNTIL_STOPPED - NEEDS_POSTGRES_SHOWN)
+
+
+# What the pages tell the reader to set, as a deployment would: the encryption keys (the
+# Encryption page: "an env variable"), the state machine the Long-running page starts, and
+# the settings module of a Django project (a minimal one of the tests, for asgi.py/wsgi.py).
+READER_SETTINGS = {
+    "IDEMPOTENCY_KEY_2026_10": os.urandom(32).hex(),
+    "IDEMPOTENCY_KEY_2026_11": os.urandom(32).hex(),
+    "STATE_MACHINE_ARN": "arn:aws:states:us-east-1:123456789012:stateMachine:orders",
+    "DJANGO_SETTINGS_MODULE": "tests.support.docs_django_settings",
+}
+
+
+def aws_environment(tmp_path: Path, moto_endpoint: str) -> dict[str, str]:
+    """Every AWS client a program makes talks to moto, with test credentials; the reader's
+    settings set."""
+    return {
+        **environment(tmp_path),
+        **READER_SETTINGS,
+        "AWS_ENDPOINT_URL": moto_endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+    }
+
+
+def programs(
+    texts: dict[str, str], base: Path, env: dict[str, str]
+) -> dict[str, snippet_programs.Result]:
+    """Each text run once (a whole file a page shows is also its snippet file), its result
+    under every name it has."""
+    names_of: dict[str, list[str]] = {}
+    for name, text in texts.items():
+        names_of.setdefault(text, []).append(name)
+    jobs = []
+    for number, (text, names) in enumerate(names_of.items()):
+        directory = base / f"program-{number}"
+        directory.mkdir()
+        jobs.append(snippet_programs.Job(names[0], text, str(directory), env, PROGRAM_SECONDS))
+    results = snippet_programs.run_programs(jobs, ROOT)
+    return {name: results[names[0]] for names in names_of.values() for name in names}
+
+
+@pytest.fixture(scope="module")
+def ran(
+    tmp_path_factory: pytest.TempPathFactory, moto_endpoint: str
+) -> dict[str, snippet_programs.Result]:
+    """Every shown text and every snippet file that needs no server but moto, run at once."""
+    base = tmp_path_factory.mktemp("snippets")
+    texts = {name: SHOWN[name] for name in SHOWN_WITHOUT_SERVERS}
+    texts.update({name: (SNIPPETS / name).read_text() for name in set(PYTHON) - NEEDS_POSTGRES})
+    return programs(texts, base, aws_environment(base, moto_endpoint))
+
+
+def assert_ran_to_its_end(result: snippet_programs.Result) -> None:
+    assert result.returncode == 0, f"{result.name} exited {result.returncode}:\n{result.output}"
+
+
+@pytest.mark.parametrize("name", SHOWN_WITHOUT_SERVERS)
+def test_the_python_a_page_shows_runs_as_pasted(
+    name: str, ran: dict[str, snippet_programs.Result]
+) -> None:
+    assert_ran_to_its_end(ran[name])
+
+
 @pytest.mark.parametrize("name", sorted(set(PYTHON) - NEEDS_POSTGRES))
-def test_the_python_snippet_runs(name: str, tmp_path: Path) -> None:
-    run_snippet(name, tmp_path)
+def test_the_python_snippet_file_runs_whole(
+    name: str, ran: dict[str, snippet_programs.Result]
+) -> None:
+    assert_ran_to_its_end(ran[name])
+
+
+@pytest.mark.parametrize("name", sorted(NEEDS_POSTGRES_SHOWN))
+def test_the_postgres_snippet_runs_as_pasted_on_the_test_server(
+    name: str, postgres_dsn: str, moto_endpoint: str, tmp_path: Path
+) -> None:
+    env = {**aws_environment(tmp_path, moto_endpoint), "DATABASE_URL": postgres_dsn}
+    [result] = programs({name: SHOWN[name]}, tmp_path, env).values()
+    assert_ran_to_its_end(result)
+
+
+def queue_is_empty(sqs: Any, queue_url: str) -> bool:
+    names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+    attributes = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=names)
+    return all(attributes["Attributes"][name] == "0" for name in names)
+
+
+def test_the_sqs_worker_snippet_consumes_its_queue_and_stops_on_sigterm(
+    moto_endpoint: str, tmp_path: Path
+) -> None:
+    """As pasted, on moto's SQS: the queue it reads from ``QUEUE_URL`` is consumed, and a
+    SIGTERM (what a deployment sends) ends it cleanly, after the receive in hand."""
+    [name] = RUNS_UNTIL_STOPPED
+    sqs = boto3.client("sqs", endpoint_url=moto_endpoint, region_name=REGION)
+    queue_url = sqs.create_queue(QueueName=f"payments-{uuid.uuid4().hex[:8]}")["QueueUrl"]
+    key = {"IdempotencyKey": {"DataType": "String", "StringValue": "payment-1"}}
+    sqs.send_message(QueueUrl=queue_url, MessageBody="pay 10 to alice", MessageAttributes=key)
+    sqs.send_message(QueueUrl=queue_url, MessageBody="pay 20 to bob")  # keyed by its id
+    program = tmp_path / "program" / "snippet.py"
+    program.parent.mkdir()
+    program.write_text(SHOWN[name])
+    directory = tmp_path / "empty"
+    directory.mkdir()
+    env = {**aws_environment(tmp_path, moto_endpoint), "QUEUE_URL": queue_url}
+    with subprocess.Popen(
+        [sys.executable, str(program)],
+        cwd=directory,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as process:
+        try:
+            deadline = time.monotonic() + PROGRAM_SECONDS
+            while not queue_is_empty(sqs, queue_url) and process.poll() is None:
+                assert time.monotonic() < deadline, "the queue was not consumed"
+                time.sleep(0.2)  # polling the queue, not waiting out a deadline
+            process.send_signal(signal.SIGTERM)
+            output, _ = process.communicate(timeout=PROGRAM_SECONDS)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    sqs.close()
+    assert process.returncode == 0, output
+    assert "giving up" not in output, output
+    assert (directory / "payments-idempotency.sqlite3").is_file()
 
 
 def test_the_postgres_snippet_creates_its_table(postgres_dsn: str, tmp_path: Path) -> None:
     run_snippet("stores-postgres-2.py", tmp_path, DATABASE_URL=postgres_dsn)
+
+
+def test_a_shown_section_that_uses_an_import_above_it_fails(tmp_path: Path) -> None:
+    """The runner's own check: the import sits above the section a page shows, so the text
+    run lacks it and the program fails with the name it misses."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "snippet.py").write_text(
+        "import os\n\n# --8<-- [start:show]\nprint(os.getcwd())\n# --8<-- [end:show]\n"
+    )
+    page = tmp_path / "docs" / "page.md"
+    page.write_text('```python\n--8<-- "snippet.py:show"\n```\n')
+    [include] = python_includes([page], tmp_path)
+    text = shown_text(tmp_path, include.path, include.section)
+    assert text == "print(os.getcwd())\n"
+    directory = tmp_path / "empty"
+    directory.mkdir()
+    job = snippet_programs.Job(include.name, text, str(directory), environment(tmp_path), 60.0)
+    [result] = snippet_programs.run_programs([job], ROOT).values()
+    assert result.returncode == 1
+    assert "NameError: name 'os' is not defined" in result.output
+
+
+def test_a_shown_whole_file_that_imports_what_it_uses_runs(tmp_path: Path) -> None:
+    """The counterpart: the same program with its import runs, in its empty directory."""
+    directory = tmp_path / "empty"
+    directory.mkdir()
+    text = "import os\n\nassert os.listdir() == [], os.listdir()\n"
+    job = snippet_programs.Job("whole", text, str(directory), environment(tmp_path), 60.0)
+    [result] = snippet_programs.run_programs([job], ROOT).values()
+    assert (result.returncode, result.output) == (0, "")
 
 
 def test_every_snippet_file_is_shown_somewhere() -> None:

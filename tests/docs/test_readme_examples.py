@@ -99,3 +99,25 @@ def test_every_code_block_on_the_site_is_an_include() -> None:
         for match in re.finditer(r"^(\s*)```\w*\n(.*?)^\1```$", text, re.DOTALL | re.MULTILINE):
             body = match.group(2).strip()
             assert INCLUDE.fullmatch(body), f"{page.relative_to(ROOT)}: inline code\n{body}"
+
+
+# Extras for this project's own development and tests, not for its users.
+DEVELOPMENT_EXTRAS = {"dev", "test-core"}
+
+
+def user_facing_extras() -> set[str]:
+    """The extras of this checkout's pyproject.toml (read as text: tomllib is not in Python
+    3.10, which mypy checks the tests for; the installed metadata may be another checkout's)."""
+    text = (ROOT / "pyproject.toml").read_text()
+    section = text.split("[project.optional-dependencies]\n", 1)[1].split("\n[", 1)[0]
+    names = set(re.findall(r"^([\w-]+) = \[", section, re.MULTILINE))
+    assert names, "no extras found in pyproject.toml"
+    return names - DEVELOPMENT_EXTRAS
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md"])
+def test_the_page_names_every_user_facing_extra(page: str) -> None:
+    text = (ROOT / page).read_text()
+    named = set(re.findall(r"`\[?([\w-]+)\]?`", text))
+    missing = user_facing_extras() - named
+    assert not missing, f"{page} does not name the extras {sorted(missing)}"

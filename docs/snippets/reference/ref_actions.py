@@ -10,6 +10,11 @@ assert used.state is ActionState.CONSUMED and used.data == {"user_id": 42}
 # --8<-- [end:OneTimeActions]
 
 # --8<-- [start:Action]
+from idempotency_middleware import MemoryStore, OneTimeActions
+
+actions = OneTimeActions(MemoryStore())
+link = actions.create(expires_in=900, data={"user_id": 42})
+actions.consume(link.action_id, reason="login")
 action = actions.get(link.action_id)  # the Action as it stands, or None
 assert action is not None and action.consumed_reason == "login"
 print(action.to_dict())  # JSON-ready: no PIN, no hash

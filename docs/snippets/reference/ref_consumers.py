@@ -1,7 +1,5 @@
 """The API reference's examples for consumers, Lambda batches and redrive."""
 
-import asyncio
-
 # --8<-- [start:IdempotentConsumer]
 from idempotency_middleware import IdempotentConsumer, MemoryStore
 
@@ -24,7 +22,7 @@ assert Outcome("retry", retry_after=1).action == "retry"
 # --8<-- [end:Outcome]
 
 # --8<-- [start:process_lambda_batch]
-from idempotency_middleware import process_lambda_batch
+from idempotency_middleware import IdempotentConsumer, MemoryStore, process_lambda_batch
 
 event = {"Records": [{"messageId": "m-1", "body": "x", "eventSource": "aws:sqs"}]}
 records = IdempotentConsumer(
@@ -38,7 +36,11 @@ assert process_lambda_batch(records, event) == {"batchItemFailures": []}
 
 
 # --8<-- [start:aprocess_lambda_batch]
-from idempotency_middleware import aprocess_lambda_batch
+import asyncio
+
+from idempotency_middleware import IdempotentConsumer, MemoryStore, aprocess_lambda_batch
+
+event = {"Records": [{"messageId": "m-1", "body": "x", "eventSource": "aws:sqs"}]}
 
 
 async def handle(record: dict[str, str]) -> str:
@@ -52,7 +54,7 @@ print(asyncio.run(aprocess_lambda_batch(async_records, event)))  # {'batchItemFa
 # --8<-- [end:aprocess_lambda_batch]
 
 # --8<-- [start:IdempotentFunction]
-from idempotency_middleware import idempotent
+from idempotency_middleware import MemoryStore, idempotent
 
 store = MemoryStore()
 

@@ -1,7 +1,5 @@
 """The API reference's examples for errors: each raised as a caller meets it."""
 
-import datetime
-
 # --8<-- [start:idempotent-errors]
 from idempotency_middleware import (
     IdempotencyError,
@@ -46,6 +44,8 @@ except StoreUnavailableError as error:
 # --8<-- [end:idempotent-errors]
 
 # --8<-- [start:action-errors]
+import datetime
+
 from idempotency_middleware import (
     ActionAlreadyUsedError,
     ActionCanceledError,
@@ -56,6 +56,7 @@ from idempotency_middleware import (
     ActionNotActiveError,
     ActionNotFoundError,
     InvalidPinError,
+    MemoryStore,
     OneTimeActions,
 )
 from idempotency_middleware.testing import FakeClock

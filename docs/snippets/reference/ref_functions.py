@@ -1,8 +1,5 @@
 """The API reference's examples for functions, transactions and deferred work."""
 
-from fastapi import FastAPI
-from fastapi.testclient import TestClient
-
 # --8<-- [start:idempotent]
 from idempotency_middleware import KeyReusedError, MemoryStore, idempotent
 
@@ -33,7 +30,10 @@ except LookupError as error:
 # --8<-- [end:completion_transaction]
 
 # --8<-- [start:defer_completion]
-from idempotency_middleware import IdempotencyMiddleware, defer_completion
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from idempotency_middleware import IdempotencyMiddleware, MemoryStore, defer_completion
 
 store = MemoryStore()
 app = FastAPI()

@@ -1,10 +1,9 @@
 """The API reference's examples for the HTTP doors: each section runs, and is checked."""
 
+# --8<-- [start:IdempotencyMiddleware]
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from flask import Flask
 
-# --8<-- [start:IdempotencyMiddleware]
 from idempotency_middleware import IdempotencyMiddleware, MemoryStore
 
 app = FastAPI()
@@ -23,6 +22,8 @@ assert retry.headers["Idempotent-Replayed"] == "true" and retry.content == first
 # --8<-- [end:IdempotencyMiddleware]
 
 # --8<-- [start:IdempotencyWSGIMiddleware]
+from flask import Flask
+
 from idempotency_middleware import IdempotencyWSGIMiddleware, SQLiteStore
 
 flask_app = Flask(__name__)
@@ -42,7 +43,9 @@ assert flask_client.post("/orders", headers={"Idempotency-Key": "k-1"}).status_c
 # --8<-- [end:IdempotencyWSGIMiddleware]
 
 # --8<-- [start:IdempotencyRule]
-from idempotency_middleware import IdempotencyRule
+from fastapi import FastAPI
+
+from idempotency_middleware import IdempotencyMiddleware, IdempotencyRule, MemoryStore
 
 rules = [
     IdempotencyRule("/internal/{rest:path}", enabled=False),  # never covered
@@ -54,7 +57,10 @@ app.add_middleware(IdempotencyMiddleware, store=MemoryStore(), rules=rules)
 # --8<-- [end:IdempotencyRule]
 
 # --8<-- [start:scope_by_header]
-from idempotency_middleware import scope_by_header
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from idempotency_middleware import IdempotencyMiddleware, MemoryStore, scope_by_header
 
 scoped = FastAPI()
 scoped.add_middleware(
@@ -75,7 +81,9 @@ assert scoped_client.post("/orders", json={"for": "bob"}, headers=bob).json() ==
 # --8<-- [end:scope_by_header]
 
 # --8<-- [start:scope_by_tenant_header]
-from idempotency_middleware import scope_by_tenant_header
+from fastapi import FastAPI
+
+from idempotency_middleware import IdempotencyMiddleware, MemoryStore, scope_by_tenant_header
 
 app = FastAPI()
 app.add_middleware(
@@ -84,7 +92,9 @@ app.add_middleware(
 # --8<-- [end:scope_by_tenant_header]
 
 # --8<-- [start:RequestView]
-from idempotency_middleware import RequestView
+from fastapi import FastAPI
+
+from idempotency_middleware import IdempotencyMiddleware, MemoryStore, RequestView
 
 
 def scope_by_tenant_and_route(request: RequestView) -> str:
@@ -104,7 +114,10 @@ assert headers.get("X-API-KEY") == "a, b"  # case-insensitive; repeated headers 
 # --8<-- [end:HeaderView]
 
 # --8<-- [start:IdempotencyEvent]
-from idempotency_middleware import IdempotencyEvent
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from idempotency_middleware import IdempotencyEvent, IdempotencyMiddleware, MemoryStore
 
 kinds: list[str] = []
 

@@ -1,23 +1,27 @@
 """The API reference's example for SQSWorker, on moto's SQS (127.0.0.1)."""
 
-import boto3
+import os
+
 from moto.server import ThreadedMotoServer
 
 server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
 server.start()
 host, port = server.get_host_and_port()
-sqs = boto3.client(
-    "sqs",
-    endpoint_url=f"http://{host}:{port}",
-    region_name="us-east-1",
-    aws_access_key_id="local",
-    aws_secret_access_key="local",
+# What the shown part's boto3.client("sqs") reads: moto's SQS, never AWS.
+os.environ.update(
+    AWS_ENDPOINT_URL_SQS=f"http://{host}:{port}",
+    AWS_DEFAULT_REGION="us-east-1",
+    AWS_ACCESS_KEY_ID="local",
+    AWS_SECRET_ACCESS_KEY="local",
 )
-queue_url = sqs.create_queue(QueueName="jobs")["QueueUrl"]
 
 # --8<-- [start:SQSWorker]
+import boto3
+
 from idempotency_middleware import IdempotentConsumer, MemoryStore, SQSWorker
 
+sqs = boto3.client("sqs")  # the AWS SDK's settings; AWS_ENDPOINT_URL_SQS for a local SQS
+queue_url = sqs.create_queue(QueueName="jobs")["QueueUrl"]
 consumer = IdempotentConsumer(
     lambda message: f"done {message['Body']}",
     store=MemoryStore(),

@@ -25,12 +25,14 @@ assert all(isinstance(store, SyncStore | AsyncStore) for store in stores)
 # --8<-- [end:stores]
 
 # --8<-- [start:protocols]
+from idempotency_middleware import AsyncStore, DynamoDBStore, MemoryStore, SyncStore
+
 assert isinstance(MemoryStore(), SyncStore) and isinstance(MemoryStore(), AsyncStore)
 assert not isinstance(DynamoDBStore("idempotency", region_name="eu-west-1"), AsyncStore)
 # --8<-- [end:protocols]
 
 # --8<-- [start:StoreUnavailable]
-from idempotency_middleware import StoreUnavailable
+from idempotency_middleware import SQLiteStore, StoreUnavailable
 
 try:
     SQLiteStore("/nonexistent/idempotency.sqlite3").get("key")
