@@ -4,6 +4,7 @@ source queue by hand, where SQS's move task is not to be had (moto has none).
 tests/e2e/test_sqs_dead_letters.py runs these same functions through the page's steps."""
 
 import json
+import os
 
 import boto3
 from moto.server import ThreadedMotoServer
@@ -27,16 +28,23 @@ QUEUE_URL = sqs.create_queue(
 for body, key in [("pay 20 to bob", "payment-2"), ("pay 35 to carol", "payment-3")]:
     attributes = {"IdempotencyKey": {"DataType": "String", "StringValue": key}}
     sqs.send_message(QueueUrl=DEAD_LETTER_QUEUE_URL, MessageBody=body, MessageAttributes=attributes)
-
-
-def payment_key(message: dict) -> str:
-    """The consumer's key: the producer's IdempotencyKey attribute, else the MessageId."""
-    attribute = message["MessageAttributes"].get("IdempotencyKey")
-    return attribute["StringValue"] if attribute else message["MessageId"]
+# Where the reader's deployment says (the sections read these, as a deployed job would).
+os.environ.update(DEAD_LETTER_QUEUE_URL=DEAD_LETTER_QUEUE_URL, QUEUE_URL=QUEUE_URL)
+os.environ.update(AWS_ENDPOINT_URL=f"http://{host}:{port}", AWS_DEFAULT_REGION="us-east-1")
+os.environ.update(AWS_ACCESS_KEY_ID="local", AWS_SECRET_ACCESS_KEY="local")
 
 
 # --8<-- [start:keys]
+import os
 from pathlib import Path
+
+import boto3
+
+
+def payment_key(message: dict) -> str:
+    """The consumer's `key`: the producer's IdempotencyKey attribute, else the MessageId."""
+    attribute = message["MessageAttributes"].get("IdempotencyKey")
+    return attribute["StringValue"] if attribute else message["MessageId"]
 
 
 def dead_letter_keys(sqs, dead_letter_queue_url: str, key) -> list[str]:
@@ -63,7 +71,8 @@ def dead_letter_keys(sqs, dead_letter_queue_url: str, key) -> list[str]:
     return keys
 
 
-keys = dead_letter_keys(sqs, DEAD_LETTER_QUEUE_URL, payment_key)  # the consumer's key function
+sqs = boto3.client("sqs")
+keys = dead_letter_keys(sqs, os.environ["DEAD_LETTER_QUEUE_URL"], payment_key)
 Path("dead-letter-keys.txt").write_text("".join(f"{key}\n" for key in keys))
 # --8<-- [end:keys]
 
@@ -71,6 +80,11 @@ assert sorted(Path("dead-letter-keys.txt").read_text().split()) == ["payment-2",
 
 
 # --8<-- [start:move]
+import os
+
+import boto3
+
+
 def move_back(sqs, dead_letter_queue_url: str, queue_url: str) -> int:
     """SQS's move task by hand: each dead letter sent back to the queue with its body and
     message attributes (its group to a FIFO queue), then deleted; how many were moved."""
@@ -98,7 +112,8 @@ def move_back(sqs, dead_letter_queue_url: str, queue_url: str) -> int:
     return moved
 
 
-print("moved", move_back(sqs, DEAD_LETTER_QUEUE_URL, QUEUE_URL))
+sqs = boto3.client("sqs")
+print("moved", move_back(sqs, os.environ["DEAD_LETTER_QUEUE_URL"], os.environ["QUEUE_URL"]))
 # --8<-- [end:move]
 
 back = sqs.receive_message(

@@ -126,6 +126,9 @@ def run_snippet(name: str, tmp_path: Path, **extra_env: str) -> None:
 RUN_PER_BROKER = "docs/snippets/consumers-faststream"
 # Runs until stopped: test_the_sqs_worker_snippet_consumes_its_queue_and_stops_on_sigterm.
 RUNS_UNTIL_STOPPED = {"docs/snippets/consumers-sqs.py:show"}
+# Need the reader's queues: run as shown by the redrive steps' test in
+# tests/e2e/test_sqs_dead_letters.py.
+NEEDS_QUEUES = {f"docs/snippets/consumers-redrive.py:{section}" for section in ("keys", "move")}
 # The test server each reaches, through the variable the snippet reads.
 NEEDS_POSTGRES_SHOWN = {"docs/snippets/stores-postgres-2.py:show"}
 PROGRAM_SECONDS = 120.0
@@ -147,7 +150,9 @@ def shown_programs() -> dict[str, str]:
 
 
 SHOWN = shown_programs()
-SHOWN_WITHOUT_SERVERS = sorted(set(SHOWN) - RUNS_UNTIL_STOPPED - NEEDS_POSTGRES_SHOWN)
+SHOWN_WITHOUT_SERVERS = sorted(
+    set(SHOWN) - RUNS_UNTIL_STOPPED - NEEDS_POSTGRES_SHOWN - NEEDS_QUEUES
+)
 
 
 # What the pages tell the reader to set, as a deployment would: the encryption keys (the

@@ -386,10 +386,17 @@ def test_the_pages_redrive_steps_bring_dead_letters_back_to_be_handled_once(
     # 1. Deploy the fix.
     fixed = True
     # 2. Collect the dead letters' keys in a file (the page's code, as shown).
-    exec(
-        shown_section("consumers-redrive.py", "keys"),
-        {"sqs": sqs, "DEAD_LETTER_QUEUE_URL": dead_letters, "payment_key": message_key},
-    )
+    # As a deployed job runs it: AWS settings and the queues' URLs from the environment.
+    for name, value in {
+        "AWS_ENDPOINT_URL": moto_endpoint,
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "DEAD_LETTER_QUEUE_URL": dead_letters,
+        "QUEUE_URL": queue_url,
+    }.items():
+        monkeypatch.setenv(name, value)
+    exec(shown_section("consumers-redrive.py", "keys"), {"__name__": "__main__"})
     assert sorted((tmp_path / "dead-letter-keys.txt").read_text().split()) == [
         "payment-2",
         "payment-3",
@@ -406,8 +413,7 @@ def test_the_pages_redrive_steps_bring_dead_letters_back_to_be_handled_once(
     [(move_task, _)] = page_commands()[2:]
     assert move_task[:3] == ["aws", "sqs", "start-message-move-task"]
     if not start_move_task(sqs, moto_endpoint, queue_arn(sqs, dead_letters)):
-        namespace = {"sqs": sqs, "DEAD_LETTER_QUEUE_URL": dead_letters, "QUEUE_URL": queue_url}
-        exec(shown_section("consumers-redrive.py", "move"), namespace)
+        exec(shown_section("consumers-redrive.py", "move"), {"__name__": "__main__"})
 
     settle_until(worker, lambda: len(ledger) == 3 and in_queue(sqs, queue_url) == (0, 0))
 
