@@ -194,9 +194,7 @@ class _Conversions:
         if isinstance(value, CallToolResult):
             return value
         if isinstance(context, SDKContext):
-            if self._sdk is None:
-                self._sdk = func_metadata(self._function, skip_names=self._skip).convert_result
-            made = self._sdk(value)
+            made = self._sdk_conversion(context)(value)
             return made if isinstance(made, CallToolResult) else CallToolResult.model_validate(made)
         if self._fastmcp is None:
             from fastmcp.tools.function_tool import FunctionTool
@@ -205,6 +203,20 @@ class _Conversions:
         from .middleware import wire_result
 
         return CallToolResult.model_validate(wire_result(self._fastmcp(value)))
+
+    def _sdk_conversion(self, context: SDKContext) -> Callable[[Any], Any]:
+        # The registered tool's own conversion: the output schema it validates against
+        # (``structured_output=`` of ``@server.tool()`` included). The SDK offers no public
+        # lookup of a tool; the function's own conversion is the fallback.
+        manager = getattr(context.mcp_server, "_tool_manager", None)
+        params = context.request_context.params or {}
+        registered = getattr(manager, "get_tool", lambda name: None)(params.get("name"))
+        metadata = getattr(registered, "fn_metadata", None)
+        if metadata is not None:
+            return cast(Callable[[Any], Any], metadata.convert_result)
+        if self._sdk is None:
+            self._sdk = func_metadata(self._function, skip_names=self._skip).convert_result
+        return self._sdk
 
 
 __all__ = ["CONTEXT_PARAMETER", "idempotent_tool"]
