@@ -37,6 +37,10 @@ DEFAULT_WAIT_SECONDS = 10.0
 """How long a duplicate waits for the running call's result before answering "still
 running": an agent's retry is usually a duplicate of a call still running."""
 
+ON_STORE_ERROR = {"fail": "fail", "run": "run", "allow": "run"}
+"""The MCP doors' values of ``on_store_error``, as the shared option spells them: "allow"
+(an unprotected run allowed when the store fails) is this door's word for "run"."""
+
 T = TypeVar("T")
 # A tool's run: its result in wire form, and as its SDK made it.
 ToolRun = Callable[[], Awaitable[tuple[WireResult, T]]]
@@ -53,10 +57,18 @@ def tool_options(
     options: CallableKeywords,
 ) -> CallableOptions:
     """The MCP doors' options: every shared option of ``idempotent``, with this door's
-    defaults (``required=False``: a call without a key runs unprotected; ``wait_seconds=10``),
-    misspellings and bad values refused by name. The one place an MCP door builds them."""
+    defaults (``required=False``: a call without a key runs unprotected; ``wait_seconds=10``)
+    and ``on_store_error="allow"`` accepted for ``"run"``, misspellings and bad values
+    refused by name. The one place an MCP door builds them."""
     given: CallableKeywords = {"required": False, "wait_seconds": DEFAULT_WAIT_SECONDS}
     given.update(options)
+    on_store_error = given.get("on_store_error", "fail")
+    if not isinstance(on_store_error, str) or on_store_error not in ON_STORE_ERROR:
+        raise ValueError(
+            "on_store_error must be 'fail', 'run' or 'allow' (the same as 'run'), "
+            f"got {on_store_error!r}"
+        )
+    given["on_store_error"] = ON_STORE_ERROR[on_store_error]
     built = CallableOptions.from_keywords(door, store=store, own=own, **given)
     check_store(built.store, True, f"{door}'s tool calls (always awaited by the MCP server)")
     return built
@@ -208,4 +220,11 @@ def _ended(running: asyncio.Future[Any]) -> None:
         running.exception()  # retrieved: a caller gone away left no one to raise it to
 
 
-__all__ = ["DEFAULT_WAIT_SECONDS", "Answer", "ToolCalls", "ToolRun", "tool_options"]
+__all__ = [
+    "DEFAULT_WAIT_SECONDS",
+    "ON_STORE_ERROR",
+    "Answer",
+    "ToolCalls",
+    "ToolRun",
+    "tool_options",
+]

@@ -7,8 +7,9 @@
 until its gate file exists. Run as a module, it serves one over stdio.
 
 ``connect(kind, target, client=...)`` opens that SDK's client on a URL (Streamable HTTP,
-``client`` sent as the ``X-Client`` header) or on a stdio command; ``call`` sends one
-``tools/call`` and gives the result in wire form.
+``client`` sent as the ``X-Client`` header), on a stdio command, or on a server object in
+this process (the SDK's in-memory transport); ``call`` sends one ``tools/call`` and gives
+the result in wire form.
 """
 
 from __future__ import annotations
@@ -105,8 +106,9 @@ async def connect(
     url: str | None = None,
     command: tuple[str, list[str]] | None = None,
     client: str | None = None,
+    server: Any = None,
 ) -> AsyncIterator[Call]:
-    """A connected client of ``kind``'s SDK, on ``url`` or ``command``."""
+    """A connected client of ``kind``'s SDK, on ``url``, ``command`` or ``server``."""
     headers = {"x-client": client} if client else {}
     if kind == "mcp-decorator":
         import httpx2
@@ -114,12 +116,11 @@ async def connect(
         from mcp.client.stdio import StdioServerParameters
         from mcp.client.streamable_http import streamable_http_client
 
-        target: Any
+        target: Any = server
         if url is not None:
             http = httpx2.AsyncClient(headers=headers, timeout=60)
             target = streamable_http_client(f"{url}/mcp", http_client=http)
-        else:
-            assert command is not None
+        elif command is not None:
             target = StdioServerParameters(command=command[0], args=command[1], cwd=Path.cwd())
         async with SDKClient(target) as sdk_client:
 
@@ -133,11 +134,10 @@ async def connect(
     from fastmcp import Client
     from fastmcp.client.transports import StdioTransport, StreamableHttpTransport
 
-    transport: Any
+    transport: Any = server
     if url is not None:
         transport = StreamableHttpTransport(f"{url}/mcp", headers=headers)
-    else:
-        assert command is not None
+    elif command is not None:
         transport = StdioTransport(command[0], command[1], cwd=str(Path.cwd()))
     async with Client(transport) as fastmcp_client:
 
