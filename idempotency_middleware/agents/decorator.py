@@ -206,11 +206,11 @@ class _Conversions:
 
     def _sdk_conversion(self, context: SDKContext) -> Callable[[Any], Any]:
         # The registered tool's own conversion: the output schema it validates against
-        # (``structured_output=`` of ``@server.tool()`` included). The SDK offers no public
-        # lookup of a tool; the function's own conversion is the fallback.
-        manager = getattr(context.mcp_server, "_tool_manager", None)
+        # (``structured_output=`` of ``@server.tool()`` included). The function's own
+        # conversion is the fallback: the same result, but for ``structured_output=False``,
+        # which it cannot see (tests/unit/test_mcp_conversions.py runs both).
         params = context.request_context.params or {}
-        registered = getattr(manager, "get_tool", lambda name: None)(params.get("name"))
+        registered = registered_tool(context.mcp_server, params.get("name"))
         metadata = getattr(registered, "fn_metadata", None)
         if metadata is not None:
             return cast(Callable[[Any], Any], metadata.convert_result)
@@ -219,4 +219,20 @@ class _Conversions:
         return self._sdk
 
 
-__all__ = ["CONTEXT_PARAMETER", "idempotent_tool"]
+def registered_tool(server: object, name: object) -> object | None:
+    """The official SDK's registered tool ``name`` of ``server``, ``None`` when not found.
+
+    The SDK offers no public lookup of a tool: this reads its private tool manager, and
+    finds nothing (so the caller falls back) if a release renames or reshapes it.
+    """
+    manager = getattr(server, "_tool_manager", None)
+    get_tool = getattr(manager, "get_tool", None)
+    if not callable(get_tool) or not isinstance(name, str):
+        return None
+    try:
+        return cast(object, get_tool(name))
+    except Exception:  # (a reshaped lookup: the fallback serves)
+        return None
+
+
+__all__ = ["CONTEXT_PARAMETER", "idempotent_tool", "registered_tool"]

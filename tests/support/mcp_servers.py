@@ -17,9 +17,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from idempotency_middleware import SQLiteStore
 from idempotency_middleware.mcp import IdempotencyMCPMiddleware, idempotent_tool
@@ -27,7 +27,26 @@ from idempotency_middleware.stores.protocol import AsyncStore
 
 Kind = Literal["fastmcp-middleware", "fastmcp-decorator", "mcp-decorator"]
 KINDS: list[Kind] = ["fastmcp-middleware", "fastmcp-decorator", "mcp-decorator"]
-Call = Callable[[str, dict[str, Any], "str | None"], Coroutine[Any, Any, dict[str, Any]]]
+
+
+class Call(Protocol):
+    """One ``tools/call`` of ``tool``: ``key`` in the request's ``_meta``
+    (``idempotencyKey``) beside ``meta``; the result in wire form."""
+
+    def __call__(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        key: str | None,
+        *,
+        meta: dict[str, Any] | None = None,
+    ) -> Coroutine[Any, Any, dict[str, Any]]: ...
+
+
+def request_meta(key: str | None, meta: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A request's ``_meta``: ``meta`` and the key, ``None`` when both are empty."""
+    sent = {**(meta or {}), **({"idempotencyKey": key} if key else {})}
+    return sent or None
 
 
 def client_header(context: Any) -> str | None:
@@ -124,9 +143,15 @@ async def connect(
             target = StdioServerParameters(command=command[0], args=command[1], cwd=Path.cwd())
         async with SDKClient(target) as sdk_client:
 
-            async def sdk_call(tool: str, arguments: dict[str, Any], key: str | None) -> Any:
-                meta: Any = {"idempotencyKey": key} if key else None
-                result = await sdk_client.call_tool(tool, arguments, meta=meta)
+            async def sdk_call(
+                tool: str,
+                arguments: dict[str, Any],
+                key: str | None,
+                *,
+                meta: dict[str, Any] | None = None,
+            ) -> Any:
+                sent: Any = request_meta(key, meta)
+                result = await sdk_client.call_tool(tool, arguments, meta=sent)
                 return result.model_dump(by_alias=True, exclude_none=True, mode="json")
 
             yield sdk_call
@@ -141,9 +166,15 @@ async def connect(
         transport = StdioTransport(command[0], command[1], cwd=str(Path.cwd()))
     async with Client(transport) as fastmcp_client:
 
-        async def call(tool: str, arguments: dict[str, Any], key: str | None) -> Any:
-            meta = {"idempotencyKey": key} if key else None
-            result = await fastmcp_client.call_tool_mcp(tool, arguments, meta=meta)
+        async def call(
+            tool: str,
+            arguments: dict[str, Any],
+            key: str | None,
+            *,
+            meta: dict[str, Any] | None = None,
+        ) -> Any:
+            sent = request_meta(key, meta)
+            result = await fastmcp_client.call_tool_mcp(tool, arguments, meta=sent)
             return result.model_dump(by_alias=True, exclude_none=True, mode="json")
 
         yield call
