@@ -104,7 +104,7 @@ def _decorated(
         )
     name = derived_name(function, options.name, "idempotent_tool")
     is_async = is_coroutine_callable(function)
-    signature = inspect.signature(function)
+    signature = _evaluated_signature(function)
     context_types = _context_types()
     own_context = _context_parameter(function, context_types)
     if own_context is None and CONTEXT_PARAMETER in signature.parameters:
@@ -163,6 +163,20 @@ def _decorated(
         # (functools.wraps shared the function's own dict: copied before adding to it.)
         call.__annotations__ = {**function.__annotations__, CONTEXT_PARAMETER: annotation}
     return call
+
+
+def _evaluated_signature(function: Callable[..., Any]) -> inspect.Signature:
+    """``function``'s signature, its annotations evaluated where they can be.
+
+    The SDKs read the wrapper's ``__signature__`` as it is, without evaluating it: a return
+    annotation left a string (``from __future__ import annotations``) would give the tool
+    another output schema than the undecorated function's (the official SDK wraps what it
+    cannot resolve as ``{"result": ...}``).
+    """
+    try:
+        return inspect.signature(function, eval_str=True)
+    except Exception:  # (a name defined later, or only under TYPE_CHECKING)
+        return inspect.signature(function)
 
 
 def _context_parameter(function: Callable[..., Any], types: tuple[type[Any], ...]) -> str | None:

@@ -6,9 +6,10 @@ The doors: ``idempotent`` (a plain and a coroutine function), ``IdempotentConsum
 given such a consumer, Celery's ``idempotent_task`` (run in-process by ``apply``),
 FastStream's middleware (on its Kafka test broker), the MCP door (fastmcp's middleware, and
 the decorator on the official SDK's server, each called by its SDK's client in process),
-and a door written from ``CallableKeywords`` alone, as the next door will be. Each option has a probe: a value other
-than its default, and what the store kept or was asked, the handler's runs, the events or
-the clock then show. Each option also has a bad value, refused by every door naming it.
+and a door written from ``CallableKeywords`` alone, as the next door will be. Each option
+has a probe: a value other than its default, and what the store kept or was asked, the
+handler's runs, the events or the clock then show. Each option also has a bad value,
+refused by every door naming it.
 
 An option added to ``CallableOptions`` without a probe here fails
 ``test_every_shared_option_has_a_probe``; given a probe, a door that does not take it, or

@@ -9,8 +9,8 @@ import pytest
 
 from idempotency_middleware import (
     IdempotencyEvent,
-    KeyReusedError,
     IdempotentConsumer,
+    KeyReusedError,
     MemoryStore,
     StoreUnavailableError,
     idempotent,
@@ -141,9 +141,11 @@ def test_a_key_reused_with_other_arguments_of_a_function_is_logged_without_an_ht
         return amount
 
     charge("k-1", 5)
-    with caplog.at_level(logging.INFO, logger="idempotency_middleware"):
-        with pytest.raises(KeyReusedError):
-            charge("k-1", 6)
+    with (
+        caplog.at_level(logging.INFO, logger="idempotency_middleware"),
+        pytest.raises(KeyReusedError),
+    ):
+        charge("k-1", 6)
     [record] = [r for r in caplog.records if r.__dict__.get("idempotency_event") == "mismatch"]
     assert record.message == (
         "idempotency key reused with different input; refused without running"

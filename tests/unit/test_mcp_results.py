@@ -60,7 +60,7 @@ def test_a_stored_result_decodes_to_what_was_encoded() -> None:
 
 def test_a_serializers_dumps_that_returns_no_bytes_is_refused_naming_it() -> None:
     with pytest.raises(TypeError, match="serializer's dumps returned str"):
-        results.encode(STORED, (lambda value: "text", orjson.loads))
+        results.encode(STORED, (lambda value: "text", orjson.loads))  # type: ignore[arg-type, return-value]
 
 
 def test_a_stored_result_that_is_no_json_object_is_refused() -> None:
