@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 from idempotency_middleware import MemoryStore
+from idempotency_middleware.stores.protocol import AsyncStore
+from idempotency_middleware.testing import FakeClock
 from tests.support.mcp_servers import KINDS, Kind, build, client_header, connect, http_app, runs_of
 from tests.support.servers import serve_asgi
 
@@ -34,11 +36,12 @@ def runs(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def serve(kind: Kind, runs: Path) -> Iterator[Serve]:
-    """Serves a server of ``kind`` built with the options given; its base URL."""
+    """Serves a server of ``kind`` built with the options given (its store a
+    ``MemoryStore`` unless one is given); its base URL."""
     with contextlib.ExitStack() as stack:
 
-        def start(**options: Any) -> str:
-            server = build(kind, MemoryStore(), runs, **options)
+        def start(store: AsyncStore | None = None, **options: Any) -> str:
+            server = build(kind, store if store is not None else MemoryStore(), runs, **options)
             return stack.enter_context(serve_asgi(http_app(kind, server), lifespan=True))
 
         yield start
@@ -54,10 +57,9 @@ async def until(condition: Callable[[], bool]) -> None:
 
 
 def order_of(result: dict[str, Any]) -> int:
-    """The order a tool result's structured content names (the official SDK wraps a
-    ``dict[str, int]`` result as ``{"result": ...}``)."""
-    structured = result["structuredContent"]
-    return int(structured.get("result", structured)["order"])
+    """The order a tool result's structured content names (both SDKs give a
+    ``dict[str, int]`` result unwrapped, as the undecorated tool's)."""
+    return int(result["structuredContent"]["order"])
 
 
 def text(result: dict[str, Any]) -> str:
@@ -205,3 +207,41 @@ async def test_a_duplicate_that_waited_past_wait_seconds_gets_a_tool_error_with_
     assert duplicate["isError"] is True
     assert "still running" in text(duplicate)
     assert duplicate["_meta"]["retryAfter"] >= 1
+
+
+class RenewalCountingStore(MemoryStore):
+    """A ``MemoryStore`` counting the lease renewals it granted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.renewed = 0
+
+    def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
+        renewed = super().renew(key_hash, owner, lock_expires_at)
+        self.renewed += renewed
+        return renewed
+
+
+async def test_a_long_tools_lease_is_renewed_so_a_retry_past_the_first_lease_does_not_run_it(
+    kind: Kind, serve: Serve, runs: Path
+) -> None:
+    clock = FakeClock()
+    store = RenewalCountingStore()
+    # Renewed every 0.1 s of the clock; the duplicate answered at once (no waiting on a
+    # clock that would move the lease with it).
+    url = serve(store=store, clock=clock, lock_timeout_seconds=0.3, wait_seconds=0)
+    async with connect(kind, url) as first, connect(kind, url) as second:
+        running = asyncio.create_task(first("slow_charge", {"order": 7}, "task-1"))
+        await until(lambda: runs_of(runs) == ["slow_charge 7"])
+        clock.advance(0.2)  # a renewal is due; the first lease (0.3) still holds
+        await until(lambda: store.renewed >= 1)
+        clock.advance(0.2)  # past the first lease, inside the renewed one
+        duplicate = await second("slow_charge", {"order": 7}, "task-1")
+        runs.with_suffix(".gate").touch()
+        completed = await running
+        retried = await second("slow_charge", {"order": 7}, "task-1")
+    assert runs_of(runs) == ["slow_charge 7"]
+    assert duplicate["isError"] is True
+    assert "still running" in text(duplicate)
+    assert completed.get("isError") is not True
+    assert retried["_meta"]["idempotentReplayed"] is True
