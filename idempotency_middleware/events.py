@@ -80,6 +80,14 @@ _MESSAGES: dict[str, str] = {
     # events are logged once by the breaker itself (``breaker.py``), not per door.
 }
 
+# The refusals a door that is not HTTP (a function, a consumer, an MCP tool) words without
+# a status: it answers none (it raises, gives up on a message, or answers a tool error).
+_NON_HTTP_MESSAGES: dict[str, str] = {
+    "conflict": "idempotency key in progress; refused without running",
+    "mismatch": "idempotency key reused with different input; refused without running",
+    "not_stored": "idempotency key completed without a stored result; refused without running",
+}
+
 # A store failure's log line names the operation, why it failed and the key, so the cause
 # shows with default logging, not only in the record's ``extra`` fields.
 _STORE_ERROR = "idempotency store failed: %s: %s (key %s; %s %s)"
@@ -329,13 +337,20 @@ class Reporter:
                 message, *args = _store_failure(event, failure, note)
                 logger.log(level, message, *args, extra=extra)
             else:
-                logger.log(level, _MESSAGES[kind], extra=extra)
+                logger.log(level, _message(kind, self._http), extra=extra)
         if self._hook is not None:
             try:
                 self._hook(event)
             except Exception:
                 # A metrics bug must not turn a stored response into a 500.
                 logger.exception("on_event hook raised; event dropped")
+
+
+def _message(kind: EventKind, http: bool) -> str:
+    """The log line of an event of ``kind``: with an HTTP status only from an HTTP door."""
+    if http:
+        return _MESSAGES[kind]
+    return _NON_HTTP_MESSAGES.get(kind) or _MESSAGES[kind]
 
 
 def _store_failure(

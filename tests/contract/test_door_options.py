@@ -4,10 +4,12 @@ each option reaches the attempt there.
 The doors: ``idempotent`` (a plain and a coroutine function), ``IdempotentConsumer``
 (``process`` and ``aprocess``), the Lambda batch helpers and ``SQSWorker`` (on moto's SQS)
 given such a consumer, Celery's ``idempotent_task`` (run in-process by ``apply``),
-FastStream's middleware (on its Kafka test broker), and a door written from
-``CallableKeywords`` alone, as the next door will be. Each option has a probe: a value other
-than its default, and what the store kept or was asked, the handler's runs, the events or
-the clock then show. Each option also has a bad value, refused by every door naming it.
+FastStream's middleware (on its Kafka test broker), the MCP door (fastmcp's middleware, and
+the decorator on the official SDK's server, each called by its SDK's client in process),
+and a door written from ``CallableKeywords`` alone, as the next door will be. Each option
+has a probe: a value other than its default, and what the store kept or was asked, the
+handler's runs, the events or the clock then show. Each option also has a bad value,
+refused by every door naming it.
 
 An option added to ``CallableOptions`` without a probe here fails
 ``test_every_shared_option_has_a_probe``; given a probe, a door that does not take it, or
@@ -44,6 +46,7 @@ from idempotency_middleware import (
     idempotent,
     process_lambda_batch,
 )
+from idempotency_middleware.agents.keys import tool_key_hash
 from idempotency_middleware.celery import idempotent_task
 from idempotency_middleware.engine.decisions import MIN_POLL_INTERVAL
 from idempotency_middleware.faststream import IdempotencyFastStreamMiddleware
@@ -59,10 +62,12 @@ from idempotency_middleware.functions.options import (
     CallableOptions,
 )
 from idempotency_middleware.functions.payloads import fingerprint_arguments
+from idempotency_middleware.mcp import IdempotencyMCPMiddleware, idempotent_tool
 from idempotency_middleware.stores.protocol import ClaimRequest, Completion, StoreUnavailable
 from idempotency_middleware.stores.records import COMPLETED, Record, SealedResponse
 from idempotency_middleware.testing import FakeClock
 from tests.conftest import REGION
+from tests.support.mcp_servers import Kind, connect
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -97,14 +102,22 @@ class RecordingStore(MemoryStore):
         return found
 
 
+def the_result(stored: Any) -> Any:
+    return stored
+
+
 @dataclass
 class Door:
     """One door built over a handler recording its runs: ``deliver(key)`` is one call or
-    delivery with ``key`` (``None``: without one)."""
+    delivery with ``key`` (``None``: without one). ``key_hash(name, key)`` is the stored key
+    of ``key`` under the namespace ``name``, ``result_of`` the handler's result in what the
+    door stores (decoded)."""
 
     deliver: Callable[[str | None], Any]
     store: RecordingStore
     runs: list[str | None]
+    key_hash: Callable[[str, str], str] = function_key_hash
+    result_of: Callable[[Any], Any] = the_result
 
 
 # Builds a door with the options given (a RecordingStore unless ``store`` is one of them).
@@ -278,6 +291,41 @@ def next_door(runs: list[str | None], **options: Any) -> Callable[[str | None], 
     return lambda key: swallowed(lambda: door(key=key, order=ORDER))
 
 
+def mcp_door(kind: Kind) -> Callable[..., Callable[[str | None], Any]]:
+    """The MCP door ``kind`` over a server in this process, called by its SDK's client: the
+    key in the request's ``_meta``, and as an argument the tool records."""
+
+    def make(runs: list[str | None], **options: Any) -> Callable[[str | None], Any]:
+        async def charge(key: str | None, order: int) -> dict[str, int]:
+            runs.append(key)
+            return {"order": order}
+
+        server: Any
+        if kind == "fastmcp-middleware":
+            from fastmcp import FastMCP
+
+            server = FastMCP("orders", middleware=[IdempotencyMCPMiddleware(**options)])
+            server.tool()(charge)
+        else:
+            from mcp.server.mcpserver import MCPServer
+
+            server = MCPServer("orders")
+            server.tool()(idempotent_tool(**options)(charge))
+
+        async def call(key: str | None) -> Any:
+            async with connect(kind, server=server) as tool_call:
+                return await tool_call("charge", {"key": key, "order": ORDER}, key)
+
+        return lambda key: asyncio.run(call(key))
+
+    return make
+
+
+def tool_result_of(stored: Any) -> Any:
+    """The tool's value in a stored tool result: its text content (JSON, in either SDK)."""
+    return json.loads(stored["content"][0]["text"])
+
+
 @dataclass
 class SQSDoor:
     """``SQSWorker`` over a queue of its own on moto: a delivery is one message sent, then
@@ -312,8 +360,12 @@ DOORS: dict[str, DoorFunction | None] = {
     "SQSWorker-moto": None,  # on moto, made by the fixture (the id marks it as a server test)
     "idempotent_task": celery_door,
     "IdempotencyFastStreamMiddleware": faststream_door,
+    "IdempotencyMCPMiddleware": mcp_door("fastmcp-middleware"),
+    "idempotent_tool": mcp_door("mcp-decorator"),
     "CallableKeywords-door": next_door,
 }
+# The MCP doors: their keys are a tool's, their stored results tool results.
+MCP_DOORS = {"IdempotencyMCPMiddleware", "idempotent_tool"}
 
 
 @pytest.fixture(params=list(DOORS))
@@ -329,7 +381,11 @@ def make_door(request: pytest.FixtureRequest) -> Iterator[MakeDoor]:
         options.setdefault("store", RecordingStore())
         runs: list[str | None] = []
         assert made is not None
-        return Door(made(runs, **options), options["store"], runs)
+        door = Door(made(runs, **options), options["store"], runs)
+        if request.param in MCP_DOORS:
+            door.key_hash = lambda name, key: tool_key_hash(name, None, key)
+            door.result_of = tool_result_of
+        return door
 
     yield make
     if queues is not None:
@@ -352,7 +408,7 @@ def store_is_the_one_written(make: MakeDoor) -> None:
 def name_namespaces_the_keys(make: MakeDoor) -> None:
     door = make(name="probe.orders")
     door.deliver("k-1")
-    assert door.store.claims[0].key_hash == function_key_hash("probe.orders", "k-1")
+    assert door.store.claims[0].key_hash == door.key_hash("probe.orders", "k-1")
 
 
 def required_false_runs_a_call_without_a_key_unprotected(make: MakeDoor) -> None:
@@ -416,7 +472,8 @@ def serializer_writes_the_stored_result(make: MakeDoor) -> None:
     door.deliver("k-1")
     response = door.store.record().response
     assert response is not None
-    assert response.body == b'probe:{"order":7}'
+    assert response.body.startswith(b"probe:")
+    assert door.result_of(orjson.loads(response.body.removeprefix(b"probe:"))) == {"order": ORDER}
 
 
 def on_store_error_run_runs_unprotected_when_the_claim_fails(make: MakeDoor) -> None:

@@ -7,8 +7,15 @@ from dataclasses import dataclass
 
 import pytest
 
-from idempotency_middleware import IdempotencyEvent, StoreUnavailableError
-from idempotency_middleware.events import Reporter
+from idempotency_middleware import (
+    IdempotencyEvent,
+    IdempotentConsumer,
+    KeyReusedError,
+    MemoryStore,
+    StoreUnavailableError,
+    idempotent,
+)
+from idempotency_middleware.events import EventKind, Reporter
 
 
 @dataclass(frozen=True)
@@ -110,3 +117,59 @@ def test_a_store_error_without_a_cause_says_so(caplog: pytest.LogCaptureFixture)
 def test_a_hook_that_is_not_callable_is_refused() -> None:
     with pytest.raises(ValueError, match="on_event must be a callable"):
         Reporter(42)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kind", "status"), [("conflict", 409), ("mismatch", 422), ("not_stored", 410)]
+)
+def test_an_http_doors_refusal_is_logged_with_the_status_it_answered(
+    caplog: pytest.LogCaptureFixture, kind: EventKind, status: int
+) -> None:
+    with caplog.at_level(logging.INFO, logger="idempotency_middleware"):
+        Reporter(None).report(Attempt(), kind, status=status)
+    [record] = caplog.records
+    assert record.message.endswith(f"answered {status}")
+
+
+@pytest.mark.parametrize("kind", ["conflict", "mismatch", "not_stored"])
+def test_a_refusal_of_a_door_that_is_not_http_is_logged_without_an_http_status(
+    caplog: pytest.LogCaptureFixture, kind: EventKind
+) -> None:
+    with caplog.at_level(logging.INFO, logger="idempotency_middleware"):
+        Reporter(None, http=False).report(Attempt(), kind)
+    [record] = caplog.records
+    assert "answered" not in record.message
+    assert record.message.endswith("refused without running")
+
+
+def test_a_key_reused_with_other_arguments_of_a_function_is_logged_without_an_http_status(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    @idempotent(store=MemoryStore(), key="key")
+    def charge(key: str, amount: int) -> int:
+        return amount
+
+    charge("k-1", 5)
+    with (
+        caplog.at_level(logging.INFO, logger="idempotency_middleware"),
+        pytest.raises(KeyReusedError),
+    ):
+        charge("k-1", 6)
+    [record] = [r for r in caplog.records if r.__dict__.get("idempotency_event") == "mismatch"]
+    assert record.message == (
+        "idempotency key reused with different input; refused without running"
+    )
+
+
+def test_a_key_reused_with_another_message_of_a_consumer_is_logged_without_an_http_status(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def handle(message: dict[str, int | str]) -> int | str:
+        return message["amount"]
+
+    consumer = IdempotentConsumer(handle, key=lambda message: message["key"], store=MemoryStore())
+    consumer.process({"key": "k-1", "amount": 5})
+    with caplog.at_level(logging.INFO, logger="idempotency_middleware"):
+        consumer.process({"key": "k-1", "amount": 6})
+    [record] = [r for r in caplog.records if r.__dict__.get("idempotency_event") == "mismatch"]
+    assert "answered" not in record.message

@@ -40,9 +40,11 @@ TOP_LEVEL_MODULES = {
     "faststream",
     "celery",
     "step_functions",
+    "mcp",
 }
 SUBPACKAGES = {
     "actions",
+    "agents",
     "cli",
     "consumers",
     "demo",
@@ -71,6 +73,7 @@ DOCUMENTED_PATHS = {
         "astart_execution",
         "handle_execution_status_change",
     ],
+    "idempotency_middleware.mcp": ["IdempotencyMCPMiddleware", "idempotent_tool"],
     "idempotency_middleware.testing": ["FakeClock"],
     "idempotency_middleware.clock": ["SYSTEM_CLOCK", "Clock"],
     "idempotency_middleware.stores": ["CLAIMED", "TAKEN_OVER", "ClaimRequest", "Held", "Record"],
@@ -89,6 +92,7 @@ THIN_MODULES = {
     "faststream": "consumers.faststream",
     "celery": "consumers.celery",
     "step_functions": "workflows",
+    "mcp": "agents",
 }
 
 

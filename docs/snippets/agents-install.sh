@@ -1,0 +1,1 @@
+pip install "idempotency-middleware[mcp]"  # the official SDK; fastmcp users also have fastmcp
