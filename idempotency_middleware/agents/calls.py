@@ -94,7 +94,7 @@ class ToolCalls(Generic[T]):
         self.clock = attempt_options.clock
         self.serializer = options.serializer
         assert isinstance(options.store, AsyncStore)  # (tool_options checked it)
-        self.setup = AsyncSetup.for_options(attempt_options, options.store, http=False)
+        self.setup = AsyncSetup.for_options(attempt_options, options.store, http=False, door="mcp")
         self.context = self.setup.context
 
     async def call(

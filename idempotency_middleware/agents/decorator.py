@@ -30,7 +30,7 @@ except ModuleNotFoundError as missing:  # tests/unit/test_missing_extras.py
         name="mcp",
     ) from missing
 
-from ..functions.attempts import derived_name, is_coroutine_callable
+from ..functions.attempts import is_coroutine_callable
 from ..functions.options import CallableOptions
 from ..stores.protocol import AsyncStore, SyncStore
 from .calls import ToolCalls, tool_options
@@ -72,9 +72,10 @@ def idempotent_tool(
     The key is the request's ``_meta["idempotencyKey"]`` (or ``"idempotency-key"``), else
     the tool's ``key_argument`` argument. ``scope(context)`` (the SDK's ``Context``) keeps
     clients apart; default: the authenticated client's id. The keys are named after the
-    function (``module.qualname``) unless ``name=`` is given. Every shared option of
-    ``idempotent`` applies, with ``required=False`` and ``wait_seconds=10`` as this door's
-    defaults. Sync tools run in a worker thread. Needs an async store.
+    tool (the function's name; give ``name=`` when ``@server.tool(name=...)`` renames it).
+    Every shared option of ``idempotent`` applies, with ``required=False`` and
+    ``wait_seconds=10`` as this door's defaults. Sync tools run in a worker thread. Needs an
+    async store.
     """
     if not (isinstance(key_argument, str) and key_argument):
         raise TypeError(f"key_argument must be a non-empty string, got {key_argument!r}")
@@ -102,7 +103,9 @@ def _decorated(
             f"idempotent_tool cannot make generator function {tool} idempotent: its "
             "result cannot be stored; return a list"
         )
-    name = derived_name(function, options.name, "idempotent_tool")
+    # Keys and metrics are named after the tool, as the fastmcp middleware names them, so a
+    # server can move between the two doors without its keys changing meaning.
+    name = options.name or tool
     is_async = is_coroutine_callable(function)
     signature = _evaluated_signature(function)
     context_types = _context_types()

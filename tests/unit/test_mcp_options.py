@@ -96,3 +96,17 @@ async def test_a_duplicate_waits_ten_seconds_by_default(kind: Kind, tmp_path: Pa
         await running
     assert "still running" in duplicate["content"][0]["text"]
     assert 9 <= sum(clock.slept) < 10 + 1e-6
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_tool_calls_events_name_the_mcp_door_and_the_tool_as_its_route(
+    kind: Kind, tmp_path: Path
+) -> None:
+    events: list[IdempotencyEvent] = []
+    server = build(kind, MemoryStore(), tmp_path / "runs", on_event=events.append)
+    async with connect(kind, server=server) as call:
+        for _ in range(2):
+            await call("charge", {"order": 7}, "task-1")
+    attempts = [event for event in events if event.kind in {"claimed", "completed", "replayed"}]
+    assert [event.kind for event in attempts] == ["claimed", "completed", "replayed"]
+    assert {(event.door, event.route_label) for event in attempts} == {("mcp", "charge")}
