@@ -411,9 +411,14 @@ async def test_redis_stream_acks_replays_and_acks_a_dead_message_after_on_exhaus
         # by then, so the claimer's delivery may run whole in between (seen once, at a load
         # of 13 on two cores). The runs and the dead message below say which delivery did
         # what.
+        # Or the claimer took the entry while the first delivery still ran (idle past
+        # min_idle_time on a loaded machine: seen at a load of 15): its delivery found the key
+        # in progress and was nacked, and the first, failing, read the entry's delivery count
+        # as 2 (Redis counts the claim) and was dead after one run. Either way the message is
+        # given up exactly once, after max_attempts deliveries, and never run after.
         assert sorted((await answers.wait_for(4))[2:]) == ["ACKED", "NACKED"]
-        assert len(failing.runs) == 2
-        assert [str(error) for _, error in story.dead] == ["run 2"]
+        assert [str(error) for _, error in story.dead] in (["run 2"], ["run 1"])
+        assert len(failing.runs) == int(str(story.dead[0][1]).removeprefix("run "))
         pending = await broker._connection.xpending(stream, "workers")  # type: ignore[union-attr]
         assert pending["pending"] == 0
     finally:
