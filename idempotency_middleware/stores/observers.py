@@ -69,8 +69,10 @@ class StoreObservers:
 
     def started(self, operation: str) -> tuple[CallEnd, ...]:
         """Tell every observer a call of ``operation`` starts; what to call when it ends."""
-        kind = self.kind
-        return tuple(observer.store_call_started(kind, operation) for observer in self.observers)
+        kind, observers = self.kind, self.observers
+        if len(observers) == 1:  # the usual case: no generator to build and run
+            return (observers[0].store_call_started(kind, operation),)
+        return tuple([observer.store_call_started(kind, operation) for observer in observers])
 
 
 def ended(ends: tuple[CallEnd, ...], error: BaseException | None) -> None:
