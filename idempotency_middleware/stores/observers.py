@@ -81,11 +81,24 @@ def ended(ends: tuple[CallEnd, ...], error: BaseException | None) -> None:
         end(error)
 
 
-def observe(observers: StoreObservers, operation: str, call: Callable[[], T]) -> T:
-    """``call()``, its start and end told to ``observers``."""
+def observe(
+    observers: StoreObservers, operation: str, call: Callable[..., T], *arguments: object
+) -> T:
+    """``call(*arguments)``, its start and end told to ``observers``."""
+    watching = observers.observers
+    if len(watching) == 1:
+        # The usual case, written out: no tuple of ends to build and walk for each call.
+        end = watching[0].store_call_started(observers.kind, operation)
+        try:
+            result = call(*arguments)
+        except BaseException as error:
+            end(error)
+            raise
+        end(None)
+        return result
     ends = observers.started(operation)
     try:
-        result = call()
+        result = call(*arguments)
     except BaseException as error:
         ended(ends, error)
         raise
