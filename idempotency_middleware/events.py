@@ -104,7 +104,11 @@ DoorKind = Literal["http", "function", "consumer", "mcp"]
 UNMATCHED = "unmatched"
 
 
-@dataclass(frozen=True)
+# Sets a frozen instance's attributes at once (its own ``__setattr__`` refuses).
+_set_attribute = object.__setattr__
+
+
+@dataclass(frozen=True, init=False)
 class IdempotencyEvent:
     """One thing the middleware did. ``key_hash`` is the stored (hashed) partition key.
 
@@ -130,6 +134,45 @@ class IdempotencyEvent:
     store: str | None = None
     route_label: str = ""
     waited_seconds: float | None = None
+
+    # Written out rather than generated: a frozen dataclass's own ``__init__`` sets each of
+    # the 13 fields through ``object.__setattr__``, twice the cost of the whole ``__dict__``
+    # at once, and an event is built for every step of every attempt a hook listens to.
+    def __init__(
+        self,
+        kind: EventKind,
+        key_hash: str,
+        method: str,
+        route: str,
+        status: int | None = None,
+        operation: str | None = None,
+        error: str | None = None,
+        store_latency_ms: float | None = None,
+        cause: str | None = None,
+        door: DoorKind | None = None,
+        store: str | None = None,
+        route_label: str = "",
+        waited_seconds: float | None = None,
+    ) -> None:
+        _set_attribute(
+            self,
+            "__dict__",
+            {
+                "kind": kind,
+                "key_hash": key_hash,
+                "method": method,
+                "route": route,
+                "status": status,
+                "operation": operation,
+                "error": error,
+                "store_latency_ms": store_latency_ms,
+                "cause": cause,
+                "door": door,
+                "store": store,
+                "route_label": route_label,
+                "waited_seconds": waited_seconds,
+            },
+        )
 
 
 # A breaker event is about the store, not one request: it carries no key, method or route.
@@ -296,6 +339,32 @@ class Reporter:
         """Log and hand on one event. For a store failure, ``failure`` is the store's error
         (its ``cause`` and ``reason`` reach the event and the log line; ``error`` defaults
         to its repr) and ``note`` what came of it ("gave up after 4 attempts")."""
+        self.report_fields(
+            attempt,
+            kind,
+            status,
+            store_latency_ms,
+            operation,
+            error,
+            failure,
+            note,
+            waited_seconds,
+        )
+
+    def report_fields(
+        self,
+        attempt: _Attempt,
+        kind: EventKind,
+        status: int | None,
+        store_latency_ms: float | None,
+        operation: str | None,
+        error: str | None,
+        failure: BaseException | None,
+        note: str | None,
+        waited_seconds: float | None,
+    ) -> None:
+        """``report`` with every field given by position, in the order of the engine's
+        ``Emit`` effect: what the drivers call for each event (keywords cost more)."""
         level = _LEVELS[kind]
         log = logger.isEnabledFor(level)
         if not log and self._hook is None:

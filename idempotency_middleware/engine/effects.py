@@ -103,17 +103,8 @@ class Emit(NamedTuple):
 
 def emit(effect: Emit) -> None:
     """Perform an ``Emit``: what both drivers (and a hand-stepping test) do with one."""
-    effect.reporter.report(
-        effect.attempt,
-        effect.kind,
-        status=effect.status,
-        operation=effect.operation,
-        error=effect.error,
-        store_latency_ms=effect.store_latency_ms,
-        failure=effect.failure,
-        note=effect.note,
-        waited_seconds=effect.waited_seconds,
-    )
+    reporter, attempt, kind, status, latency, operation, error, failure, note, waited = effect
+    reporter.report_fields(attempt, kind, status, latency, operation, error, failure, note, waited)
 
 
 class Recall(NamedTuple):

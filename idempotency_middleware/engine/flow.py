@@ -195,14 +195,12 @@ def attempt(context: Context, attempt: decisions.Attempt) -> AttemptFlow:
         )
         kind = decisions.held_event_kind(answer)
         if reporter.wants(kind):
-            yield Emit(
-                reporter,
-                attempt,
-                kind,
-                answer.status,
-                latency_ms,
-                error=_why(answer),
-                waited_seconds=_waited(wait_until, attempt, now),
+            # (Built with tuple.__new__, every field in ``Emit``'s order: calling a
+            # NamedTuple class costs twice as much, and a replay reports one.)
+            why, waited = _why(answer), _waited(wait_until, attempt, now)
+            yield tuple.__new__(
+                Emit,
+                (reporter, attempt, kind, answer.status, latency_ms, None, why, None, None, waited),
             )
         return answer
     # Asked once for the DEBUG events of the usual path (claimed, completed, deferred).
@@ -210,7 +208,10 @@ def attempt(context: Context, attempt: decisions.Attempt) -> AttemptFlow:
     kind = "taken_over" if taken_over else "claimed"
     if routine if kind in ROUTINE_KINDS else reporter.wants(kind):
         if wait_until is None:
-            yield Emit(reporter, attempt, kind, None, latency_ms)
+            # (Built with tuple.__new__, every field in ``Emit``'s order, as above.)
+            yield tuple.__new__(
+                Emit, (reporter, attempt, kind, None, latency_ms, None, None, None, None, None)
+            )
         else:
             waited = _waited(wait_until, attempt, now)
             yield Emit(reporter, attempt, kind, None, latency_ms, waited_seconds=waited)
@@ -304,7 +305,9 @@ def attempt(context: Context, attempt: decisions.Attempt) -> AttemptFlow:
         elif deferred:
             kind = "deferred"
         if routine if kind in ROUTINE_KINDS else reporter.wants(kind):
-            yield Emit(reporter, attempt, kind, status)
+            yield tuple.__new__(
+                Emit, (reporter, attempt, kind, status, None, None, None, None, None, None)
+            )
     if writes and not stored:
         if stored is None:
             # The commit never got an answer: it landed whole or not at all, and the key

@@ -3,8 +3,8 @@ and spans."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from ..events import IdempotencyEvent
@@ -45,7 +45,7 @@ class OpenTelemetry:
     ) -> None:
         trace = import_extra("opentelemetry.trace", "otel", "OpenTelemetry")
         metrics = import_extra("opentelemetry.metrics", "otel", "OpenTelemetry")
-        self._trace: Any = trace
+        self._current_span: Any = trace.get_current_span
         self._client_kind = trace.SpanKind.CLIENT
         self._error_status = trace.Status(trace.StatusCode.ERROR)
         self._tracer = trace.get_tracer(SCOPE, tracer_provider=tracer_provider)
@@ -76,28 +76,33 @@ class OpenTelemetry:
         # Attribute sets built once per label values: every value is bounded (outcomes,
         # doors, route templates, stores, operations), so these stay small.
         self._attempt_attributes: dict[tuple[str, str, str, str], dict[str, str]] = {}
+        self._wait_attributes: dict[tuple[str, str, str, str], dict[str, str]] = {}
         self._call_attributes: dict[tuple[str, str, str], dict[str, str]] = {}
+        # A store call's span name and attributes, by (store, operation).
+        self._call_spans: dict[tuple[str, str], tuple[str, dict[str, str]]] = {}
 
     def __repr__(self) -> str:
         return "OpenTelemetry()"
 
     def __call__(self, event: IdempotencyEvent) -> None:
         """Count the event, record its wait, and mark the current span with its outcome."""
-        if event.kind in names.STORE_EVENTS:
+        kind = event.kind
+        if kind in names.STORE_EVENTS:
             return
-        labels = names.attempt_labels(event)
-        attributes = self._attempt_attributes.get(labels)
-        if attributes is None:
+        # (``conventions.attempt_labels``, inlined: this runs for every event.)
+        labels = (kind, event.door or "", event.route_label, event.store or "")
+        try:
+            attributes = self._attempt_attributes[labels]
+        except KeyError:
             attributes = self._attempt_attributes[labels] = dict(
                 zip((names.OUTCOME, names.DOOR, names.ROUTE, names.STORE), labels, strict=True)
             )
         self._attempts.add(1, attributes)
         if event.waited_seconds is not None:
-            waited = {k: v for k, v in attributes.items() if k != names.OUTCOME}
-            self._wait_duration.record(event.waited_seconds, waited)
-        span = self._trace.get_current_span()
+            self._wait_duration.record(event.waited_seconds, self._waited_attributes(labels))
+        span = self._current_span()
         if span.is_recording():
-            span.set_attribute(names.OUTCOME, event.kind)
+            span.set_attribute(names.OUTCOME, kind)
             span.set_attribute(names.KEY_HASH, event.key_hash)
 
     def watch_store(self, store: str, breaker: CircuitBreaker) -> None:
@@ -106,24 +111,27 @@ class OpenTelemetry:
 
     def store_call_started(self, store: str, operation: str) -> CallEnd:
         """Time a store call, as a child span of the current one when that is recording."""
-        started = time.perf_counter()
         span: Any = None
-        if self._trace.get_current_span().is_recording():
-            span = self._tracer.start_span(
-                names.span_name(operation),
-                kind=self._client_kind,
-                attributes={
-                    names.DB_SYSTEM_NAME: names.db_system(store),
-                    names.STORE: store,
-                    names.OPERATION: operation,
-                },
-            )
+        if self._current_span().is_recording():
+            try:
+                name, attributes = self._call_spans[store, operation]
+            except KeyError:
+                name, attributes = self._call_spans[store, operation] = (
+                    names.span_name(operation),
+                    {
+                        names.DB_SYSTEM_NAME: names.db_system(store),
+                        names.STORE: store,
+                        names.OPERATION: operation,
+                    },
+                )
+            # (The SDK copies the attributes into the span's own.)
+            span = self._tracer.start_span(name, kind=self._client_kind, attributes=attributes)
+        started = perf_counter()
 
         def end(error: BaseException | None) -> None:
+            seconds = perf_counter() - started
             cause = "" if error is None else names.error_type(error)
-            self._store_duration.record(
-                time.perf_counter() - started, self._store_attributes(operation, store, cause)
-            )
+            self._store_duration.record(seconds, self._store_attributes(operation, store, cause))
             if span is not None:
                 if error is not None:
                     span.set_attribute(names.ERROR_TYPE, cause)
@@ -131,6 +139,17 @@ class OpenTelemetry:
                 span.end()
 
         return end
+
+    def _waited_attributes(self, labels: tuple[str, str, str, str]) -> dict[str, str]:
+        """A wait's attributes: an attempt's without its outcome."""
+        attributes = self._wait_attributes.get(labels)
+        if attributes is None:
+            attributes = self._wait_attributes[labels] = {
+                key: value
+                for key, value in self._attempt_attributes[labels].items()
+                if key != names.OUTCOME
+            }
+        return attributes
 
     def _store_attributes(self, operation: str, store: str, cause: str) -> dict[str, str]:
         labels = (operation, store, cause)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 import weakref
 from collections.abc import Iterator
+from time import perf_counter
 from typing import Any
 
 from ..events import IdempotencyEvent
@@ -48,11 +48,25 @@ class _Metrics:
         self.breakers = WatchedBreakers()
         gauge = f"{namespace}_{names.PROMETHEUS_BREAKER_OPEN}"
         registry.register(_BreakerCollector(gauge, self.breakers))
-        # Label children by their values: ``labels()`` takes a lock and builds a key each
-        # time. Every value is bounded, so these stay small.
+        # Label children by their values: ``labels()`` takes a lock, checks and joins the
+        # values each time. Every value is bounded (outcomes, doors, route templates,
+        # stores, operations, causes), so these stay small; a miss fills them (two threads
+        # missing at once get the same child: ``labels()`` is idempotent).
         self.attempt_children: dict[tuple[str, ...], Any] = {}
         self.call_children: dict[tuple[str, ...], Any] = {}
         self.wait_children: dict[tuple[str, ...], Any] = {}
+
+    def attempt_child(self, labels: tuple[str, ...]) -> Any:
+        child = self.attempt_children[labels] = self.attempts.labels(*labels)
+        return child
+
+    def call_child(self, labels: tuple[str, ...]) -> Any:
+        child = self.call_children[labels] = self.store_duration.labels(*labels)
+        return child
+
+    def wait_child(self, labels: tuple[str, ...]) -> Any:
+        child = self.wait_children[labels] = self.wait_duration.labels(*labels)
+        return child
 
 
 class _BreakerCollector:
@@ -126,22 +140,25 @@ class Prometheus:
 
     def __call__(self, event: IdempotencyEvent) -> None:
         """Count the event, and record its wait."""
-        if event.kind in names.STORE_EVENTS:
+        kind = event.kind
+        if kind in names.STORE_EVENTS:
             return
         metrics = self._metrics
-        labels = names.attempt_labels(event)
-        child = metrics.attempt_children.get(labels)
-        if child is None:
-            child = metrics.attempt_children[labels] = metrics.attempts.labels(*labels)
+        # (``conventions.attempt_labels``, inlined: this runs for every event.)
+        labels = (kind, event.door or "", event.route_label, event.store or "")
+        try:
+            child = metrics.attempt_children[labels]
+        except KeyError:
+            child = metrics.attempt_child(labels)
         child.inc()
-        if event.waited_seconds is not None:
+        waited_seconds = event.waited_seconds
+        if waited_seconds is not None:
             wait_labels = labels[1:]
-            waited = metrics.wait_children.get(wait_labels)
-            if waited is None:
-                waited = metrics.wait_children[wait_labels] = metrics.wait_duration.labels(
-                    *wait_labels
-                )
-            waited.observe(event.waited_seconds)
+            try:
+                waited = metrics.wait_children[wait_labels]
+            except KeyError:
+                waited = metrics.wait_child(wait_labels)
+            waited.observe(waited_seconds)
 
     def watch_store(self, store: str, breaker: CircuitBreaker) -> None:
         """Report ``breaker`` in the breaker gauge as a ``store``'s."""
@@ -149,15 +166,18 @@ class Prometheus:
 
     def store_call_started(self, store: str, operation: str) -> CallEnd:
         """Time a store call."""
-        started = time.perf_counter()
         metrics = self._metrics
+        children = metrics.call_children
+        started = perf_counter()
 
         def end(error: BaseException | None) -> None:
+            seconds = perf_counter() - started
             labels = (operation, store, "" if error is None else names.error_type(error))
-            child = metrics.call_children.get(labels)
-            if child is None:
-                child = metrics.call_children[labels] = metrics.store_duration.labels(*labels)
-            child.observe(time.perf_counter() - started)
+            try:
+                child = children[labels]
+            except KeyError:
+                child = metrics.call_child(labels)
+            child.observe(seconds)
 
         return end
 

@@ -70,24 +70,22 @@ class MemoryStore(BreakerOwner):
     # (one truth test when not); the operator's get and delete are not.
     def claim(self, request: ClaimRequest) -> ClaimResult:
         if self.observers.observers:
-            return observe(self.observers, "claim", lambda: self._claim(request))
+            return observe(self.observers, "claim", self._claim, request)
         return self._claim(request)
 
     def complete(self, completion: Completion) -> bool:
         if self.observers.observers:
-            return observe(self.observers, "complete", lambda: self._complete(completion))
+            return observe(self.observers, "complete", self._complete, completion)
         return self._complete(completion)
 
     def release(self, key_hash: str, owner: str) -> bool:
         if self.observers.observers:
-            return observe(self.observers, "release", lambda: self._release(key_hash, owner))
+            return observe(self.observers, "release", self._release, key_hash, owner)
         return self._release(key_hash, owner)
 
     def renew(self, key_hash: str, owner: str, lock_expires_at: float) -> bool:
         if self.observers.observers:
-            return observe(
-                self.observers, "renew", lambda: self._renew(key_hash, owner, lock_expires_at)
-            )
+            return observe(self.observers, "renew", self._renew, key_hash, owner, lock_expires_at)
         return self._renew(key_hash, owner, lock_expires_at)
 
     def _claim(self, request: ClaimRequest) -> ClaimResult:

@@ -69,8 +69,10 @@ class StoreObservers:
 
     def started(self, operation: str) -> tuple[CallEnd, ...]:
         """Tell every observer a call of ``operation`` starts; what to call when it ends."""
-        kind = self.kind
-        return tuple(observer.store_call_started(kind, operation) for observer in self.observers)
+        kind, observers = self.kind, self.observers
+        if len(observers) == 1:  # the usual case: no generator to build and run
+            return (observers[0].store_call_started(kind, operation),)
+        return tuple([observer.store_call_started(kind, operation) for observer in observers])
 
 
 def ended(ends: tuple[CallEnd, ...], error: BaseException | None) -> None:
@@ -79,11 +81,24 @@ def ended(ends: tuple[CallEnd, ...], error: BaseException | None) -> None:
         end(error)
 
 
-def observe(observers: StoreObservers, operation: str, call: Callable[[], T]) -> T:
-    """``call()``, its start and end told to ``observers``."""
+def observe(
+    observers: StoreObservers, operation: str, call: Callable[..., T], *arguments: object
+) -> T:
+    """``call(*arguments)``, its start and end told to ``observers``."""
+    watching = observers.observers
+    if len(watching) == 1:
+        # The usual case, written out: no tuple of ends to build and walk for each call.
+        end = watching[0].store_call_started(observers.kind, operation)
+        try:
+            result = call(*arguments)
+        except BaseException as error:
+            end(error)
+            raise
+        end(None)
+        return result
     ends = observers.started(operation)
     try:
-        result = call()
+        result = call(*arguments)
     except BaseException as error:
         ended(ends, error)
         raise

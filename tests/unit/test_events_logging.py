@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import logging
 from dataclasses import dataclass
 
@@ -173,3 +175,28 @@ def test_a_key_reused_with_another_message_of_a_consumer_is_logged_without_an_ht
         consumer.process({"key": "k-1", "amount": 6})
     [record] = [r for r in caplog.records if r.__dict__.get("idempotency_event") == "mismatch"]
     assert "answered" not in record.message
+
+
+def test_an_event_takes_its_fields_in_order_with_their_defaults() -> None:
+    # Its __init__ is written out (cheaper than the generated one): it must stay the
+    # dataclass's, field for field.
+    parameters = list(inspect.signature(IdempotencyEvent).parameters.values())
+    fields = dataclasses.fields(IdempotencyEvent)
+    assert [p.name for p in parameters] == [f.name for f in fields]
+    assert [p.default for p in parameters] == [
+        inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default for f in fields
+    ]
+
+
+def test_an_event_built_by_position_equals_one_built_by_keyword_and_stays_frozen() -> None:
+    by_position = IdempotencyEvent("replayed", "a1b2", "POST", "/orders/5", 201)
+    by_keyword = IdempotencyEvent(
+        kind="replayed", key_hash="a1b2", method="POST", route="/orders/5", status=201
+    )
+
+    assert by_position == by_keyword
+    assert hash(by_position) == hash(by_keyword)
+    assert dataclasses.replace(by_position, status=200).status == 200
+    assert dataclasses.asdict(by_position)["route_label"] == ""
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        by_position.status = 500  # type: ignore[misc]
