@@ -1,5 +1,6 @@
 """The agents page's fastmcp example: every keyed tool call runs once. Run here with
-fastmcp's in-process client (tests/e2e/test_mcp_http.py runs it over Streamable HTTP)."""
+fastmcp's in-process client; tests/e2e/test_agents_page.py serves it over Streamable HTTP to
+the page's client, docs/snippets/agents-client.py."""
 
 import asyncio
 
@@ -25,17 +26,12 @@ async def send_invoice(customer: str, amount_cents: int) -> dict[str, str]:
 async def check() -> None:
     from fastmcp import Client
 
-    async with Client(server) as client:
-        # --8<-- [start:call]
-        meta = {"idempotencyKey": "invoice-acme-2026-11"}  # from the task, not the turn
-        first = await client.call_tool_mcp(
-            "send_invoice", {"customer": "acme", "amount_cents": 1200}, meta=meta
-        )
-        retry = await client.call_tool_mcp(
-            "send_invoice", {"customer": "acme", "amount_cents": 1200}, meta=meta
-        )
+    async with Client(server) as client:  # in process
+        meta = {"idempotencyKey": "invoice-acme-2026-11"}
+        arguments = {"customer": "acme", "amount_cents": 1200}
+        first = await client.call_tool_mcp("send_invoice", arguments, meta=meta)
+        retry = await client.call_tool_mcp("send_invoice", arguments, meta=meta)
         assert retry.meta is not None and retry.meta["idempotentReplayed"] is True
-        # --8<-- [end:call]
         assert retry.structured_content == first.structured_content
 
 

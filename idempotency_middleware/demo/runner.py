@@ -144,6 +144,10 @@ def serve_wsgi(app: Any) -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{server.effective_port}"
     finally:
+        # Let the tasks in flight end first: a WSGI response's close(), where the middleware
+        # stores it, runs after the client has the response, and a socket closed under it
+        # printed waitress's "Bad file descriptor" traceback (seen once in make test).
+        server.task_dispatcher.shutdown(cancel_pending=False, timeout=10)
         # Close the listening socket from waitress's own loop thread (a trigger "thunk"):
         # closing it from here races with the loop's select() on it.
         try:

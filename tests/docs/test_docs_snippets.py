@@ -67,6 +67,8 @@ RUN_ELSEWHERE = {"quickstart", "create_table.py"}
 RUN_ELSEWHERE |= {
     f"consumers-faststream-{broker}.py" for broker in ("redis", "rabbit", "nats", "kafka")
 }
+# The agents page's client calls its server over HTTP: tests/e2e/test_agents_page.py.
+RUN_ELSEWHERE |= {"agents-client.py"}
 NEEDS_POSTGRES = {"stores-postgres-2.py"}
 PYTHON = sorted(
     path.relative_to(SNIPPETS).as_posix()
@@ -151,7 +153,11 @@ def shown_programs() -> dict[str, str]:
 
 SHOWN = shown_programs()
 SHOWN_WITHOUT_SERVERS = sorted(
-    set(SHOWN) - RUNS_UNTIL_STOPPED - NEEDS_POSTGRES_SHOWN - NEEDS_QUEUES
+    set(SHOWN)
+    - RUNS_UNTIL_STOPPED
+    - NEEDS_POSTGRES_SHOWN
+    - NEEDS_QUEUES
+    - {"docs/snippets/agents-client.py"}
 )
 
 

@@ -44,9 +44,12 @@ async def test_a_tool_that_raises_over_stdio_runs_again_on_retry(
 async def test_the_example_server_replays_a_retried_order_even_after_a_restart(
     tmp_path: Path,
 ) -> None:
+    # The command the agents page gives (docs/snippets/run/mcp_server.sh), in this venv.
+    python, script = (ROOT / "docs/snippets/run/mcp_server.sh").read_text().splitlines()[-1].split()
+    assert python == ".venv/bin/python", python
     server = StdioServerParameters(
         command=sys.executable,
-        args=[str(ROOT / "examples" / "mcp_server.py")],
+        args=[str(ROOT / script)],
         env={"ORDERS_IDEMPOTENCY_DB": str(tmp_path / "keys.db"), "PYTHONPATH": str(ROOT)},
     )
     arguments = {"item": "tea", "quantity": 2}

@@ -1,0 +1,2 @@
+make install
+.venv/bin/python examples/mcp_server.py
