@@ -23,19 +23,13 @@ ROOT = Path(__file__).resolve().parents[2]
 SNIPPETS = ROOT / "docs" / "snippets"
 
 
-def shown_server(directory: Path) -> Any:
-    """The page's server, built by the shown part of its snippet (its SQLite file in
-    ``directory``), with a counter of the tool's runs."""
+def shown_server() -> Any:
+    """The page's server, built by the shown part of its snippet."""
     text = (SNIPPETS / "agents-middleware.py").read_text()
     start = text.index("# --8<-- [start:show]\n")
     shown = text[start : text.index("# --8<-- [end:show]")]
     namespace: dict[str, Any] = {"__name__": "agents_page"}
-    cwd = os.getcwd()
-    os.chdir(directory)
-    try:
-        exec(compile(shown, "agents-middleware.py", "exec"), namespace)
-    finally:
-        os.chdir(cwd)
+    exec(compile(shown, "agents-middleware.py", "exec"), namespace)
     return namespace["server"]
 
 
@@ -51,8 +45,13 @@ class ToolRuns(Middleware):
         return await call_next(context)
 
 
-def test_the_pages_client_gets_its_retry_replayed_by_the_pages_server(tmp_path: Path) -> None:
-    server = shown_server(tmp_path)
+def test_the_pages_client_gets_its_retry_replayed_by_the_pages_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The store's SQLite file is relative and opened on first use: in this test's directory
+    # (one left in the checkout by an earlier run replayed both calls).
+    monkeypatch.chdir(tmp_path)
+    server = shown_server()
     runs = ToolRuns()
     server.add_middleware(runs)
     with serve_asgi(server.http_app(), lifespan=True) as url:
