@@ -93,7 +93,7 @@ class Result:
 class Run:
     """One set-up, option off or on: the workers, the senders, the crash."""
 
-    def __init__(self, settings: dict[str, Any], crash: Callable[[], None], keys: int) -> None:
+    def __init__(self, settings: dict[str, Any], crash: Callable[[], float], keys: int) -> None:
         self.settings, self.crash, self.keys = settings, crash, keys
         self.result = Result(keys=keys)
         self.crashed_at: float | None = None
@@ -170,9 +170,9 @@ class Run:
             self.done += 1
             halfway = self.done == self.keys // 2
         if halfway:
-            self.crash()
+            crashed = self.crash()  # (the kill's time: not the checks' before it)
             with self.lock:
-                self.crashed_at = time.monotonic()
+                self.crashed_at = crashed
 
     def deliver_answers(self, outbox: Any) -> None:
         while (answer := outbox.get()) is not None:
@@ -238,7 +238,7 @@ def measure(setup: str, on: bool, keys: int) -> Result:
         Path(ledger).touch()
         settings: dict[str, Any] = {"kind": kind, "on": on, "ledger": ledger}
         with contextlib.ExitStack() as stack:
-            crash: Callable[[], None]
+            crash: Callable[[], float]
             if kind == "redis":
                 servers = stack.enter_context(redis_sentinel_set(lag_seconds=lag, replicas=2))
                 settings["sentinels"] = servers.sentinel_ports
@@ -247,7 +247,7 @@ def measure(setup: str, on: bool, keys: int) -> Result:
                 settings["replica_timeout"] = 0.5 + 5 * lag
                 settings["socket_timeout"] = 1.0 + 10 * lag
 
-                def crash() -> None:
+                def crash() -> float:
                     if lag and not servers.replicas_lagged():
                         raise RuntimeError("Sentinel re-pointed a lagged replica: rows invalid")
                     old, crashed = servers.crash_primary(), time.monotonic()
@@ -257,6 +257,7 @@ def measure(setup: str, on: bool, keys: int) -> Result:
                         failed_over.append(time.monotonic() - crashed)
 
                     threading.Thread(target=watch, daemon=True).start()
+                    return crashed
 
             else:
                 pair = stack.enter_context(postgres_pair(lag_seconds=lag))
@@ -268,7 +269,7 @@ def measure(setup: str, on: bool, keys: int) -> Result:
                 with PostgresStore(pair.dsn, table="failover") as maker:
                     maker.create_table()
 
-                def crash() -> None:
+                def crash() -> float:
                     pair.crash_primary()
                     crashed = time.monotonic()
 
@@ -277,6 +278,7 @@ def measure(setup: str, on: bool, keys: int) -> Result:
                         failed_over.append(time.monotonic() - crashed)
 
                     threading.Timer(PROMOTE_AFTER_SECONDS, promote).start()
+                    return crashed
 
             ports, inbox, outbox = stack.enter_context(workers(settings))
             run = Run(settings, crash, keys)
