@@ -112,7 +112,8 @@ def test_a_write_acknowledged_just_before_the_crash_is_lost_by_a_sentinel_failov
         old = servers.crash_primary()
 
         def link_down() -> bool:
-            return node(servers.replica_port).info("replication")["master_link_status"] == "down"
+            replication: dict[str, Any] = node(servers.replica_port).info("replication")
+            return bool(replication["master_link_status"] == "down")
 
         wait_for(link_down, "the replica losing its primary")
         promoted = servers.wait_for_failover(old)
