@@ -44,25 +44,30 @@ def store(settings: dict[str, Any], asynchronous: bool) -> Any:
             purge_interval_seconds=None,
         )
     addresses = [("127.0.0.1", port) for port in settings["sentinels"]]
-    timeouts: dict[str, Any] = {"socket_timeout": 1.0, "socket_connect_timeout": 0.5}
+    timeouts: dict[str, Any] = {
+        "socket_timeout": settings.get("socket_timeout", 1.0),
+        "socket_connect_timeout": 0.5,
+    }
+    waits = {"replicas": int(on), "replica_timeout_seconds": settings.get("replica_timeout", 0.5)}
     if asynchronous:
         from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 
         watchers: Any = AsyncSentinel(addresses)  # type: ignore[no-untyped-call]
         client = watchers.master_for("mymaster", **timeouts)
-        return RedisStore(async_client=client, prefix="failover:", replicas=int(on))
+        return RedisStore(async_client=client, prefix="failover:", **waits)
     from redis.sentinel import Sentinel
 
     sentinel: Any = Sentinel(addresses)  # type: ignore[no-untyped-call]
     sync_client = sentinel.master_for("mymaster", **timeouts)
-    return RedisStore(client=sync_client, prefix="failover:", replicas=int(on))
+    return RedisStore(client=sync_client, prefix="failover:", **waits)
 
 
 def quiet() -> None:
     """The workers' store errors are the point of the run: counted, not logged."""
     import logging
 
-    logging.getLogger("idempotency_middleware").setLevel(logging.CRITICAL)
+    for name in ("idempotency_middleware", "psycopg"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def http_app() -> Any:

@@ -4,9 +4,10 @@ PostgreSQL primary with a streaming standby (``pg_basebackup -R``) the test prom
 
 Every process started here is stopped by the context manager that started it, and dies with
 the test process however that ends (``_die_with_parent``). A replica (or standby) may follow
-its primary through a :class:`LagProxy`, which holds every byte ``lag_seconds`` each way: the
-replication lag of replicas in another zone, where an acknowledged write can be lost by a
-crash of its primary.
+its primary through a :class:`LagProxy`, which holds every byte ``lag_seconds`` each way and
+drops what it still holds from a primary that dies: the replication lag of a loaded primary
+(or of replicas in another zone), where a crash of the primary's host loses the writes it had
+acknowledged but not yet sent.
 """
 
 from __future__ import annotations
@@ -83,7 +84,12 @@ def _stop_all(processes: dict[Any, subprocess.Popen[bytes]]) -> None:
 
 
 class LagProxy:
-    """Forwards 127.0.0.1:``port`` to ``upstream_port``, each chunk ``lag_seconds`` late."""
+    """Forwards 127.0.0.1:``port`` to ``upstream_port``, each chunk ``lag_seconds`` late.
+
+    When the upstream end closes (its server SIGKILLed), the bytes still held from it are
+    dropped, not delivered late: the lag stands for writes a primary acknowledged and had not
+    sent yet, which a crash of its host loses. (Bytes on the wire would still arrive; a proxy
+    that delivered them after the crash hid every loss the lag was there to show.)"""
 
     def __init__(self, upstream_port: int, lag_seconds: float) -> None:
         self.upstream_port, self.lag_seconds = upstream_port, lag_seconds
@@ -124,11 +130,19 @@ class LagProxy:
         except OSError:
             writer.close()
             return
-        await asyncio.gather(
-            self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True
-        )
+        # (Cancelled when the proxy stops: the connection ends with it, quietly.)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(
+                self._pipe(reader, up_writer),
+                self._pipe(up_reader, writer, lost_at_end=True),
+                return_exceptions=True,
+            )
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, lost_at_end: bool = False
+    ) -> None:
+        """``reader`` to ``writer``, ``lag_seconds`` late; with ``lost_at_end``, what is still
+        held when ``reader`` ends is dropped and ``writer`` reset."""
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
 
         async def send() -> None:
@@ -145,8 +159,12 @@ class LagProxy:
             while data := await reader.read(65536):
                 queue.put_nowait((time.monotonic() + self.lag_seconds, data))
         finally:
-            queue.put_nowait((0.0, b""))
-            with contextlib.suppress(Exception):
+            if lost_at_end:
+                sending.cancel()
+                writer.transport.abort()
+            else:
+                queue.put_nowait((0.0, b""))
+            with contextlib.suppress(Exception, asyncio.CancelledError):
                 await sending
             writer.close()
 
@@ -188,6 +206,8 @@ class SentinelSet:
     primary_port: int = 0
     replica_port: int = 0
     sentinel_ports: list[int] = field(default_factory=list)
+    replica_ports: list[int] = field(default_factory=list)
+    lag_port: int = 0  # the LagProxy's port the replicas follow (0: they follow the primary)
 
     def sentinel(self, **options: Any) -> Any:
         """A redis-py ``Sentinel`` on the three Sentinels."""
@@ -205,6 +225,14 @@ class SentinelSet:
 
         sentinel: Any = Sentinel([(HOST, p) for p in self.sentinel_ports])  # type: ignore[no-untyped-call]
         return int(sentinel.discover_master(SERVICE)[1])
+
+    def replicas_lagged(self) -> bool:
+        """Whether every replica still follows the primary through the :class:`LagProxy`
+        (Sentinel has not re-pointed one at the primary itself)."""
+        return bool(self.lag_port) and all(
+            int(_redis(port).info("replication")["master_port"]) == self.lag_port
+            for port in self.replica_ports
+        )
 
     def crash_primary(self) -> int:
         """SIGKILL the current primary; its port."""
@@ -234,9 +262,16 @@ def redis_sentinel_set(lag_seconds: float = 0.0, replicas: int = 1) -> Iterator[
         stack.callback(_stop_all, servers.processes)
         servers.primary_port, servers.replica_port = _free_port(), _free_port()
         replica_ports = [servers.replica_port, *(_free_port() for _ in range(replicas - 1))]
+        servers.replica_ports = replica_ports
         follow = servers.primary_port
+        # Sentinel re-points a replica that follows another address than the primary's own
+        # ("+fix-slave-config") once failover-timeout has passed since it first saw it: 5 s
+        # rewired a lagged replica straight to the primary long before any crash. Sentinel's
+        # default, 3 minutes, keeps it behind the proxy for a run (``replicas_lagged``).
+        failover_timeout_ms = 5000
         if lag_seconds:
             follow = stack.enter_context(LagProxy(servers.primary_port, lag_seconds)).port
+            servers.lag_port, failover_timeout_ms = follow, 180_000
         nodes: list[tuple[int, tuple[str, ...]]] = [(servers.primary_port, ())]
         nodes += [(port, ("--replicaof", HOST, str(follow))) for port in replica_ports]
         for port, more in nodes:
@@ -256,7 +291,7 @@ def redis_sentinel_set(lag_seconds: float = 0.0, replicas: int = 1) -> Iterator[
                 f"port {port}\nbind {HOST}\ndir {directory}\n"
                 f"sentinel monitor {SERVICE} {HOST} {servers.primary_port} 2\n"
                 f"sentinel down-after-milliseconds {SERVICE} 500\n"
-                f"sentinel failover-timeout {SERVICE} 5000\n"
+                f"sentinel failover-timeout {SERVICE} {failover_timeout_ms}\n"
             )
             log = directory / f"sentinel-{port}.log"
             process = _spawn([redis_server_binary(), str(config), "--sentinel"], log)
