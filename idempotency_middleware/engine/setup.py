@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..events import DoorKind
 from ..policy.options import Options
@@ -21,6 +21,11 @@ from .drivers import AsyncDriver, AsyncRun, AsyncWaiter, Suspended, SyncDriver, 
 from .effects import StreamEnd
 from .flow import AttemptFlow, Context, Ending
 from .renewal import LoopRenewals, ThreadRenewals
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+StoreT = TypeVar("StoreT", SyncStore, AsyncStore)
 
 # How a door tells a suspended attempt that its live stream ended: bytes sent, and whether
 # it failed midway (or did not send the body its headers declared).
@@ -37,16 +42,13 @@ class LiveStream(Exception):
         self.finish = finish
 
 
-class SyncSetup:
-    """A sync door's attempts (WSGI, Django, plain functions): run on the calling thread,
-    their leases renewed by the process's renewer thread."""
+class _Setup(Generic[StoreT]):
+    """What both setups are: a context over a store, built from a door's options."""
 
-    __slots__ = ("context", "driver", "new_owner", "now", "renewals")
+    __slots__ = ("context", "new_owner", "now")
 
-    def __init__(self, context: Context, store: SyncStore) -> None:
+    def __init__(self, context: Context, store: StoreT) -> None:
         self.context = context
-        self.renewals = ThreadRenewals(store, context.reporter, context.clock)
-        self.driver = SyncDriver(store, context.clock, self.renewals)
         # Read once per attempt (its claim's time and owner token): bound here.
         self.now = context.clock.now
         self.new_owner = context.entropy.owner
@@ -55,15 +57,27 @@ class SyncSetup:
     def for_options(
         cls,
         options: Options,
-        store: SyncStore,
+        store: StoreT,
         *,
         http: bool = True,
         sealed_only: bool = False,
         door: DoorKind | None = None,
-    ) -> SyncSetup:
+    ) -> Self:
         """The setup of a door with ``options`` over ``store`` (``Context.for_options``)."""
         context = Context.for_options(options, store, http=http, sealed_only=sealed_only, door=door)
         return cls(context, store)
+
+
+class SyncSetup(_Setup[SyncStore]):
+    """A sync door's attempts (WSGI, Django, plain functions): run on the calling thread,
+    their leases renewed by the process's renewer thread."""
+
+    __slots__ = ("driver", "renewals")
+
+    def __init__(self, context: Context, store: SyncStore) -> None:
+        super().__init__(context, store)
+        self.renewals = ThreadRenewals(store, context.reporter, context.clock)
+        self.driver = SyncDriver(store, context.clock, self.renewals)
 
     def drive(self, attempt: Attempt, run: SyncRun) -> Ending:
         """Run the attempt to its ending, calling ``run`` if it is claimed. ``LiveStream``
@@ -83,32 +97,16 @@ class SyncSetup:
         self.renewals.close()
 
 
-class AsyncSetup:
+class AsyncSetup(_Setup[AsyncStore]):
     """An async door's attempts (ASGI, coroutine functions): run on the running event loop,
     their leases renewed from a timer on that loop."""
 
-    __slots__ = ("context", "driver", "new_owner", "now", "renewals")
+    __slots__ = ("driver", "renewals")
 
     def __init__(self, context: Context, store: AsyncStore) -> None:
-        self.context = context
+        super().__init__(context, store)
         self.renewals = LoopRenewals(store, context.reporter, context.clock)
         self.driver = AsyncDriver(store, context.clock, self.renewals)
-        self.now = context.clock.now
-        self.new_owner = context.entropy.owner
-
-    @classmethod
-    def for_options(
-        cls,
-        options: Options,
-        store: AsyncStore,
-        *,
-        http: bool = True,
-        sealed_only: bool = False,
-        door: DoorKind | None = None,
-    ) -> AsyncSetup:
-        """The setup of a door with ``options`` over ``store`` (``Context.for_options``)."""
-        context = Context.for_options(options, store, http=http, sealed_only=sealed_only, door=door)
-        return cls(context, store)
 
     def drive(
         self, attempt: Attempt, run: AsyncRun, wait: AsyncWaiter | None = None
