@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Mount, Route
 from starlette.types import Message
 
+from benchmarks._common import http_scope
 from idempotency_middleware import (
     IdempotencyMiddleware,
     IdempotencyRule,
@@ -106,20 +107,7 @@ def test_a_path_no_rule_matches_is_labelled_unmatched() -> None:
 
 async def post_in_process(app: ASGIApp, path: str, key: str) -> int:
     """POST ``path`` with an empty body and ``key`` to ``app`` over raw ASGI: its status."""
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": "1.1",
-        "server": ("test", 80),
-        "client": ("127.0.0.1", 50000),
-        "scheme": "http",
-        "method": "POST",
-        "root_path": "",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "headers": [(b"host", b"test"), (b"idempotency-key", key.encode())],
-    }
+    scope = http_scope([(b"host", b"test"), (b"idempotency-key", key.encode())], path)
     sent: list[Message] = []
     received = False
 
