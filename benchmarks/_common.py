@@ -27,6 +27,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Scope
 
+from tests.support.ports import free_port
+
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
@@ -254,13 +256,6 @@ def machine_summary() -> str:
 
 
 # --- servers on 127.0.0.1 ---------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((HOST, 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def wait_for_port(port: int, process: subprocess.Popen[bytes] | None, timeout: float = 30) -> None:

@@ -54,8 +54,9 @@ from typing import Any
 
 import httpx
 
-from benchmarks._common import free_port, heading, machine_summary, quantile, table, wait_for_port
+from benchmarks._common import heading, machine_summary, quantile, table, wait_for_port
 from benchmarks.failover_app import consume
+from tests.support.ports import free_port
 from tests.support.replicated_servers import postgres_pair, redis_sentinel_set
 
 SETUPS: dict[str, tuple[str, float]] = {

@@ -47,10 +47,10 @@ from benchmarks._common import (
     HOST,
     REGION,
     child_process,
-    free_port,
     moto_in_process,
     wait_for_port,
 )
+from tests.support.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORK_SECONDS = 0.01  # what the handler "does" per run

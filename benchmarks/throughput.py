@@ -30,7 +30,6 @@ from benchmarks._common import (
     HOST,
     child_process,
     create_table,
-    free_port,
     heading,
     machine_summary,
     median,
@@ -39,6 +38,7 @@ from benchmarks._common import (
     table,
     wait_for_port,
 )
+from tests.support.ports import free_port
 
 WARM_UP_REQUESTS = 100
 DYNAMODB_LOCAL = "IDEMPOTENCY_DYNAMODB_LOCAL_URL"  # set by scripts/dynamodb-local.sh

@@ -62,7 +62,7 @@ from idempotency_middleware.stores.dynamodb.wire_sync import SyncWireClient
 from idempotency_middleware.stores.records import StoredResponse
 from tests.conftest import REGION
 from tests.support.faultproxy import REPLICATED_WRITE_CONFLICT, FaultProxy
-from tests.support.servers import free_port
+from tests.support.ports import free_port
 
 # --- SigV4, byte for byte ------------------------------------------------------------------
 

@@ -53,7 +53,7 @@ from tests.support.function_stores import (
     function_table,
     open_function_store,
 )
-from tests.support.servers import free_port
+from tests.support.ports import free_port
 from tests.support.store_kinds import STORE_KINDS
 
 

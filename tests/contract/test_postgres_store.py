@@ -33,7 +33,7 @@ from idempotency_middleware.stores.protocol import (
 )
 from idempotency_middleware.stores.records import Status, StoredResponse
 from idempotency_middleware.testing import FakeClock
-from tests.support.servers import free_port
+from tests.support.ports import free_port
 
 NOW = 1_700_000_000.0
 LOCK = 5.0

@@ -26,8 +26,8 @@ from idempotency_middleware.stores import (
 from idempotency_middleware.stores.records import StoredResponse
 from idempotency_middleware.stores.redis.errors import classify, describe, translate
 from idempotency_middleware.testing import FakeClock
+from tests.support.ports import free_port
 from tests.support.redis_helpers import PrivateRedis, private_redis
-from tests.support.servers import free_port
 
 # Redis servers of their own, which no fixture names: make check leaves these out
 # (tests/support/in_process.py).

@@ -32,7 +32,8 @@ from idempotency_middleware.stores.records import Status, StoredResponse
 from idempotency_middleware.stores.sqlite import SQLiteStore
 from idempotency_middleware.testing import FakeClock
 from idempotency_middleware.web.wsgi import Environ, StartResponse, WSGIApp
-from tests.support.servers import HOST, free_port, serve_wsgi
+from tests.support.ports import free_port
+from tests.support.servers import HOST, serve_wsgi
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOCK = 10.0

@@ -34,7 +34,7 @@ from idempotency_middleware.stores import ThreadedStore
 from idempotency_middleware.web.asgi import Message
 from tests.conftest import REGION, new_table
 from tests.support.db_stores import location, unreachable_store
-from tests.support.servers import free_port
+from tests.support.ports import free_port
 
 
 def failure(check: Any) -> StoreUnavailableError:

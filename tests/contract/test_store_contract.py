@@ -60,8 +60,8 @@ from idempotency_middleware.stores.records import Record, Status, StoredResponse
 from idempotency_middleware.testing import FakeClock
 from tests.conftest import REGION, table_creator
 from tests.support.core_only import require_module
-from tests.support.db_servers import _free_port as free_port
 from tests.support.db_stores import location, open_db_store
+from tests.support.ports import free_port
 from tests.support.race_processes import RACES
 from tests.support.race_worker import claim_in_a_process
 from tests.support.store_kinds import (

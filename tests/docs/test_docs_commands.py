@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.servers import free_port
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "docs" / "snippets" / "run"

@@ -26,7 +26,8 @@ from idempotency_middleware.cli.main import (
 from idempotency_middleware.testing import FakeClock
 from tests.conftest import REGION, new_table
 from tests.support.db_stores import location, new_store
-from tests.support.servers import REPO_ROOT, free_port
+from tests.support.ports import free_port
+from tests.support.servers import REPO_ROOT
 
 
 class Backend:

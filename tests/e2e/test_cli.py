@@ -29,7 +29,7 @@ from idempotency_middleware.policy.keys import storage_key
 from idempotency_middleware.stores.protocol import ClaimRequest, Completion
 from idempotency_middleware.stores.records import StoredResponse
 from tests.conftest import REGION
-from tests.support.servers import free_port
+from tests.support.ports import free_port
 
 
 def _store_args(moto_endpoint: str, table: str) -> list[str]:

@@ -23,7 +23,7 @@ from idempotency_middleware.policy.keys import storage_key
 from idempotency_middleware.stores.protocol import ClaimRequest, Completion
 from idempotency_middleware.stores.records import StoredResponse
 from tests.support.db_stores import location, new_store
-from tests.support.servers import free_port
+from tests.support.ports import free_port
 from tests.support.store_kinds import DB_SERVERS
 
 

@@ -517,7 +517,9 @@ async def test_the_readme_quick_start_runs_a_message_once(
     async with TestRabbitBroker(broker) as test_broker:
         replies = [
             await (
-                await test_broker.request({"id": 7}, "orders", headers={"Idempotency-Key": "o-7"})
+                await test_broker.request(
+                    {"id": 7}, "orders", headers={"Idempotency-Key": "o-7"}, timeout=WAIT_SECONDS
+                )
             ).decode()
             for _ in range(2)
         ]
@@ -557,7 +559,12 @@ async def test_with_encryption_a_result_is_stored_sealed_and_its_replay_opened(
         await broker.start()
         replies = [
             await (
-                await broker.request({"order": 21}, subject, headers={"Idempotency-Key": "o-21"})
+                await broker.request(
+                    {"order": 21},
+                    subject,
+                    headers={"Idempotency-Key": "o-21"},
+                    timeout=WAIT_SECONDS,
+                )
             ).decode()
             for _ in range(2)
         ]

@@ -492,7 +492,11 @@ async def test_the_kafka_program_on_the_test_broker_runs_once_retries_and_parks_
             """One read of a record; the reply (only an ack has one)."""
             answered.clear()
             reply = await test_broker.request(
-                {"id": order}, "orders", partition=partition, headers={"Idempotency-Key": key}
+                {"id": order},
+                "orders",
+                partition=partition,
+                headers={"Idempotency-Key": key},
+                timeout=WAIT_SECONDS,  # the default, 0.5 s, is short for a loaded machine
             )
             return await reply.decode() if reply.body else None
 

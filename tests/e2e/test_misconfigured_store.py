@@ -33,7 +33,7 @@ from idempotency_middleware import (
 from tests.conftest import REGION
 from tests.support.diag_aws import aws_environment
 from tests.support.faultproxy import serve_workload
-from tests.support.servers import free_port
+from tests.support.ports import free_port
 
 MISCONFIGURED_TYPE = "urn:idempotency-middleware:problem:store-misconfigured"
 UNAVAILABLE_TYPE = "urn:idempotency-middleware:problem:store-unavailable"

@@ -44,7 +44,8 @@ from idempotency_middleware.stores.sqlite.errors import unavailable as sqlite_un
 from tests.conftest import REGION
 from tests.support.diag_aws import RejectingEndpoint, aws_environment, use_environment
 from tests.support.faultproxy import Adapter, FaultProxy, Served, serve_workload
-from tests.support.servers import HOST, free_port
+from tests.support.ports import free_port
+from tests.support.servers import HOST
 
 # The one 503 body every outage gets, whatever its cause.
 GENERIC_503 = refusals.problem_for(decisions.STORE_UNAVAILABLE).body()

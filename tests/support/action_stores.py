@@ -52,8 +52,8 @@ from idempotency_middleware.testing import FakeClock
 from tests.conftest import REGION, table_creator
 from tests.support import db_stores
 from tests.support.faultproxy import FaultProxy
+from tests.support.ports import free_port
 from tests.support.redis_helpers import calls_since, command_calls
-from tests.support.servers import free_port
 from tests.support.store_kinds import (
     LOCAL_KINDS,
     is_db_kind,

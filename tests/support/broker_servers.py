@@ -28,8 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.db_servers import HOST, _die_with_parent, _free_port, _stop, _wait_until
+from tests.support.db_servers import HOST, _die_with_parent, _stop, _wait_until
 from tests.support.in_process import refuse_in_an_in_process_run
+from tests.support.ports import free_port
 from tests.support.session_servers import ServerUnavailable, session_server
 
 # RabbitMQ's boot (Erlang, Mnesia, its plugins) takes several seconds on 2 busy cores.
@@ -78,7 +79,7 @@ def run_rabbitmq() -> Iterator[str]:
         base = Path(directory)
         log = base / "rabbitmq.out"
         log.touch()
-        epmd_port, amqp_port, dist_port = _free_port(), _free_port(), _free_port()
+        epmd_port, amqp_port, dist_port = free_port(), free_port(), free_port()
         environment = {
             **os.environ,
             "HOME": directory,  # the Erlang cookie is written here
@@ -176,7 +177,7 @@ def run_nats() -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix="idem-nats-") as directory:
         log = Path(directory) / "nats.log"
         log.touch()
-        port = _free_port()
+        port = free_port()
         arguments = [
             binary,
             "--addr",

@@ -35,6 +35,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.in_process import refuse_in_an_in_process_run
+from tests.support.ports import free_port
 from tests.support.session_servers import ServerUnavailable, session_server
 
 HOST = "127.0.0.1"
@@ -47,13 +48,6 @@ def _die_with_parent() -> None:
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((HOST, 0))
-        port: int = probe.getsockname()[1]
-    return port
 
 
 def _wait_until(
@@ -120,7 +114,7 @@ def run_redis() -> Iterator[str]:
     binary = redis_server_binary()
     with tempfile.TemporaryDirectory(prefix="idem-redis-") as directory:
         log = Path(directory) / "redis.log"
-        port = _free_port()
+        port = free_port()
         arguments = [
             binary,
             "--bind",
@@ -228,7 +222,7 @@ def run_postgres() -> Iterator[str]:
         )
         if initdb.returncode != 0:
             raise ServerUnavailable(f"initdb failed: {initdb.stderr.decode(errors='replace')}")
-        port = _free_port()
+        port = free_port()
         settings = {
             "listen_addresses": HOST,
             "port": str(port),

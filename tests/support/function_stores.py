@@ -55,7 +55,7 @@ from idempotency_middleware.stores.records import Record
 from idempotency_middleware.testing import FakeClock
 from tests.conftest import REGION, table_creator
 from tests.support.db_stores import location, new_store, raw_record, unreachable_store
-from tests.support.servers import free_port
+from tests.support.ports import free_port
 from tests.support.store_kinds import LOCAL_KINDS, is_db_kind
 
 # Real seconds a test waits at most for another thread or task (never for a deadline).

@@ -19,7 +19,6 @@ from pathlib import Path
 from tests.support.db_servers import (
     HOST,
     _die_with_parent,
-    _free_port,
     _postgres_ready,
     _server_user,
     _stop,
@@ -27,6 +26,7 @@ from tests.support.db_servers import (
     postgres_bin_directory,
 )
 from tests.support.in_process import refuse_in_an_in_process_run
+from tests.support.ports import free_port
 from tests.support.session_servers import ServerUnavailable
 
 SECRET_ROLE = "secret_role"
@@ -42,7 +42,7 @@ class PostgresInstance:
         self.directory = directory
         self.data = directory / "data"
         self.log = directory / "postgres.log"
-        self.port = _free_port()
+        self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
         self.dsn = f"postgresql://postgres@{HOST}:{self.port}/postgres"
         self._initdb()

@@ -24,12 +24,12 @@ import redis
 from tests.support.db_servers import (
     HOST,
     _die_with_parent,
-    _free_port,
     _stop,
     _wait_until,
     redis_server_binary,
 )
 from tests.support.in_process import refuse_in_an_in_process_run
+from tests.support.ports import cluster_port, free_port
 from tests.support.session_servers import ServerUnavailable, require_or_skip
 
 
@@ -48,7 +48,7 @@ class PrivateRedis:
     """A redis-server of one test: start, stop (kill) and start again on the same port."""
 
     arguments: tuple[str, ...] = ()
-    port: int = field(default_factory=_free_port)
+    port: int = field(default_factory=free_port)
     directory: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="idem-redis-")))
     process: subprocess.Popen[bytes] | None = None
 
@@ -99,20 +99,12 @@ def private_redis(*arguments: str) -> Iterator[PrivateRedis]:
         server.stop()
 
 
-def _cluster_port() -> int:
-    """A free port a cluster node can use: its bus listens 10000 above it."""
-    while True:
-        port = _free_port()
-        if port <= 55535:
-            return port
-
-
 @contextlib.contextmanager
 def single_node_cluster() -> Iterator[PrivateRedis]:
     """A one-node Redis Cluster owning every slot: multi-key commands across slots fail
     there (CROSSSLOT) exactly as on a real cluster."""
     node = PrivateRedis(
-        ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"), _cluster_port()
+        ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"), cluster_port()
     )
     node.start()
     try:

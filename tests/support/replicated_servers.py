@@ -30,7 +30,6 @@ from tests.support.db_servers import (
     HOST,
     START_TIMEOUT_SECONDS,
     _die_with_parent,
-    _free_port,
     _postgres_ready,
     _redis_ping,
     _server_user,
@@ -40,6 +39,7 @@ from tests.support.db_servers import (
     redis_server_binary,
 )
 from tests.support.in_process import refuse_in_an_in_process_run
+from tests.support.ports import cluster_port, free_port
 from tests.support.session_servers import ServerUnavailable
 
 SERVICE = "mymaster"
@@ -93,7 +93,7 @@ class LagProxy:
 
     def __init__(self, upstream_port: int, lag_seconds: float) -> None:
         self.upstream_port, self.lag_seconds = upstream_port, lag_seconds
-        self.port = _free_port()
+        self.port = free_port()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="lag-proxy", daemon=True)
         self._ready = threading.Event()
@@ -260,8 +260,8 @@ def redis_sentinel_set(lag_seconds: float = 0.0, replicas: int = 1) -> Iterator[
         directory = Path(name)
         servers = SentinelSet(directory)
         stack.callback(_stop_all, servers.processes)
-        servers.primary_port, servers.replica_port = _free_port(), _free_port()
-        replica_ports = [servers.replica_port, *(_free_port() for _ in range(replicas - 1))]
+        servers.primary_port, servers.replica_port = free_port(), free_port()
+        replica_ports = [servers.replica_port, *(free_port() for _ in range(replicas - 1))]
         servers.replica_ports = replica_ports
         follow = servers.primary_port
         # Sentinel re-points a replica that follows another address than the primary's own
@@ -285,7 +285,7 @@ def redis_sentinel_set(lag_seconds: float = 0.0, replicas: int = 1) -> Iterator[
                 "the replicas in sync",
             )
         for _ in range(3):
-            port = _free_port()
+            port = free_port()
             config = directory / f"sentinel-{port}.conf"
             config.write_text(
                 f"port {port}\nbind {HOST}\ndir {directory}\n"
@@ -326,23 +326,6 @@ def redis_cli_binary() -> str:
     if found is None:
         raise ServerUnavailable("no redis-cli to create a Redis Cluster with")
     return found
-
-
-def _cluster_port() -> int:
-    """A free port whose cluster bus port (10000 higher) is free too, so under 55536."""
-    import random
-    import socket
-
-    for _ in range(200):
-        port = random.randint(20000, 45000)
-        try:
-            for candidate in (port, port + 10000):
-                with socket.socket() as probe:
-                    probe.bind((HOST, candidate))
-        except OSError:
-            continue
-        return port
-    raise ServerUnavailable("no free port pair for a Redis Cluster node")
 
 
 @dataclass
@@ -392,7 +375,7 @@ def redis_cluster_set() -> Iterator[ClusterSet]:
         servers = ClusterSet(directory)
         try:
             for _ in range(6):
-                port = _cluster_port()
+                port = cluster_port()
                 log = directory / f"node-{port}.log"
                 arguments = _redis_args(
                     port,
@@ -517,7 +500,7 @@ def postgres_pair(lag_seconds: float = 0.0) -> Iterator[PostgresPair]:
         if user is not None:
             entry = pwd.getpwnam(user)
             os.chown(directory, entry.pw_uid, entry.pw_gid)
-        pair = PostgresPair(directory, user, _free_port(), _free_port())
+        pair = PostgresPair(directory, user, free_port(), free_port())
         stack.callback(_stop_all, pair.processes)
         primary, standby = directory / "primary", directory / "standby"
         initdb = [str(bin_directory / "initdb"), "-D", str(primary), "-U", "postgres"]

@@ -56,6 +56,7 @@ from idempotency_middleware.web.wsgi import WSGIApp
 from tests.support.apps import AppState, build_asgi_app, build_wsgi_app
 from tests.support.db_stores import count_records, new_store
 from tests.support.db_stores import unreachable_store as unreachable_db_store
+from tests.support.ports import free_port
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -268,15 +269,6 @@ class BackgroundHTTPServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(5)
-
-
-def free_port() -> int:
-    """A port on 127.0.0.1 nothing listens on now (bound, then released): for a server to
-    bind, or as an endpoint that refuses connections."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((HOST, 0))
-        port: int = probe.getsockname()[1]
-    return port
 
 
 @dataclass(frozen=True)

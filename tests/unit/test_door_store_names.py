@@ -31,7 +31,7 @@ from idempotency_middleware.stores.catalog import (
 )
 from idempotency_middleware.stores.protocol import AsyncStore, SyncStore
 from tests.conftest import REGION
-from tests.support.servers import free_port
+from tests.support.ports import free_port
 
 
 @pytest.fixture
