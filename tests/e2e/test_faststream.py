@@ -60,8 +60,9 @@ class Answers:
     """An outer middleware recording how each delivery was answered (``ACKED``,
     ``NACKED``, ``REJECTED``), and waiting for a number of answers."""
 
-    def __init__(self, only: bytes = b'"order"') -> None:
+    def __init__(self, only: bytes = b'"order"', but_not: bytes | None = None) -> None:
         self.only = only  # the messages to record: those whose body holds this
+        self.but_not = but_not  # ...and not this
         self.seen: list[str] = []
         self._changed = asyncio.Event()
 
@@ -75,7 +76,9 @@ class Answers:
                 try:
                     return await call_next(msg)
                 finally:
-                    if answers.only in msg.body:
+                    if answers.only in msg.body and not (
+                        answers.but_not is not None and answers.but_not in msg.body
+                    ):
                         answers.seen.append(str(getattr(msg.committed, "value", msg.committed)))
                         answers._changed.set()
 
@@ -384,8 +387,14 @@ async def test_redis_stream_acks_replays_and_acks_a_dead_message_after_on_exhaus
     be claimed again (``min_idle_time``), and a dead message is acknowledged too, since
     Redis has no dead letters (``on_exhausted`` keeps it)."""
     store = RedisStore(redis_url, prefix=fresh("faststream"))
-    story, failing, answers = Story(), Story(failing=True), Answers()
-    broker = RedisBroker(redis_url, middlewares=[answers, story.middleware(store, max_attempts=2)])
+    story, failing = Story(), Story(failing=True)
+    # Each message's answers apart: the claimer may also take an order 14 entry whose ack
+    # came after min_idle_time on a loaded machine (a replay, ACKED), which must not count
+    # as one of order 15's answers (it did once, in a full run).
+    answers, failing_answers = Answers(only=b'"order"', but_not=b'"fail"'), Answers(b'"fail"')
+    broker = RedisBroker(
+        redis_url, middlewares=[answers, failing_answers, story.middleware(store, max_attempts=2)]
+    )
     stream = fresh("orders")
     # A consumer group's usual pair: one reads new entries, one claims those left pending.
     reader = StreamSub(stream, group="workers", consumer="reader", polling_interval=20)
@@ -402,7 +411,7 @@ async def test_redis_stream_acks_replays_and_acks_a_dead_message_after_on_exhaus
         await broker.start()
         for _ in range(2):
             await broker.publish({"order": 14}, stream=stream, headers={"Idempotency-Key": "o-14"})
-        assert await answers.wait_for(2) == ["ACKED", "ACKED"]
+        assert set(await answers.wait_for(2)) == {"ACKED"}  # a late claim: ACKED too
         assert story.runs == [{"order": 14}]
         await broker.publish({"order": 15, "fail": True}, stream=stream)
         # The first delivery is nacked, the claimer's second one is dead and acked; in either
@@ -416,7 +425,7 @@ async def test_redis_stream_acks_replays_and_acks_a_dead_message_after_on_exhaus
         # in progress and was nacked, and the first, failing, read the entry's delivery count
         # as 2 (Redis counts the claim) and was dead after one run. Either way the message is
         # given up exactly once, after max_attempts deliveries, and never run after.
-        assert sorted((await answers.wait_for(4))[2:]) == ["ACKED", "NACKED"]
+        assert sorted(await failing_answers.wait_for(2)) == ["ACKED", "NACKED"]
         assert [str(error) for _, error in story.dead] in (["run 2"], ["run 1"])
         assert len(failing.runs) == int(str(story.dead[0][1]).removeprefix("run "))
         pending = await broker._connection.xpending(stream, "workers")  # type: ignore[union-attr]
