@@ -245,6 +245,7 @@ class IdempotencyFastStreamMiddleware:
             name=name or "faststream",
         )
         self._name = name
+        self._clock = clock
         self._count: CountFunction = delivery_count or broker_delivery_count
         self._consumers: dict[str, IdempotentConsumer] = {}
 
@@ -279,7 +280,7 @@ class IdempotencyFastStreamMiddleware:
             logger.warning("could not read the delivery count (%r): unknown", error)
             count = None
         outcome = await self.consumer(name).aprocess(_Delivery(msg, call_next), count)
-        return await _answer(msg, outcome)
+        return await _answer(msg, outcome, self._clock)
 
 
 class _Answered(IgnoredException):
@@ -287,7 +288,12 @@ class _Answered(IgnoredException):
     raised it suppresses it on its way out (nothing else sees it)."""
 
 
-async def _answer(message: StreamMessage[Any], outcome: Outcome) -> Any:
+RETRY_PAUSE_SECONDS = 5.0
+"""The longest the middleware waits before a nack the broker redelivers at once (RabbitMQ's
+requeue, Kafka's seek back), when the verdict says when to come back (``retry_after``)."""
+
+
+async def _answer(message: StreamMessage[Any], outcome: Outcome, clock: Clock) -> Any:
     """Tell the broker. Done here rather than left to FastStream's ``AckPolicy``, so it is
     the same under every policy, ``MANUAL`` included (a message answers once: the policy's
     own ack after this one does nothing)."""
@@ -295,9 +301,18 @@ async def _answer(message: StreamMessage[Any], outcome: Outcome) -> Any:
         await message.ack()
         return outcome.result
     if outcome.action == "retry":
-        if _takes(message.nack, "delay") and outcome.retry_after is not None:
+        if outcome.retry_after is None:  # the handler failed: delivered again at once
+            await message.nack()
+        elif _takes(message.nack, "delay"):
             await message.nack(delay=outcome.retry_after)  # type: ignore[call-arg]
+        elif _is_redis(message):  # left pending: claimed again after min_idle_time
+            await message.nack()
         else:
+            # A nack these brokers deliver again at once: a duplicate of a message still
+            # running (or a store that asked for time) would come straight back, and back,
+            # a store read each time, until the first run ends. Waiting here holds this
+            # delivery as the broker's own delay would.
+            await clock.asleep(min(outcome.retry_after, RETRY_PAUSE_SECONDS))
             await message.nack()
     elif _stays_pending_on_reject(message):
         await message.ack()
@@ -308,6 +323,11 @@ async def _answer(message: StreamMessage[Any], outcome: Outcome) -> Any:
 
 def _takes(method: Callable[..., Any], parameter: str) -> bool:
     return parameter in inspect.signature(method).parameters
+
+
+def _is_redis(message: StreamMessage[Any]) -> bool:
+    """A Redis message (stream, list or channel): a nack delivers nothing again at once."""
+    return type(message).__module__.startswith("faststream.redis")
 
 
 def _stays_pending_on_reject(message: StreamMessage[Any]) -> bool:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
+import faststream.kafka.message
 import pytest
 from faststream import AckPolicy, BaseMiddleware
 from faststream.kafka import KafkaBroker, TestKafkaBroker
@@ -37,12 +38,14 @@ from idempotency_middleware import (
     RedisStore,
     idempotent,
 )
+from idempotency_middleware.consumers.faststream import RETRY_PAUSE_SECONDS
 from idempotency_middleware.faststream import (
     IdempotencyFastStreamMiddleware,
     header_or_message_id,
     subscriber_name,
 )
 from idempotency_middleware.functions.attempts import function_key_hash
+from idempotency_middleware.testing import FakeClock
 from tests.support.broker_servers import nats_url, rabbitmq_url
 from tests.support.raw_records import RawStore
 
@@ -436,6 +439,47 @@ async def test_redis_stream_acks_replays_and_acks_a_dead_message_after_on_exhaus
 
 
 # --- Kafka (FastStream's test broker) ------------------------------------------------------
+
+
+@pytest.mark.parametrize("lock_timeout", [2, 60])
+async def test_kafka_duplicate_of_a_running_record_waits_retry_after_before_its_nack(
+    lock_timeout: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kafka's nack seeks back, so the record is read again at once: a duplicate of a
+    record still running waits what is left of the running one's lock (plus the skew
+    margin), at most RETRY_PAUSE_SECONDS, before its nack, rather than coming straight back
+    to the store until the first run ends."""
+    clock = FakeClock()
+    story, answers = Story(), Answers()
+    middleware = story.middleware(clock=clock, lock_timeout_seconds=lock_timeout)
+    broker = KafkaBroker(middlewares=[answers, middleware], logger=None)
+    started, release = asyncio.Event(), asyncio.Event()
+    sought: list[float] = []  # the fake clock's time at each seek back
+
+    def seek(consumer: Any, partition: Any, offset: int) -> None:
+        sought.append(clock.now())
+
+    monkeypatch.setattr(faststream.kafka.message.FakeConsumer, "seek", seek)
+
+    @broker.subscriber("orders", group_id="billing", ack_policy=AckPolicy.NACK_ON_ERROR)
+    async def charge(body: dict[str, Any]) -> dict[str, Any]:
+        started.set()
+        await release.wait()
+        return story.handle(body)
+
+    headers = {"Idempotency-Key": "o-19"}
+    async with TestKafkaBroker(broker) as test_broker:
+        first = asyncio.create_task(test_broker.publish({"order": 19}, "orders", headers=headers))
+        await asyncio.wait_for(started.wait(), WAIT_SECONDS)
+        before = clock.now()
+        await test_broker.publish({"order": 19}, "orders", headers=headers)
+        release.set()
+        await asyncio.wait_for(first, WAIT_SECONDS)
+    pause = min(lock_timeout + middleware.consumer("x").clock_skew_seconds, RETRY_PAUSE_SECONDS)
+    assert clock.slept == [pause]
+    assert sought == [before + pause]  # the nack came after the pause
+    assert answers.seen == ["NACKED", "ACKED"]
+    assert story.runs == [{"order": 19}]
 
 
 async def test_kafka_test_broker_replays_by_header_and_gives_up_on_the_counted_delivery() -> None:
