@@ -54,6 +54,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+RETRY_PAUSE_SECONDS = 5.0
+"""The longest the middleware waits before a nack the broker redelivers at once (RabbitMQ's
+requeue, Kafka's seek back), when the verdict says when to come back (``retry_after``)."""
+
+
 KEY_HEADER = "Idempotency-Key"
 """The header a producer sets to name one logical operation (the default ``key`` reads it
 first)."""
@@ -246,6 +251,8 @@ class IdempotencyFastStreamMiddleware:
         )
         self._name = name
         self._clock = clock
+        # A delivery that waited wait_seconds for the running one has paused already.
+        self._retry_pause = 0.0 if wait_seconds else RETRY_PAUSE_SECONDS
         self._count: CountFunction = delivery_count or broker_delivery_count
         self._consumers: dict[str, IdempotentConsumer] = {}
 
@@ -280,7 +287,7 @@ class IdempotencyFastStreamMiddleware:
             logger.warning("could not read the delivery count (%r): unknown", error)
             count = None
         outcome = await self.consumer(name).aprocess(_Delivery(msg, call_next), count)
-        return await _answer(msg, outcome, self._clock)
+        return await _answer(msg, outcome, self._clock, self._retry_pause)
 
 
 class _Answered(IgnoredException):
@@ -288,12 +295,9 @@ class _Answered(IgnoredException):
     raised it suppresses it on its way out (nothing else sees it)."""
 
 
-RETRY_PAUSE_SECONDS = 5.0
-"""The longest the middleware waits before a nack the broker redelivers at once (RabbitMQ's
-requeue, Kafka's seek back), when the verdict says when to come back (``retry_after``)."""
-
-
-async def _answer(message: StreamMessage[Any], outcome: Outcome, clock: Clock) -> Any:
+async def _answer(
+    message: StreamMessage[Any], outcome: Outcome, clock: Clock, longest_pause: float
+) -> Any:
     """Tell the broker. Done here rather than left to FastStream's ``AckPolicy``, so it is
     the same under every policy, ``MANUAL`` included (a message answers once: the policy's
     own ack after this one does nothing)."""
@@ -305,14 +309,16 @@ async def _answer(message: StreamMessage[Any], outcome: Outcome, clock: Clock) -
             await message.nack()
         elif _takes(message.nack, "delay"):
             await message.nack(delay=outcome.retry_after)  # type: ignore[call-arg]
-        elif _is_redis(message):  # left pending: claimed again after min_idle_time
+        elif _is_redis(message) or not longest_pause:
+            # Redis: left pending, claimed again after min_idle_time. wait_seconds: the
+            # delivery waited for the running one already.
             await message.nack()
         else:
             # A nack these brokers deliver again at once: a duplicate of a message still
             # running (or a store that asked for time) would come straight back, and back,
             # a store read each time, until the first run ends. Waiting here holds this
             # delivery as the broker's own delay would.
-            await clock.asleep(min(outcome.retry_after, RETRY_PAUSE_SECONDS))
+            await clock.asleep(min(outcome.retry_after, longest_pause))
             await message.nack()
     elif _stays_pending_on_reject(message):
         await message.ack()
