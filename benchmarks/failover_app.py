@@ -43,12 +43,20 @@ def store(settings: dict[str, Any], asynchronous: bool) -> Any:
             connect_timeout=1.0,
             purge_interval_seconds=None,
         )
-    addresses = [("127.0.0.1", port) for port in settings["sentinels"]]
     timeouts: dict[str, Any] = {
         "socket_timeout": settings.get("socket_timeout", 1.0),
         "socket_connect_timeout": 0.5,
     }
     waits = {"replicas": int(on), "replica_timeout_seconds": settings.get("replica_timeout", 0.5)}
+    if settings["kind"] == "redis-cluster":
+        return RedisStore(
+            **{
+                "async_client" if asynchronous else "client": cluster_client(settings, asynchronous)
+            },
+            prefix="failover:",
+            **waits,
+        )
+    addresses = [("127.0.0.1", port) for port in settings["sentinels"]]
     if asynchronous:
         from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 
@@ -60,6 +68,21 @@ def store(settings: dict[str, Any], asynchronous: bool) -> Any:
     sentinel: Any = Sentinel(addresses)  # type: ignore[no-untyped-call]
     sync_client = sentinel.master_for("mymaster", **timeouts)
     return RedisStore(client=sync_client, prefix="failover:", **waits)
+
+
+def cluster_client(settings: dict[str, Any], asynchronous: bool) -> Any:
+    """A Redis Cluster client over the set's nodes; it finds the promoted replica itself."""
+    options: dict[str, Any] = {"socket_timeout": 1.0, "socket_connect_timeout": 0.5}
+    if asynchronous:
+        from redis.asyncio.cluster import ClusterNode as AsyncNode
+        from redis.asyncio.cluster import RedisCluster as AsyncCluster
+
+        nodes: Any = [AsyncNode("127.0.0.1", port) for port in settings["cluster"]]
+        return AsyncCluster(startup_nodes=nodes, **options)
+    from redis.cluster import ClusterNode, RedisCluster
+
+    sync_nodes = [ClusterNode("127.0.0.1", port) for port in settings["cluster"]]  # type: ignore[no-untyped-call]
+    return RedisCluster(startup_nodes=sync_nodes, **options)
 
 
 def quiet() -> None:

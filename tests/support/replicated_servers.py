@@ -330,7 +330,7 @@ def redis_cli_binary() -> str:
 
 @dataclass
 class ClusterSet:
-    """Six cluster nodes: three primaries, a replica each."""
+    """Cluster nodes: three primaries, and their replicas."""
 
     directory: Path
     processes: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -366,15 +366,16 @@ class ClusterSet:
 
 
 @contextlib.contextmanager
-def redis_cluster_set() -> Iterator[ClusterSet]:
-    """A :class:`ClusterSet` for the block, every slot covered, every replica in sync."""
+def redis_cluster_set(replicas: int = 1) -> Iterator[ClusterSet]:
+    """A :class:`ClusterSet` for the block: three primaries with ``replicas`` each, every slot
+    covered, every replica in sync."""
     refuse_in_an_in_process_run("A Redis Cluster")
     cli = redis_cli_binary()
     with tempfile.TemporaryDirectory(prefix="idem-cluster-") as name:
         directory = Path(name)
         servers = ClusterSet(directory)
         try:
-            for _ in range(6):
+            for _ in range(3 * (1 + replicas)):
                 port = cluster_port()
                 log = directory / f"node-{port}.log"
                 arguments = _redis_args(
@@ -391,7 +392,7 @@ def redis_cluster_set() -> Iterator[ClusterSet]:
                 servers.processes[port] = process
                 _wait_until(lambda port=port: _redis_ping(port), process, log)  # type: ignore[misc]
             create = [cli, "--cluster", "create", *(f"{HOST}:{p}" for p in servers.ports)]
-            create += ["--cluster-replicas", "1", "--cluster-yes"]
+            create += ["--cluster-replicas", str(replicas), "--cluster-yes"]
             done = subprocess.run(create, capture_output=True, timeout=60, check=False)
             if done.returncode != 0:
                 raise ServerUnavailable(f"redis-cli --cluster create: {done.stdout!r}")
