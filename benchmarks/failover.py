@@ -60,6 +60,7 @@ import httpx
 from benchmarks._common import heading, machine_summary, quantile, table, wait_for_port
 from benchmarks.failover_app import consume
 from tests.support.ports import free_port
+from tests.support.replicated_servers import crash as kill
 from tests.support.replicated_servers import postgres_pair, redis_cluster_set, redis_sentinel_set
 
 SETUPS: dict[str, tuple[str, float]] = {
@@ -217,16 +218,17 @@ def workers(settings: dict[str, Any]) -> Iterator[tuple[list[int], Any, Any]]:
     spawn = multiprocessing.get_context("spawn")
     inbox, outbox = spawn.Queue(), spawn.Queue()
     consumer = spawn.Process(target=consume, args=(settings, inbox, outbox), daemon=True)
-    consumer.start()
-    try:
+    try:  # (the servers are stopped whatever fails from here on)
+        consumer.start()
         for port, server in zip(ports, servers, strict=True):
             wait_for_port(port, server)
         yield ports, inbox, outbox
     finally:
         inbox.put(None)
-        consumer.join(10)
-        if consumer.is_alive():
-            consumer.kill()
+        if consumer.pid is not None:
+            consumer.join(10)
+            if consumer.is_alive():
+                consumer.kill()
         for server in servers:
             server.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -239,6 +241,7 @@ def measure(setup: str, on: bool, keys: int) -> Result:
     kind = "redis-cluster" if setup == "redis-cluster" else setup.removesuffix("-lag")
     lag = SETUPS[setup][1]
     failed_over: list[float] = []  # (set by a watcher thread once the new primary writes)
+    watchers: list[threading.Thread] = []  # (joined before the servers stop)
     with tempfile.TemporaryDirectory(prefix="idem-failover-") as directory:
         ledger = str(Path(directory) / "ledger")
         Path(ledger).touch()
@@ -262,7 +265,8 @@ def measure(setup: str, on: bool, keys: int) -> Result:
                         servers.wait_for_failover(old, timeout=GIVE_UP_SECONDS)
                         failed_over.append(time.monotonic() - crashed)
 
-                    threading.Thread(target=watch, daemon=True).start()
+                    watchers.append(threading.Thread(target=watch, daemon=True))
+                    watchers[-1].start()
                     return crashed
 
             elif kind == "redis-cluster":
@@ -274,15 +278,18 @@ def measure(setup: str, on: bool, keys: int) -> Result:
                 # A slot of the primary that dies: a third of the keys (the store's keys hash
                 # to all three primaries).
                 victim = "failover:crash"
+                old = cluster.primary_of(victim)  # (found now: the kill itself is instant)
 
                 def crash() -> float:
-                    old, crashed = cluster.crash_primary_of(victim), time.monotonic()
+                    kill(cluster.processes[old])
+                    crashed = time.monotonic()
 
                     def watch() -> None:
                         cluster.wait_for_failover(victim, old, timeout=GIVE_UP_SECONDS)
                         failed_over.append(time.monotonic() - crashed)
 
-                    threading.Thread(target=watch, daemon=True).start()
+                    watchers.append(threading.Thread(target=watch, daemon=True))
+                    watchers[-1].start()
                     return crashed
 
             else:
@@ -303,7 +310,8 @@ def measure(setup: str, on: bool, keys: int) -> Result:
                         pair.promote()
                         failed_over.append(time.monotonic() - crashed)
 
-                    threading.Timer(PROMOTE_AFTER_SECONDS, promote).start()
+                    watchers.append(threading.Timer(PROMOTE_AFTER_SECONDS, promote))
+                    watchers[-1].start()
                     return crashed
 
             ports, inbox, outbox = stack.enter_context(workers(settings))
@@ -315,6 +323,8 @@ def measure(setup: str, on: bool, keys: int) -> Result:
                 ThreadPoolExecutor(CONCURRENT_KEYS) as pool,
             ):
                 list(pool.map(lambda i: run.one_key(i, client, ports, inbox), range(keys)))
+            for watcher in watchers:  # a short run can end before the failover does
+                watcher.join(GIVE_UP_SECONDS)
             outbox.put(None)
         runs = Counter(line for line in Path(ledger).read_text().splitlines() if line)
         run.result.twice = sum(1 for count in runs.values() if count > 1)

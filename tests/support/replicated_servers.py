@@ -346,10 +346,14 @@ class ClusterSet:
         options.setdefault("socket_timeout", 2.0)
         return RedisCluster(startup_nodes=nodes, **options)
 
+    def primary_of(self, key: str) -> int:
+        """The port of the primary holding ``key`` now."""
+        with contextlib.closing(self.client()) as cluster:
+            return int(cluster.get_node_from_key(key).port)
+
     def crash_primary_of(self, key: str) -> int:
         """SIGKILL the primary holding ``key``; its port."""
-        with contextlib.closing(self.client()) as cluster:
-            port = int(cluster.get_node_from_key(key).port)
+        port = self.primary_of(key)
         crash(self.processes[port])
         return port
 
