@@ -238,7 +238,7 @@ def workers(settings: dict[str, Any]) -> Iterator[tuple[list[int], Any, Any]]:
 
 
 def measure(setup: str, on: bool, keys: int) -> Result:
-    kind = "redis-cluster" if setup == "redis-cluster" else setup.removesuffix("-lag")
+    kind = setup.removesuffix("-lag")
     lag = SETUPS[setup][1]
     failed_over: list[float] = []  # (set by a watcher thread once the new primary writes)
     watchers: list[threading.Thread] = []  # (joined before the servers stop)
@@ -318,14 +318,17 @@ def measure(setup: str, on: bool, keys: int) -> Result:
             run = Run(settings, crash, keys)
             answers = threading.Thread(target=run.deliver_answers, args=(outbox,), daemon=True)
             answers.start()
-            with (
-                httpx.Client(timeout=10.0) as client,
-                ThreadPoolExecutor(CONCURRENT_KEYS) as pool,
-            ):
-                list(pool.map(lambda i: run.one_key(i, client, ports, inbox), range(keys)))
-            for watcher in watchers:  # a short run can end before the failover does
-                watcher.join(GIVE_UP_SECONDS)
-            outbox.put(None)
+            try:
+                with (
+                    httpx.Client(timeout=10.0) as client,
+                    ThreadPoolExecutor(CONCURRENT_KEYS) as pool,
+                ):
+                    list(pool.map(lambda i: run.one_key(i, client, ports, inbox), range(keys)))
+            finally:  # (a short run can end before the failover does)
+                for watcher in watchers:
+                    watcher.join(GIVE_UP_SECONDS)
+                outbox.put(None)
+                answers.join(GIVE_UP_SECONDS)
         runs = Counter(line for line in Path(ledger).read_text().splitlines() if line)
         run.result.twice = sum(1 for count in runs.values() if count > 1)
         run.result.failover = failed_over[0] if failed_over else None

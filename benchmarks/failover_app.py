@@ -49,13 +49,9 @@ def store(settings: dict[str, Any], asynchronous: bool) -> Any:
     }
     waits = {"replicas": int(on), "replica_timeout_seconds": settings.get("replica_timeout", 0.5)}
     if settings["kind"] == "redis-cluster":
-        return RedisStore(
-            **{
-                "async_client" if asynchronous else "client": cluster_client(settings, asynchronous)
-            },
-            prefix="failover:",
-            **waits,
-        )
+        client = cluster_client(settings, asynchronous, timeouts)
+        sides = {"async_client" if asynchronous else "client": client}
+        return RedisStore(**sides, prefix="failover:", **waits)
     addresses = [("127.0.0.1", port) for port in settings["sentinels"]]
     if asynchronous:
         from redis.asyncio.sentinel import Sentinel as AsyncSentinel
@@ -70,9 +66,9 @@ def store(settings: dict[str, Any], asynchronous: bool) -> Any:
     return RedisStore(client=sync_client, prefix="failover:", **waits)
 
 
-def cluster_client(settings: dict[str, Any], asynchronous: bool) -> Any:
-    """A Redis Cluster client over the set's nodes; it finds the promoted replica itself."""
-    options: dict[str, Any] = {"socket_timeout": 1.0, "socket_connect_timeout": 0.5}
+def cluster_client(settings: dict[str, Any], asynchronous: bool, options: dict[str, Any]) -> Any:
+    """A Redis Cluster client over the set's nodes (``options``: its timeouts); it finds the
+    promoted replica itself."""
     if asynchronous:
         from redis.asyncio.cluster import ClusterNode as AsyncNode
         from redis.asyncio.cluster import RedisCluster as AsyncCluster

@@ -4,7 +4,8 @@
 delivery a subscriber receives runs through a consumer named after the subscriber's
 function, and the consumer's verdict becomes the broker's answer: ``ack`` acknowledges it
 (and the handler's result, or the replayed one, is published as a reply as usual),
-``retry`` nacks it so the broker delivers it again, ``dead`` rejects it (RabbitMQ: to the
+``retry`` nacks it so the broker delivers it again (after ``retry_after``, at most 5 s,
+where the broker would deliver it again at once), ``dead`` rejects it (RabbitMQ: to the
 queue's dead-letter exchange; NATS JetStream: terminated; Kafka and Redis streams, which
 have no dead letters: acknowledged, after ``on_exhausted``).
 
@@ -32,7 +33,7 @@ except ModuleNotFoundError as missing:  # tests/unit/test_missing_extras.py
     ) from missing
 
 from ..clock import SYSTEM_CLOCK, Clock
-from ..errors import InvalidKeyError
+from ..errors import InvalidKeyError, KeyInProgressError
 from ..events import OnEvent
 from ..functions.options import CallableOptions
 from ..functions.results import Serializer
@@ -58,6 +59,9 @@ RETRY_PAUSE_SECONDS = 5.0
 """The longest the middleware waits before a nack the broker redelivers at once (RabbitMQ's
 requeue, Kafka's seek back), when the verdict says when to come back (``retry_after``)."""
 
+
+# The brokers whose nack delivers the message again at once (their message classes' modules).
+_REDELIVERED_AT_ONCE = ("faststream.rabbit", "faststream.kafka", "faststream.confluent")
 
 KEY_HEADER = "Idempotency-Key"
 """The header a producer sets to name one logical operation (the default ``key`` reads it
@@ -251,8 +255,7 @@ class IdempotencyFastStreamMiddleware:
         )
         self._name = name
         self._clock = clock
-        # A delivery that waited wait_seconds for the running one has paused already.
-        self._retry_pause = 0.0 if wait_seconds else RETRY_PAUSE_SECONDS
+        self._wait_seconds = wait_seconds
         self._count: CountFunction = delivery_count or broker_delivery_count
         self._consumers: dict[str, IdempotentConsumer] = {}
 
@@ -287,7 +290,7 @@ class IdempotencyFastStreamMiddleware:
             logger.warning("could not read the delivery count (%r): unknown", error)
             count = None
         outcome = await self.consumer(name).aprocess(_Delivery(msg, call_next), count)
-        return await _answer(msg, outcome, self._clock, self._retry_pause)
+        return await _answer(msg, outcome, self._clock, self._wait_seconds)
 
 
 class _Answered(IgnoredException):
@@ -296,7 +299,7 @@ class _Answered(IgnoredException):
 
 
 async def _answer(
-    message: StreamMessage[Any], outcome: Outcome, clock: Clock, longest_pause: float
+    message: StreamMessage[Any], outcome: Outcome, clock: Clock, waited_seconds: float
 ) -> Any:
     """Tell the broker. Done here rather than left to FastStream's ``AckPolicy``, so it is
     the same under every policy, ``MANUAL`` included (a message answers once: the policy's
@@ -305,20 +308,12 @@ async def _answer(
         await message.ack()
         return outcome.result
     if outcome.action == "retry":
-        if outcome.retry_after is None:  # the handler failed: delivered again at once
-            await message.nack()
-        elif _takes(message.nack, "delay"):
+        if outcome.retry_after is not None and _takes(message.nack, "delay"):
             await message.nack(delay=outcome.retry_after)  # type: ignore[call-arg]
-        elif _is_redis(message) or not longest_pause:
-            # Redis: left pending, claimed again after min_idle_time. wait_seconds: the
-            # delivery waited for the running one already.
-            await message.nack()
         else:
-            # A nack these brokers deliver again at once: a duplicate of a message still
-            # running (or a store that asked for time) would come straight back, and back,
-            # a store read each time, until the first run ends. Waiting here holds this
-            # delivery as the broker's own delay would.
-            await clock.asleep(min(outcome.retry_after, longest_pause))
+            pause = _pause_before_nack(message, outcome, waited_seconds)
+            if pause:
+                await clock.asleep(pause)
             await message.nack()
     elif _stays_pending_on_reject(message):
         await message.ack()
@@ -331,9 +326,22 @@ def _takes(method: Callable[..., Any], parameter: str) -> bool:
     return parameter in inspect.signature(method).parameters
 
 
-def _is_redis(message: StreamMessage[Any]) -> bool:
-    """A Redis message (stream, list or channel): a nack delivers nothing again at once."""
-    return type(message).__module__.startswith("faststream.redis")
+def _pause_before_nack(message: StreamMessage[Any], outcome: Outcome, waited: float) -> float:
+    """Seconds to hold a retried delivery before a nack its broker hands back at once
+    (RabbitMQ's requeue, Kafka's seek back), which would otherwise bring a duplicate of a
+    running message straight back to the store, again and again, until that run ends: the
+    ``retry_after`` the verdict asks, at most ``RETRY_PAUSE_SECONDS``, less what the delivery
+    waited for the running one already (``wait_seconds``). None for a failed handler (no
+    ``retry_after``), a message answered already (``AckPolicy.ACK_FIRST``: the nack does
+    nothing), and the other brokers (NATS takes the delay, a Redis entry waits pending)."""
+    if outcome.retry_after is None or message.committed is not None:
+        return 0.0
+    if not type(message).__module__.startswith(_REDELIVERED_AT_ONCE):
+        return 0.0
+    pause = min(outcome.retry_after, RETRY_PAUSE_SECONDS)
+    if isinstance(outcome.error, KeyInProgressError):
+        pause -= waited
+    return max(pause, 0.0)
 
 
 def _stays_pending_on_reject(message: StreamMessage[Any]) -> bool:

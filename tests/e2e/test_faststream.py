@@ -441,45 +441,80 @@ async def test_redis_stream_acks_replays_and_acks_a_dead_message_after_on_exhaus
 # --- Kafka (FastStream's test broker) ------------------------------------------------------
 
 
-@pytest.mark.parametrize("lock_timeout", [2, 60])
+async def duplicate_while_running(
+    broker: Any, test_broker_of: Callable[[Any], Any], subscribe: Callable[..., Any]
+) -> None:
+    """Two deliveries of one key on the broker's test broker, the second while the first
+    runs (held on an event until the second was answered)."""
+    started, release = asyncio.Event(), asyncio.Event()
+
+    @subscribe
+    async def charge(body: dict[str, Any]) -> dict[str, Any]:
+        started.set()
+        await release.wait()
+        return {"receipt": body["order"]}
+
+    headers = {"Idempotency-Key": "o-19"}
+    async with test_broker_of(broker) as test_broker:
+        first = asyncio.create_task(test_broker.publish({"order": 19}, "orders", headers=headers))
+        await asyncio.wait_for(started.wait(), WAIT_SECONDS)
+        await test_broker.publish({"order": 19}, "orders", headers=headers)
+        release.set()
+        await asyncio.wait_for(first, WAIT_SECONDS)
+
+
+@pytest.mark.parametrize(
+    ("policy", "lock_timeout", "wait_seconds", "pause"),
+    [
+        (AckPolicy.NACK_ON_ERROR, 2, 0, 3.0),  # what is left of the lock, plus the 1 s skew
+        (AckPolicy.NACK_ON_ERROR, 60, 0, RETRY_PAUSE_SECONDS),  # at most
+        (AckPolicy.NACK_ON_ERROR, 60, 1, RETRY_PAUSE_SECONDS - 1),  # less what it waited
+        (AckPolicy.ACK_FIRST, 60, 0, None),  # committed already: the nack does nothing
+    ],
+)
 async def test_kafka_duplicate_of_a_running_record_waits_retry_after_before_its_nack(
-    lock_timeout: float, monkeypatch: pytest.MonkeyPatch
+    policy: AckPolicy,
+    lock_timeout: float,
+    wait_seconds: float,
+    pause: float | None,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Kafka's nack seeks back, so the record is read again at once: a duplicate of a
     record still running waits what is left of the running one's lock (plus the skew
-    margin), at most RETRY_PAUSE_SECONDS, before its nack, rather than coming straight back
-    to the store until the first run ends."""
-    clock = FakeClock()
-    story, answers = Story(), Answers()
-    middleware = story.middleware(clock=clock, lock_timeout_seconds=lock_timeout)
+    margin), at most RETRY_PAUSE_SECONDS and less what it waited (``wait_seconds``), before
+    its nack, rather than coming straight back to the store until the first run ends."""
+    clock, answers = FakeClock(), Answers()
+    middleware = Story().middleware(
+        clock=clock, lock_timeout_seconds=lock_timeout, wait_seconds=wait_seconds
+    )
     broker = KafkaBroker(middlewares=[answers, middleware], logger=None)
-    started, release = asyncio.Event(), asyncio.Event()
     sought: list[float] = []  # the fake clock's time at each seek back
 
     def seek(consumer: Any, partition: Any, offset: int) -> None:
         sought.append(clock.now())
 
     monkeypatch.setattr(faststream.kafka.message.FakeConsumer, "seek", seek)
-
-    @broker.subscriber("orders", group_id="billing", ack_policy=AckPolicy.NACK_ON_ERROR)
-    async def charge(body: dict[str, Any]) -> dict[str, Any]:
-        started.set()
-        await release.wait()
-        return story.handle(body)
-
-    headers = {"Idempotency-Key": "o-19"}
-    async with TestKafkaBroker(broker) as test_broker:
-        first = asyncio.create_task(test_broker.publish({"order": 19}, "orders", headers=headers))
-        await asyncio.wait_for(started.wait(), WAIT_SECONDS)
-        before = clock.now()
-        await test_broker.publish({"order": 19}, "orders", headers=headers)
-        release.set()
-        await asyncio.wait_for(first, WAIT_SECONDS)
-    pause = min(lock_timeout + middleware.consumer("x").clock_skew_seconds, RETRY_PAUSE_SECONDS)
-    assert clock.slept == [pause]
-    assert sought == [before + pause]  # the nack came after the pause
+    subscribe = broker.subscriber("orders", group_id="billing", ack_policy=policy)
+    await duplicate_while_running(broker, TestKafkaBroker, subscribe)
+    if pause is None:
+        assert clock.slept == [] and sought == []
+        assert answers.seen == ["ACKED", "ACKED"]
+        return
+    assert clock.slept[-1] == pytest.approx(pause)
+    assert sum(clock.slept) <= max(pause, wait_seconds + pause) + 1e-6
+    assert sought == [pytest.approx(clock.now())]  # the nack came after the pause
     assert answers.seen == ["NACKED", "ACKED"]
-    assert story.runs == [{"order": 19}]
+
+
+async def test_rabbitmq_duplicate_of_a_running_message_waits_retry_after_before_its_nack() -> None:
+    """RabbitMQ requeues a nacked message at once: the same wait as Kafka's."""
+    clock, answers = FakeClock(), Answers()
+    middleware = Story().middleware(clock=clock, lock_timeout_seconds=60)
+    broker = RabbitBroker(middlewares=[answers, middleware], logger=None)
+    subscribe = broker.subscriber("orders", ack_policy=AckPolicy.NACK_ON_ERROR)
+    await duplicate_while_running(broker, TestRabbitBroker, subscribe)
+    assert clock.slept == [RETRY_PAUSE_SECONDS]
+    assert answers.seen == ["NACKED", "ACKED"]
 
 
 async def test_kafka_test_broker_replays_by_header_and_gives_up_on_the_counted_delivery() -> None:
