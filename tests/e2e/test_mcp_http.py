@@ -18,7 +18,17 @@ import pytest
 from idempotency_middleware import MemoryStore
 from idempotency_middleware.stores.protocol import AsyncStore
 from idempotency_middleware.testing import FakeClock
-from tests.support.mcp_servers import KINDS, Kind, build, client_header, connect, http_app, runs_of
+from tests.support.mcp_servers import (
+    KINDS,
+    Kind,
+    build,
+    client_header,
+    connect,
+    http_app,
+    runs_of,
+    two_calls_at_once,
+    until,
+)
 from tests.support.servers import serve_asgi
 
 Serve = Callable[..., str]
@@ -45,15 +55,6 @@ def serve(kind: Kind, runs: Path) -> Iterator[Serve]:
             return stack.enter_context(serve_asgi(http_app(kind, server), lifespan=True))
 
         yield start
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    """Waits for ``condition`` (the tools write their runs from another thread)."""
-    deadline = asyncio.get_running_loop().time() + 60
-    # (Polled: the runs file is written from the server's thread, no event to await.)
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "the condition never held"
-        await asyncio.sleep(0.02)
 
 
 def order_of(result: dict[str, Any]) -> int:
@@ -93,14 +94,7 @@ async def test_two_concurrent_calls_with_one_key_run_once_and_the_other_gets_the
     kind: Kind, serve: Serve, runs: Path
 ) -> None:
     url = serve()
-    async with connect(kind, url) as first, connect(kind, url) as second:
-        calls = [
-            asyncio.create_task(call("slow_charge", {"order": 7}, "task-1"))
-            for call in (first, second)
-        ]
-        await until(lambda: runs_of(runs) == ["slow_charge 7"])
-        runs.with_suffix(".gate").touch()
-        results = await asyncio.gather(*calls)
+    results = await two_calls_at_once(kind, url, runs)
     assert runs_of(runs) == ["slow_charge 7"]
     replayed = [result["_meta"].get("idempotentReplayed", False) for result in results]
     assert sorted(replayed) == [False, True]

@@ -7,7 +7,6 @@ call sent twice runs once and is replayed, two concurrent calls with one key run
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,15 @@ import pytest
 
 from idempotency_middleware import RedisStore, SQLiteStore
 from idempotency_middleware.stores.protocol import AsyncStore
-from tests.support.mcp_servers import KINDS, Kind, build, connect, http_app, runs_of
+from tests.support.mcp_servers import (
+    KINDS,
+    Kind,
+    build,
+    connect,
+    http_app,
+    runs_of,
+    two_calls_at_once,
+)
 from tests.support.servers import serve_asgi
 
 
@@ -47,14 +54,6 @@ def url(kind: Kind, store: AsyncStore, tmp_path: Path) -> Iterator[str]:
         yield base
 
 
-async def until(condition: Any) -> None:
-    deadline = asyncio.get_running_loop().time() + 60
-    # (Polled: the runs file is written from the server's thread, no event to await.)
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "the condition never held"
-        await asyncio.sleep(0.02)
-
-
 async def test_the_same_call_sent_twice_runs_once_and_the_retry_is_replayed(
     kind: Kind, url: str, tmp_path: Path
 ) -> None:
@@ -72,14 +71,7 @@ async def test_two_concurrent_calls_with_one_key_run_once_and_the_other_gets_the
     kind: Kind, url: str, tmp_path: Path
 ) -> None:
     runs = tmp_path / "runs"
-    async with connect(kind, url) as first, connect(kind, url) as second:
-        calls = [
-            asyncio.create_task(call("slow_charge", {"order": 7}, "task-1"))
-            for call in (first, second)
-        ]
-        await until(lambda: runs_of(runs) == ["slow_charge 7"])
-        runs.with_suffix(".gate").touch()
-        results = await asyncio.gather(*calls)
+    results = await two_calls_at_once(kind, url, runs)
     assert runs_of(runs) == ["slow_charge 7"]
     replayed = [result["_meta"].get("idempotentReplayed", False) for result in results]
     assert sorted(replayed) == [False, True]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -183,6 +183,28 @@ async def connect(
 def runs_of(runs: Path) -> list[str]:
     """The tools' runs so far."""
     return runs.read_text().splitlines() if runs.exists() else []
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Waits for ``condition`` (the tools write their runs from another thread)."""
+    deadline = asyncio.get_running_loop().time() + 60
+    # (Polled: the runs file is written from the server's thread, no event to await.)
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "the condition never held"
+        await asyncio.sleep(0.02)
+
+
+async def two_calls_at_once(kind: Kind, url: str, runs: Path) -> list[dict[str, Any]]:
+    """``slow_charge`` with one key from two sessions at once, the tool held (its gate
+    file) until its first run began; both results."""
+    async with connect(kind, url) as first, connect(kind, url) as second:
+        calls = [
+            asyncio.create_task(call("slow_charge", {"order": 7}, "task-1"))
+            for call in (first, second)
+        ]
+        await until(lambda: runs_of(runs) == ["slow_charge 7"])
+        runs.with_suffix(".gate").touch()
+        return list(await asyncio.gather(*calls))
 
 
 def main() -> None:
