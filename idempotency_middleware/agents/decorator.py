@@ -30,7 +30,7 @@ except ModuleNotFoundError as missing:  # tests/unit/test_missing_extras.py
         name="mcp",
     ) from missing
 
-from ..functions.attempts import is_coroutine_callable
+from ..functions.attempts import is_coroutine_callable, is_generator_callable
 from ..functions.options import CallableOptions
 from ..stores.protocol import AsyncStore, SyncStore
 from .calls import ToolCalls, tool_options
@@ -98,7 +98,7 @@ def _decorated(
     if not callable(function):
         raise TypeError(f"idempotent_tool decorates a tool function, got {function!r}")
     tool = getattr(function, "__name__", type(function).__name__)
-    if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
+    if is_generator_callable(function):
         raise TypeError(
             f"idempotent_tool cannot make generator function {tool} idempotent: its "
             "result cannot be stored; return a list"

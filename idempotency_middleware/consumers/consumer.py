@@ -27,6 +27,7 @@ from ..functions.attempts import (
     check_store,
     derived_name,
     is_coroutine_callable,
+    is_generator_callable,
 )
 from ..functions.options import CallableOptions
 from ..functions.payloads import fingerprint_payload
@@ -171,7 +172,7 @@ class IdempotentConsumer:
         if not callable(handler):
             raise TypeError(f"IdempotentConsumer takes a handler (a callable), got {handler!r}")
         qualname = getattr(handler, "__qualname__", type(handler).__qualname__)
-        if inspect.isgeneratorfunction(handler) or inspect.isasyncgenfunction(handler):
+        if is_generator_callable(handler):
             raise TypeError(
                 f"consumer handler {qualname} is a generator function: its result is an "
                 "iterator that cannot be stored; return a list"

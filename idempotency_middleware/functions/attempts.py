@@ -45,6 +45,11 @@ def is_coroutine_callable(function: Callable[..., Any]) -> bool:
     )
 
 
+def is_generator_callable(function: Callable[..., Any]) -> bool:
+    """A generator or async generator function: its result, an iterator, cannot be stored."""
+    return inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function)
+
+
 def check_store(store: object, is_async: bool, what: str) -> None:
     """``TypeError`` when ``store`` cannot serve ``what`` (a sync or a coroutine function)."""
     if is_async and not isinstance(store, AsyncStore):

@@ -27,7 +27,13 @@ from ..policy.options import (
 from ..stores.encryption import Encryption
 from ..stores.protocol import AsyncStore, SyncStore
 from .answers import Answer, Returned, aanswer, answer
-from .attempts import FunctionAttempts, check_store, derived_name, is_coroutine_callable
+from .attempts import (
+    FunctionAttempts,
+    check_store,
+    derived_name,
+    is_coroutine_callable,
+    is_generator_callable,
+)
 from .options import CallableOptions
 from .payloads import fingerprint_arguments, fingerprint_payload
 from .results import Serializer
@@ -120,7 +126,7 @@ class _Decorator:
             raise TypeError(f"idempotent decorates a function, got {function!r}")
         # (A callable object has no __qualname__ of its own: its class names it.)
         qualname = getattr(function, "__qualname__", type(function).__qualname__)
-        if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
+        if is_generator_callable(function):
             raise TypeError(
                 f"idempotent cannot make generator function {qualname} "
                 "idempotent: its result is an iterator that cannot be stored; return a list"
